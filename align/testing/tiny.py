@@ -1,0 +1,137 @@
+"""Tiny, offline models and tokenizers for tests, the demo and benchmarks.
+
+No model hub is reachable on CI machines, so everything here is built locally in
+seconds: a byte-level BPE tokenizer trained on text the project ships (with the chat
+formats' special tokens), a small Llama causal LM whose head_dim (32) vLLM's CPU backend
+accepts, and a one-label Llama sequence classifier that stands in for a reward model.
+"""
+
+from __future__ import annotations
+
+from importlib import resources
+from pathlib import Path
+
+import torch
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
+from transformers import (
+    LlamaConfig,
+    LlamaForCausalLM,
+    LlamaForSequenceClassification,
+    PreTrainedTokenizerFast,
+)
+
+BASE_SPECIAL_TOKENS = ["<unk>", "<s>", "</s>", "<pad>"]
+
+APERTUS_SPECIAL_TOKENS = [
+    "<|system_start|>",
+    "<|system_end|>",
+    "<|developer_start|>",
+    "<|developer_end|>",
+    "<|user_start|>",
+    "<|user_end|>",
+    "<|assistant_start|>",
+    "<|assistant_end|>",
+    "<|inner_prefix|>",
+    "<|inner_suffix|>",
+    "<|tools_prefix|>",
+    "<|tools_suffix|>",
+]
+
+
+def corpus_text() -> str:
+    """The small text the tiny tokenizer is trained on (shipped with the package)."""
+    return resources.files("align").joinpath("assets/tiny_corpus.txt").read_text()
+
+
+def build_tokenizer(
+    vocab_size: int = 512,
+    *,
+    special_tokens: list[str] | None = None,
+    extra_text: list[str] | None = None,
+    add_bos: bool = True,
+) -> PreTrainedTokenizerFast:
+    """Train a byte-level BPE tokenizer with the Apertus special tokens.
+
+    Like real Llama-family tokenizers it prepends `<s>` when `add_special_tokens=True`,
+    so code that tokenizes an already rendered string (which starts with `<s>`) must
+    pass `add_special_tokens=False`; tests catch a doubled BOS this way.
+    """
+    specials = BASE_SPECIAL_TOKENS + list(special_tokens or APERTUS_SPECIAL_TOKENS)
+    tok = Tokenizer(models.BPE(unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        special_tokens=specials,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    text = corpus_text().splitlines() + list(extra_text or [])
+    tok.train_from_iterator(text, trainer=trainer)
+    if add_bos:
+        bos_id = tok.token_to_id("<s>")
+        tok.post_processor = processors.TemplateProcessing(
+            single="<s> $A", pair="<s> $A <s> $B", special_tokens=[("<s>", bos_id)]
+        )
+    fast = PreTrainedTokenizerFast(
+        tokenizer_object=tok,
+        bos_token="<s>",
+        eos_token="</s>",
+        pad_token="<pad>",
+        unk_token="<unk>",
+        additional_special_tokens=specials[4:],
+    )
+    fast.padding_side = "right"
+    return fast
+
+
+def _llama_config(tokenizer: PreTrainedTokenizerFast, **overrides) -> LlamaConfig:
+    kwargs = dict(
+        vocab_size=len(tokenizer),
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        num_key_value_heads=2,
+        max_position_embeddings=2048,
+        tie_word_embeddings=True,
+        bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+    )
+    kwargs.update(overrides)
+    return LlamaConfig(**kwargs)
+
+
+def build_causal_lm(
+    tokenizer: PreTrainedTokenizerFast, *, seed: int = 0, **config_overrides
+) -> LlamaForCausalLM:
+    """A random-weight Llama (hidden 64, 2 heads, so head_dim 32) sized to the tokenizer."""
+    torch.manual_seed(seed)
+    model = LlamaForCausalLM(_llama_config(tokenizer, **config_overrides))
+    model.generation_config.pad_token_id = tokenizer.pad_token_id
+    return model.eval()
+
+
+def build_reward_model(
+    tokenizer: PreTrainedTokenizerFast, *, seed: int = 1, **config_overrides
+) -> LlamaForSequenceClassification:
+    """A one-label sequence classifier standing in for Skywork-Reward-V2."""
+    torch.manual_seed(seed)
+    config = _llama_config(tokenizer, num_labels=1, **config_overrides)
+    return LlamaForSequenceClassification(config).eval()
+
+
+def save_tiny_models(root: str | Path, *, seed: int = 0) -> dict[str, Path]:
+    """Build and save tokenizer + causal LM + reward model under `root`; return their dirs.
+
+    The tokenizer is saved next to each model so both load with `from_pretrained(dir)`.
+    """
+    root = Path(root)
+    tokenizer = build_tokenizer()
+    paths = {"policy": root / "policy", "reward_model": root / "reward_model"}
+    build_causal_lm(tokenizer, seed=seed).save_pretrained(paths["policy"])
+    build_reward_model(tokenizer, seed=seed + 1).save_pretrained(paths["reward_model"])
+    for path in paths.values():
+        tokenizer.save_pretrained(path)
+    return paths
