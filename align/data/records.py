@@ -1,0 +1,145 @@
+"""The one record schema that every stage reads and writes, and its validation.
+
+Stages talk through datasets on disk, one row per prompt. A stage validates what it
+reads and rejects a bad row with an error naming the record and the field, so a bad row
+is never silently dropped or half-used.
+
+Prompt record (sampling adds ``completions``; annotation adds ``rewards``)::
+
+    id:           str, stable across stages (jobs resume by it)
+    messages:     list of {"role", "content"}: the prompt conversation, ending with a
+                  user turn
+    completions:  list of {"text": str, "num_tokens": int, "finish_reason": str,
+                  "is_reference": bool, "source": str}
+    rewards:      list of float | None, one per completion
+    reward_skips: list of str | None, why a reward is None
+
+Pair record (``align pairs`` output, what the preference trainer reads)::
+
+    id, messages, chosen, rejected, chosen_reward, rejected_reward,
+    chosen_quantile, rejected_quantile, num_ref_rewards, pair_fallback
+
+The reference log-prob pass adds ``ref_chosen_logps``, ``ref_rejected_logps``,
+``chosen_length`` and ``rejected_length``.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+COMPLETION_FIELDS: dict[str, type | tuple[type, ...]] = {
+    "text": str,
+    "num_tokens": int,
+    "finish_reason": str,
+    "is_reference": bool,
+    "source": str,
+}
+
+PAIR_FIELDS = (
+    "id",
+    "messages",
+    "chosen",
+    "rejected",
+    "chosen_reward",
+    "rejected_reward",
+    "chosen_quantile",
+    "rejected_quantile",
+    "num_ref_rewards",
+    "pair_fallback",
+)
+
+REF_LOGP_FIELDS = ("ref_chosen_logps", "ref_rejected_logps", "chosen_length", "rejected_length")
+
+
+class RecordError(ValueError):
+    """A record that a stage cannot use; the message names the record and the field."""
+
+    def __init__(self, record_id: Any, field: str, problem: str):
+        self.record_id, self.field, self.problem = record_id, field, problem
+        super().__init__(f"record {record_id!r}: field {field!r}: {problem}")
+
+
+def record_id(record: Mapping[str, Any], index: int | None = None) -> str:
+    """The id to name in errors: the record's own id, else its row index."""
+    rid = record.get("id") if isinstance(record, Mapping) else None
+    if isinstance(rid, str) and rid:
+        return rid
+    return f"<row {index}>" if index is not None else "<unknown>"
+
+
+def validate_prompt(record: Mapping[str, Any], index: int | None = None) -> None:
+    """Check the fields every stage needs: a string id and a prompt ending in a user turn."""
+    if not isinstance(record, Mapping):
+        raise RecordError(f"<row {index}>", "<record>", f"expected a mapping, got {type(record).__name__}")
+    rid = record_id(record, index)
+    if not isinstance(record.get("id"), str) or not record["id"]:
+        raise RecordError(rid, "id", "missing or not a non-empty string")
+    messages = record.get("messages")
+    if not isinstance(messages, list) or not messages:
+        raise RecordError(rid, "messages", "missing or not a non-empty list of messages")
+    for i, message in enumerate(messages):
+        if not isinstance(message, Mapping) or "role" not in message or "content" not in message:
+            raise RecordError(rid, f"messages[{i}]", "expected a mapping with 'role' and 'content'")
+    if messages[-1]["role"] != "user":
+        raise RecordError(rid, "messages", f"prompt must end with a user turn, ends with {messages[-1]['role']!r}")
+
+
+def validate_completions(record: Mapping[str, Any], index: int | None = None) -> None:
+    """Check ``completions`` has the sampler's fields with the right types."""
+    validate_prompt(record, index)
+    rid = record_id(record, index)
+    completions = record.get("completions")
+    if not isinstance(completions, list) or not completions:
+        raise RecordError(rid, "completions", "missing or empty")
+    for i, completion in enumerate(completions):
+        if not isinstance(completion, Mapping):
+            raise RecordError(rid, f"completions[{i}]", "expected a mapping")
+        for name, kind in COMPLETION_FIELDS.items():
+            value = completion.get(name)
+            if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
+                raise RecordError(
+                    rid, f"completions[{i}].{name}", f"expected {kind.__name__}, got {value!r}"
+                )
+
+
+def validate_rewards(record: Mapping[str, Any], index: int | None = None) -> None:
+    """Check ``rewards`` lines up with ``completions``: finite floats or None with a reason."""
+    validate_completions(record, index)
+    rid = record_id(record, index)
+    rewards, skips = record.get("rewards"), record.get("reward_skips")
+    n = len(record["completions"])
+    if not isinstance(rewards, list) or len(rewards) != n:
+        raise RecordError(rid, "rewards", f"expected a list of {n} rewards, got {rewards!r}")
+    if skips is not None and (not isinstance(skips, list) or len(skips) != n):
+        raise RecordError(rid, "reward_skips", f"expected a list of {n} entries")
+    for i, reward in enumerate(rewards):
+        if reward is None:
+            if not skips or not skips[i]:
+                raise RecordError(rid, f"rewards[{i}]", "is None without a reason in reward_skips")
+            continue
+        if isinstance(reward, bool) or not isinstance(reward, (int, float)):
+            raise RecordError(rid, f"rewards[{i}]", f"expected a float, got {reward!r}")
+        if not math.isfinite(reward):
+            raise RecordError(rid, f"rewards[{i}]", f"is {reward} (NaN/inf rewards are an error)")
+
+
+def validate_pair(record: Mapping[str, Any], index: int | None = None, *, need_ref_logps: bool = False) -> None:
+    """Check a pair row has what the preference trainer reads."""
+    validate_prompt(record, index)
+    rid = record_id(record, index)
+    for name in ("chosen", "rejected"):
+        if not isinstance(record.get(name), str):
+            raise RecordError(rid, name, f"expected a completion string, got {record.get(name)!r}")
+    if need_ref_logps:
+        for name in REF_LOGP_FIELDS:
+            value = record.get(name)
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+                raise RecordError(rid, name, f"expected a finite number, got {value!r} (run `align logprobs`)")
+
+
+def validate_all(records: Iterable[Mapping[str, Any]], check) -> None:
+    """Run one of the validators above over a dataset, naming the first bad row."""
+    for index, record in enumerate(records):
+        check(record, index)
