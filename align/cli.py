@@ -1,0 +1,83 @@
+"""`align <stage> RECIPE.yaml [key=value ...]`: the command-line front door.
+
+Under `accelerate launch`, run it as a module:
+`accelerate launch --config_file recipes/accelerate/zero3.yaml -m align train recipes/apertus-70b/qrpo.yaml`.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Sequence
+
+from align.stages import STAGES, stage_module
+
+USAGE = """usage: align STAGE [RECIPE.yaml] [key=value ...]
+       align STAGE --help
+
+Stages:
+{stages}
+
+A recipe is a YAML file of the stage's keys (or a pipeline recipe with one section per
+stage); key=value arguments override it (nested keys with dots, values parsed as YAML).
+`align STAGE --help` lists every key with its type and default."""
+
+
+def _usage() -> str:
+    width = max(map(len, STAGES))
+    return USAGE.format(stages="\n".join(f"  {n.ljust(width)}  {s}" for n, (_, s) in STAGES.items()))
+
+
+def stage_help(name: str) -> str:
+    """The stage's docstring, then every recipe key with type, default and meaning."""
+    from align.config import describe
+
+    module = stage_module(name)
+    doc = (module.__doc__ or "").strip()
+    return f"usage: align {name} [RECIPE.yaml] [key=value ...]\n\n{doc}\n\nRecipe keys:\n{describe(module.Config)}"
+
+
+def split_args(args: Sequence[str]) -> tuple[str | None, list[str]]:
+    """Separate the optional recipe path (the first argument without '=') from overrides."""
+    recipe, overrides = None, []
+    for arg in args:
+        if "=" in arg:
+            overrides.append(arg)
+        elif recipe is None:
+            recipe = arg
+        else:
+            raise SystemExit(f"align: unexpected argument {arg!r} (one recipe, then key=value overrides)")
+    return recipe, overrides
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if not argv or argv[0] in ("-h", "--help", "help"):
+        print(_usage())
+        return 0
+    if argv[0] == "--version":
+        from importlib.metadata import version
+
+        print(version("align"))
+        return 0
+    name, rest = argv[0], argv[1:]
+    if name not in STAGES:
+        print(f"align: unknown stage {name!r}\n\n{_usage()}", file=sys.stderr)
+        return 2
+    if any(a in ("-h", "--help") for a in rest):
+        print(stage_help(name))
+        return 0
+    from align.config import ConfigError, load_config
+
+    module = stage_module(name)
+    recipe, overrides = split_args(rest)
+    try:
+        config = load_config(module.Config, recipe, overrides, section=name)
+    except ConfigError as exc:
+        print(f"align {name}: {exc}", file=sys.stderr)
+        return 2
+    module.run(config)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

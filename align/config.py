@@ -1,0 +1,226 @@
+"""Dataclass configs loaded from YAML, with ``key=value`` overrides from the command line.
+
+A recipe key that no field knows is an error naming the key and the allowed keys (with a
+close match when there is one): a typo never silently turns into a default. Values are
+checked against the field's type annotation, so ``beta=five`` fails at load time, not an
+hour into a run.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import types
+import typing
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any, Literal, TypeVar, Union, get_args, get_origin
+
+import yaml
+
+T = TypeVar("T")
+
+
+class ConfigError(ValueError):
+    """A recipe that cannot be loaded; the message names the key and what is allowed."""
+
+
+def read_yaml(path: str | Path) -> dict[str, Any]:
+    """Read a recipe file into a mapping (an empty file is an empty recipe)."""
+    path = Path(path)
+    if not path.is_file():
+        raise ConfigError(f"recipe file not found: {path}")
+    data = yaml.safe_load(path.read_text()) or {}
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path}: a recipe must be a mapping of keys to values, got {type(data).__name__}")
+    return data
+
+
+def parse_overrides(overrides: Sequence[str]) -> dict[str, Any]:
+    """Turn ``["a=1", "b.c=x"]`` into a nested mapping; values are parsed as YAML scalars."""
+    result: dict[str, Any] = {}
+    for item in overrides:
+        if "=" not in item:
+            raise ConfigError(f"override {item!r} is not of the form key=value")
+        key, raw = item.split("=", 1)
+        key = key.strip().lstrip("-")
+        if not key:
+            raise ConfigError(f"override {item!r} has an empty key")
+        value = yaml.safe_load(raw) if raw.strip() else ""
+        node = result
+        parts = key.split(".")
+        for part in parts[:-1]:
+            node = node.setdefault(part, {})
+            if not isinstance(node, dict):
+                raise ConfigError(f"override {item!r} conflicts with another override of {part!r}")
+        node[parts[-1]] = value
+    return result
+
+
+def merge(base: Mapping[str, Any], update: Mapping[str, Any]) -> dict[str, Any]:
+    """Recursive merge: mappings merge key by key, anything else is replaced."""
+    out = dict(base)
+    for key, value in update.items():
+        if isinstance(value, Mapping) and isinstance(out.get(key), Mapping):
+            out[key] = merge(out[key], value)
+        else:
+            out[key] = value
+    return out
+
+
+def _unknown_key_error(cls: type, key: str, where: str) -> ConfigError:
+    names = sorted(f.name for f in dataclasses.fields(cls) if f.init)
+    close = difflib.get_close_matches(key, names, n=1)
+    hint = f" Did you mean {close[0]!r}?" if close else ""
+    return ConfigError(
+        f"unknown key {where}{key!r} for {cls.__name__}.{hint} Allowed keys: {', '.join(names)}"
+    )
+
+
+def _coerce(value: Any, annotation: Any, where: str) -> Any:
+    """Check (and gently convert) a YAML value against a type annotation."""
+    if annotation is Any or annotation is typing.Any:
+        return value
+    origin = get_origin(annotation)
+    if origin in (Union, types.UnionType):
+        args = get_args(annotation)
+        if value is None and type(None) in args:
+            return None
+        errors = []
+        for arg in args:
+            if arg is type(None):
+                continue
+            try:
+                return _coerce(value, arg, where)
+            except ConfigError as exc:
+                errors.append(str(exc))
+        raise ConfigError(f"{where}: {value!r} does not fit {annotation}")
+    if origin is Literal:
+        allowed = get_args(annotation)
+        if value not in allowed:
+            raise ConfigError(f"{where}: {value!r} is not one of {list(allowed)}")
+        return value
+    if dataclasses.is_dataclass(annotation) and isinstance(annotation, type):
+        if isinstance(value, annotation):
+            return value
+        if not isinstance(value, Mapping):
+            raise ConfigError(f"{where}: expected a mapping for {annotation.__name__}, got {value!r}")
+        return from_dict(annotation, value, where=f"{where}.")
+    if origin in (list, tuple, Sequence, typing.Sequence) or annotation in (list, tuple):
+        if isinstance(value, (str, bytes)) or not isinstance(value, (list, tuple)):
+            raise ConfigError(f"{where}: expected a list, got {value!r}")
+        args = get_args(annotation)
+        if origin is tuple and args and args[-1] is not Ellipsis:
+            if len(args) != len(value):
+                raise ConfigError(f"{where}: expected {len(args)} items, got {len(value)}")
+            return tuple(_coerce(v, a, f"{where}[{i}]") for i, (v, a) in enumerate(zip(value, args)))
+        item = args[0] if args else Any
+        items = [_coerce(v, item, f"{where}[{i}]") for i, v in enumerate(value)]
+        return tuple(items) if origin is tuple or annotation is tuple else items
+    if origin in (dict, Mapping) or annotation is dict:
+        if not isinstance(value, Mapping):
+            raise ConfigError(f"{where}: expected a mapping, got {value!r}")
+        return dict(value)
+    if annotation is bool:
+        if isinstance(value, bool):
+            return value
+        raise ConfigError(f"{where}: expected true/false, got {value!r}")
+    if annotation is int:
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value
+        if isinstance(value, float) and value.is_integer():
+            return int(value)
+        raise ConfigError(f"{where}: expected an integer, got {value!r}")
+    if annotation is float:
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            return float(value)
+        if isinstance(value, str):
+            try:
+                return float(value)  # YAML reads "5e-7" (no dot) as a string
+            except ValueError:
+                pass
+        raise ConfigError(f"{where}: expected a number, got {value!r}")
+    if annotation is str:
+        if isinstance(value, str):
+            return value
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            return str(value)
+        raise ConfigError(f"{where}: expected a string, got {value!r}")
+    if annotation is Path:
+        if isinstance(value, (str, Path)):
+            return Path(value)
+        raise ConfigError(f"{where}: expected a path, got {value!r}")
+    return value
+
+
+def from_dict(cls: type[T], data: Mapping[str, Any], *, where: str = "") -> T:
+    """Build dataclass ``cls`` from a mapping, rejecting unknown keys and wrong types."""
+    hints = typing.get_type_hints(cls)
+    fields = {f.name: f for f in dataclasses.fields(cls) if f.init}
+    kwargs = {}
+    for key, value in data.items():
+        if key not in fields:
+            raise _unknown_key_error(cls, key, where)
+        kwargs[key] = _coerce(value, hints.get(key, Any), f"{where}{key}")
+    try:
+        return cls(**kwargs)
+    except (TypeError, ValueError) as exc:
+        if isinstance(exc, ConfigError):
+            raise
+        raise ConfigError(f"{cls.__name__}: {exc}") from exc
+
+
+def load_config(
+    cls: type[T],
+    path: str | Path | None = None,
+    overrides: Sequence[str] = (),
+    *,
+    section: str | None = None,
+) -> T:
+    """Load ``cls`` from a recipe file plus ``key=value`` overrides.
+
+    With ``section``, a pipeline recipe (one mapping per stage) is accepted too: the
+    stage's own section is used, merged over the recipe's ``defaults`` section.
+    """
+    data = read_yaml(path) if path is not None else {}
+    if section is not None and isinstance(data.get(section), Mapping):
+        data = merge(data.get("defaults") or {}, data[section])
+    return from_dict(cls, merge(data, parse_overrides(overrides)))
+
+
+def to_dict(config: Any) -> dict[str, Any]:
+    """A YAML-safe dict of a config (paths as strings), for logging and output metadata."""
+
+    def clean(value: Any) -> Any:
+        if dataclasses.is_dataclass(value) and not isinstance(value, type):
+            return {f.name: clean(getattr(value, f.name)) for f in dataclasses.fields(value)}
+        if isinstance(value, Path):
+            return str(value)
+        if isinstance(value, Mapping):
+            return {str(k): clean(v) for k, v in value.items()}
+        if isinstance(value, (list, tuple)):
+            return [clean(v) for v in value]
+        if hasattr(value, "value") and type(value).__module__ != "builtins":  # enums
+            return clean(value.value)
+        return value
+
+    return clean(config)
+
+
+def describe(cls: type) -> str:
+    """A help text listing each field with its type, default and docs (from metadata)."""
+    lines = []
+    hints = typing.get_type_hints(cls)
+    for f in dataclasses.fields(cls):
+        if not f.init:
+            continue
+        if f.default is not dataclasses.MISSING:
+            default = repr(f.default)
+        elif f.default_factory is not dataclasses.MISSING:  # type: ignore[misc]
+            default = repr(f.default_factory())  # type: ignore[misc]
+        else:
+            default = "required"
+        kind = getattr(hints.get(f.name), "__name__", None) or str(hints.get(f.name)).replace("typing.", "")
+        doc = f.metadata.get("help", "")
+        lines.append(f"  {f.name} ({kind}, default {default})" + (f"\n      {doc}" if doc else ""))
+    return "\n".join(lines)

@@ -1,0 +1,111 @@
+"""Reading and writing the datasets that stages exchange, and stage completion markers.
+
+A stage's output directory is complete when it holds ``_COMPLETE.json`` (written last,
+atomically). ``align pipeline`` skips complete stages, so a killed pipeline resumes at
+the first incomplete one.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+import time
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+from typing import Any
+
+COMPLETE_MARKER = "_COMPLETE.json"
+
+
+def read_records(source: str | Path, *, split: str = "train") -> list[dict[str, Any]]:
+    """Load rows from a JSONL/JSON/Parquet file, a stage output dir, or a `datasets` spec.
+
+    A directory is read as the union of its ``*.jsonl`` / ``*.parquet`` files (job shards
+    or a stage's output), in sorted file order. Anything else is passed to
+    ``datasets.load_dataset`` (a hub name or a local dataset script).
+    """
+    path = Path(source)
+    if path.is_dir():
+        files = sorted(p for p in path.iterdir() if p.suffix in (".jsonl", ".parquet") and not p.name.startswith("_"))
+        if not files:
+            raise FileNotFoundError(f"{path}: no .jsonl or .parquet files in this directory")
+        rows: list[dict[str, Any]] = []
+        for file in files:
+            rows.extend(read_records(file))
+        return rows
+    if path.suffix == ".jsonl":
+        return list(_read_jsonl(path))
+    if path.suffix == ".json":
+        data = json.loads(path.read_text())
+        if not isinstance(data, list):
+            raise ValueError(f"{path}: expected a JSON list of records")
+        return data
+    if path.suffix == ".parquet":
+        import datasets
+
+        return datasets.Dataset.from_parquet(str(path)).to_list()
+    if path.exists():
+        raise ValueError(f"{path}: unsupported file type {path.suffix!r} (use .jsonl, .json or .parquet)")
+    import datasets
+
+    return datasets.load_dataset(str(source), split=split).to_list()
+
+
+def _read_jsonl(path: Path) -> Iterable[dict[str, Any]]:
+    with path.open() as handle:
+        for number, line in enumerate(handle, 1):
+            if not line.strip():
+                continue
+            if not line.endswith("\n"):
+                break  # a trailing half-written line from a killed writer is not a record
+            try:
+                yield json.loads(line)
+            except json.JSONDecodeError as exc:
+                raise ValueError(f"{path}:{number}: not valid JSON ({exc.msg})") from exc
+
+
+def write_jsonl(path: str | Path, records: Iterable[Mapping[str, Any]]) -> Path:
+    """Write records atomically (temp file + rename), so a reader never sees half a file."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w") as handle:
+            for record in records:
+                handle.write(json.dumps(record, ensure_ascii=False) + "\n")
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    return path
+
+
+def write_json(path: str | Path, data: Any) -> Path:
+    """Write one JSON document atomically."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    with os.fdopen(fd, "w") as handle:
+        json.dump(data, handle, indent=2, ensure_ascii=False, default=str)
+        handle.write("\n")
+    os.replace(tmp, path)
+    return path
+
+
+def mark_complete(output_dir: str | Path, **info: Any) -> Path:
+    """Record that a stage finished writing ``output_dir`` (the last thing a stage does)."""
+    return write_json(Path(output_dir) / COMPLETE_MARKER, {"finished_at": time.time(), **info})
+
+
+def is_complete(output_dir: str | Path) -> bool:
+    """Whether a stage already finished writing ``output_dir``."""
+    return (Path(output_dir) / COMPLETE_MARKER).is_file()
+
+
+def completion_info(output_dir: str | Path) -> dict[str, Any] | None:
+    """The metadata a finished stage left, or None when it has not finished."""
+    marker = Path(output_dir) / COMPLETE_MARKER
+    return json.loads(marker.read_text()) if marker.is_file() else None

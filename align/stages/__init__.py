@@ -1,0 +1,31 @@
+"""The pipeline's stages as the CLI and the Python API run them.
+
+Each stage module holds a ``Config`` dataclass (its recipe keys) and ``run(config)``,
+reading and writing datasets on disk. Components (chat formats, losses, samplers, reward
+providers) live elsewhere; a stage only wires them to a recipe.
+"""
+
+from __future__ import annotations
+
+import importlib
+from types import ModuleType
+
+# name -> (module, one-line summary); modules are imported only when their stage runs.
+STAGES: dict[str, tuple[str, str]] = {
+    "sft": ("align.stages.sft", "supervised fine-tuning on chat data with assistant-only masks"),
+    "sample": ("align.stages.sample", "sample n reference completions per prompt from the policy"),
+    "annotate": ("align.stages.annotate", "score completions: reward model, judge, verifiable, classifier"),
+    "pairs": ("align.stages.pairs", "quantile rewards against the references, then chosen/rejected pairs"),
+    "logprobs": ("align.stages.logprobs", "one offline pass of reference log-probs for the pairs"),
+    "train": ("align.stages.train", "QRPO or DPO preference training"),
+    "decontaminate": ("align.stages.decontaminate", "remove training prompts that overlap benchmarks"),
+    "pipeline": ("align.stages.pipeline", "every stage from one recipe, skipping finished ones"),
+    "demo": ("align.stages.demo", "the whole method on a tiny model on CPU, in minutes"),
+}
+
+
+def stage_module(name: str) -> ModuleType:
+    """Import a stage's module by its CLI name."""
+    if name not in STAGES:
+        raise KeyError(f"unknown stage {name!r}; stages: {', '.join(STAGES)}")
+    return importlib.import_module(STAGES[name][0])

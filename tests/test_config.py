@@ -1,0 +1,87 @@
+"""Recipes: unknown keys and wrong types fail at load time, overrides win, sections merge."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal
+
+import pytest
+
+from align.config import ConfigError, from_dict, load_config, parse_overrides, to_dict
+
+
+@dataclass
+class Inner:
+    lr: float = 1e-3
+    steps: int = 10
+
+
+@dataclass
+class Outer:
+    name: str = "x"
+    loss: Literal["qrpo", "dpo"] = "qrpo"
+    beta: float = 5.0
+    clamp: float | None = None
+    tags: list[str] = field(default_factory=list)
+    inner: Inner = field(default_factory=Inner)
+    flag: bool = False
+
+
+def test_parse_overrides_nests_dotted_keys_and_parses_yaml_scalars():
+    assert parse_overrides(["a=1", "b.c=x", "d=true", "e=[1, 2]", "f=5e-7"]) == {
+        "a": 1, "b": {"c": "x"}, "d": True, "e": [1, 2], "f": "5e-7"
+    }
+
+
+def test_override_wins_over_recipe_and_yaml_exponent_strings_become_floats(tmp_path):
+    recipe = tmp_path / "r.yaml"
+    recipe.write_text("beta: 1.0\ninner:\n  lr: 5e-7\n  steps: 3\n")
+    config = load_config(Outer, recipe, ["beta=2", "inner.steps=4", "tags=[a, b]"])
+    assert config.beta == 2.0 and isinstance(config.beta, float)
+    assert config.inner == Inner(lr=5e-7, steps=4)
+    assert config.tags == ["a", "b"]
+
+
+def test_unknown_key_names_the_key_suggests_and_lists_allowed():
+    with pytest.raises(ConfigError) as info:
+        from_dict(Outer, {"betta": 1})
+    message = str(info.value)
+    assert "'betta'" in message and "Did you mean 'beta'" in message and "clamp" in message
+
+
+def test_unknown_nested_key_names_its_path():
+    with pytest.raises(ConfigError, match=r"inner\.'stepz'|'stepz'"):
+        from_dict(Outer, {"inner": {"stepz": 1}})
+
+
+@pytest.mark.parametrize(
+    "data, fragment",
+    [
+        ({"beta": "five"}, "beta: expected a number"),
+        ({"loss": "ppo"}, "not one of ['qrpo', 'dpo']"),
+        ({"flag": "yes please"}, "flag: expected true/false"),
+        ({"inner": {"steps": 1.5}}, "inner.steps: expected an integer"),
+        ({"tags": "a"}, "tags: expected a list"),
+    ],
+)
+def test_wrong_types_are_named(data, fragment):
+    with pytest.raises(ConfigError) as info:
+        from_dict(Outer, data)
+    assert fragment in str(info.value)
+
+
+def test_optional_accepts_none_and_values():
+    assert from_dict(Outer, {"clamp": None}).clamp is None
+    assert from_dict(Outer, {"clamp": 0.1}).clamp == 0.1
+
+
+def test_pipeline_recipe_section_merges_over_defaults(tmp_path):
+    recipe = tmp_path / "p.yaml"
+    recipe.write_text("defaults:\n  name: shared\n  beta: 3\ntrain:\n  beta: 4\nother:\n  beta: 9\n")
+    config = load_config(Outer, recipe, section="train")
+    assert (config.name, config.beta) == ("shared", 4.0)
+
+
+def test_to_dict_round_trips():
+    config = Outer(tags=["a"], inner=Inner(lr=0.5))
+    assert from_dict(Outer, to_dict(config)) == config
