@@ -1,0 +1,152 @@
+"""The demo's task: 3-digit addition in the Apertus chat format, with a calculator tool.
+
+Why this task (measured, see the project's demo notes): 3-digit addition with zero-padded
+operands is hard enough for a 1M-parameter model that SFT leaves room for QRPO, and its
+answers can be checked exactly (the verifiable reward). A share of the SFT conversations
+call a calculator tool for multiplication, so the demo trains on tool calls and tool
+outputs (which the loss mask must leave out) as well.
+
+The tokenizer splits digits into single tokens (so arithmetic is learnable) and merges
+the constant chat-format text into a few tokens (so sequences stay short on CPU).
+"""
+
+from __future__ import annotations
+
+import random
+from typing import Any
+
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+
+from align.testing.tiny import APERTUS_SPECIAL_TOKENS, BASE_SPECIAL_TOKENS
+
+SYSTEM = "Add the two numbers."
+TOOL_SYSTEM = "Use the calculator."
+CALCULATOR = {
+    "type": "function",
+    "function": {
+        "name": "calculator",
+        "description": "Evaluate an arithmetic expression",
+        "parameters": {
+            "type": "object",
+            "properties": {"expression": {"type": "string", "description": "e.g. 12*7"}},
+            "required": ["expression"],
+        },
+    },
+}
+
+
+def addition_prompt(a: int, b: int) -> list[dict[str, str]]:
+    """The prompt conversation for one addition problem."""
+    return [{"role": "system", "content": SYSTEM}, {"role": "user", "content": f"{a:03d}+{b:03d}"}]
+
+
+def addition_answer(a: int, b: int) -> str:
+    return str(a + b)
+
+
+def tool_conversation(a: int, b: int) -> dict[str, Any]:
+    """A multiplication solved with the calculator: a tool call, its output, the answer."""
+    expression = f"{a:03d}*{b:03d}"
+    return {
+        "messages": [
+            {"role": "system", "content": TOOL_SYSTEM},
+            {"role": "user", "content": expression},
+            {
+                "role": "assistant",
+                "content": "",
+                "tool_calls": [
+                    {"type": "function", "function": {"name": "calculator", "arguments": {"expression": expression}}}
+                ],
+            },
+            {"role": "tool", "content": str(a * b)},
+            {"role": "assistant", "content": str(a * b)},
+        ],
+        "tools": [CALCULATOR],
+    }
+
+
+def _pairs(rng: random.Random, count: int, exclude: set[tuple[int, int]]) -> list[tuple[int, int]]:
+    out: list[tuple[int, int]] = []
+    seen = set(exclude)
+    while len(out) < count:
+        pair = (rng.randrange(1000), rng.randrange(1000))
+        if pair not in seen:
+            seen.add(pair)
+            out.append(pair)
+    return out
+
+
+def make_splits(
+    *, sft: int, prompts: int, held_out: int, validation: int, tool_fraction: float, seed: int
+) -> dict[str, list[dict[str, Any]]]:
+    """Disjoint problem sets: SFT conversations, QRPO prompts, validation and held-out eval."""
+    rng = random.Random(seed)
+    held = _pairs(rng, held_out, set())
+    val = _pairs(rng, validation, set(held))
+    rest = _pairs(rng, sft + prompts, set(held) | set(val))
+    sft_pairs, prompt_pairs = rest[:sft], rest[sft:]
+
+    def prompt_record(split: str, i: int, a: int, b: int) -> dict[str, Any]:
+        return {"id": f"{split}-{i:05d}", "messages": addition_prompt(a, b), "answer": addition_answer(a, b)}
+
+    sft_rows = []
+    for i, (a, b) in enumerate(sft_pairs):
+        if rng.random() < tool_fraction:
+            row = tool_conversation(a, b)
+        else:
+            row = {"messages": addition_prompt(a, b) + [{"role": "assistant", "content": addition_answer(a, b)}]}
+        sft_rows.append({"id": f"sft-{i:05d}", **row})
+    return {
+        "sft": sft_rows,
+        "prompts": [prompt_record("prompt", i, a, b) for i, (a, b) in enumerate(prompt_pairs)],
+        "validation": [prompt_record("val", i, a, b) for i, (a, b) in enumerate(val)],
+        "held_out": [prompt_record("test", i, a, b) for i, (a, b) in enumerate(held)],
+    }
+
+
+def build_demo_tokenizer(texts: list[str], vocab_size: int = 160) -> PreTrainedTokenizerFast:
+    """BPE whose digits stay single tokens; the constant format text merges into few tokens."""
+    specials = BASE_SPECIAL_TOKENS + APERTUS_SPECIAL_TOKENS
+    tok = Tokenizer(models.BPE(unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.Sequence(
+        [pre_tokenizers.Digits(individual_digits=True), pre_tokenizers.ByteLevel(add_prefix_space=False)]
+    )
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        special_tokens=specials,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    tok.train_from_iterator(texts, trainer=trainer)
+    fast = PreTrainedTokenizerFast(
+        tokenizer_object=tok,
+        bos_token="<s>",
+        eos_token="</s>",
+        pad_token="<pad>",
+        unk_token="<unk>",
+        additional_special_tokens=specials[4:],
+    )
+    return fast
+
+
+def build_demo_model(tokenizer: PreTrainedTokenizerFast, *, seed: int) -> LlamaForCausalLM:
+    """0.9M-parameter Llama (hidden 128, 4 layers, 4 heads of 32): the size that worked."""
+    import torch
+
+    torch.manual_seed(seed)
+    config = LlamaConfig(
+        vocab_size=len(tokenizer),
+        hidden_size=128,
+        intermediate_size=384,
+        num_hidden_layers=4,
+        num_attention_heads=4,
+        num_key_value_heads=4,
+        max_position_embeddings=256,
+        tie_word_embeddings=True,
+        bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+    )
+    return LlamaForCausalLM(config)

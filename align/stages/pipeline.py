@@ -1,0 +1,75 @@
+"""Every stage from one recipe, in order, each skipped when its output is already complete.
+
+A pipeline recipe has one section per stage (``sft``, ``sample``, ``annotate``,
+``pairs``, ``logprobs``, ``train``; ``decontaminate`` optional) and an optional
+``defaults`` section merged under each of them (each stage takes the default keys it
+knows; a default key that no stage knows is an error). Sections that are absent are not run.
+Each stage marks its output complete only when it has finished, and the long stages
+resume inside themselves (job shards, trainer checkpoints), so a killed pipeline rerun
+with the same command picks up where it stopped and redoes nothing that finished.
+
+Example: ``align pipeline recipes/tiny/pipeline.yaml``. One stage of the same recipe:
+``align train recipes/tiny/pipeline.yaml``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any
+
+from align.config import ConfigError, from_dict, merge
+from align.stages import stage_module
+
+ORDER = ("decontaminate", "sft", "sample", "annotate", "pairs", "logprobs", "train")
+
+
+@dataclass
+class Config:
+    defaults: dict = field(default_factory=dict, metadata={"help": "keys merged under every stage section"})
+    decontaminate: dict | None = field(default=None, metadata={"help": "`align decontaminate` keys"})
+    sft: dict | None = field(default=None, metadata={"help": "`align sft` keys"})
+    sample: dict | None = field(default=None, metadata={"help": "`align sample` keys"})
+    annotate: dict | None = field(default=None, metadata={"help": "`align annotate` keys"})
+    pairs: dict | None = field(default=None, metadata={"help": "`align pairs` keys"})
+    logprobs: dict | None = field(default=None, metadata={"help": "`align logprobs` keys"})
+    train: dict | None = field(default=None, metadata={"help": "`align train` keys"})
+    output_dir: str = field(default="runs", metadata={"help": "unused by the pipeline itself; each stage names its own"})
+    stop_after: str | None = field(default=None, metadata={"help": "stop after this stage (e.g. pairs)"})
+
+    def __post_init__(self) -> None:
+        if self.stop_after is not None and self.stop_after not in ORDER:
+            raise ConfigError(f"stop_after: {self.stop_after!r} is not one of {list(ORDER)}")
+        self.stage_configs()  # validate every section at load time, not mid-run
+
+    def stage_configs(self) -> list[tuple[str, Any]]:
+        """Each present stage's validated config, in pipeline order."""
+        configs = []
+        for name in ORDER:
+            section = getattr(self, name)
+            if section is None:
+                continue
+            module = stage_module(name)
+            known = {f.name for f in dataclasses.fields(module.Config)}
+            shared = {k: v for k, v in self.defaults.items() if k in known}
+            try:
+                configs.append((name, from_dict(module.Config, merge(shared, section), where=f"{name}.")))
+            except ConfigError as exc:
+                raise ConfigError(f"pipeline section {name!r}: {exc}") from exc
+            if name == self.stop_after:
+                break
+        unused = set(self.defaults) - {f.name for n, c in configs for f in dataclasses.fields(c)}
+        if unused:
+            raise ConfigError(f"defaults: keys {sorted(unused)} are known to no stage in this recipe")
+        if not configs:
+            raise ConfigError(f"a pipeline recipe needs at least one stage section of {list(ORDER)}")
+        return configs
+
+
+def run(config: Config) -> dict[str, Any]:
+    """Run the stages in order; a stage whose output is complete skips itself."""
+    results = {}
+    for name, stage_config in config.stage_configs():
+        print(f"[align pipeline] stage {name}")
+        results[name] = stage_module(name).run(stage_config)
+    return results
