@@ -1,0 +1,1 @@
+"""The `align demo` task, models and report."""
