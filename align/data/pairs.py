@@ -1,0 +1,245 @@
+"""Chosen/rejected selection per prompt from quantile rewards (SPEC §7, report L1339).
+
+Buckets by R_q against the n reference rewards (SPEC §6, ties count for the candidate):
+
+- high:   R_q = 1, the reward is ≥ every reference reward;
+- low:    R_q ≤ max(low_threshold, 1/n), "below the 20th percentile"; the 1/n floor keeps
+          the worst reference eligible when n < 5 (it always has R_q ≥ 1/n);
+- middle: the rest.
+
+The report says chosen completions are "higher than all the on-policy completions". With
+the ≤ convention R_q = 1 also admits a tie with the best reference; we keep that choice,
+because with binary rewards (9 of 10 references correct) a strict "higher" leaves no
+chosen candidate at all. Whether a bucket is usable also needs a real preference: chosen
+must have a reward above the prompt's lowest, rejected a reward below chosen's. So chosen
+and rejected are always different completions with different rewards. An empty bucket
+falls back to the next (chosen: high → middle → low; rejected: low → middle → high) and
+the fallback is recorded; a prompt with no preference at all is a recorded skip.
+Selection on R_q, not on an interpolated percentile of raw rewards, keeps a correct answer
+from being picked as rejected on binary rewards (DEMO-NOTES).
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from align.data.quantiles import quantile_rewards
+from align.data.records import RecordError, record_id, validate_rewards
+
+__all__ = ["Pair", "Skip", "make_pairs", "select_pair"]
+
+CHOSEN_ORDER = ("high", "middle", "low")
+REJECTED_ORDER = ("low", "middle", "high")
+
+
+@dataclass(frozen=True)
+class Pair:
+    """Indices of the chosen and rejected completions; ``fallback`` says which bucket rule bent."""
+
+    chosen: int
+    rejected: int
+    fallback: str | None = None
+
+
+@dataclass(frozen=True)
+class Skip:
+    """A prompt that yields no pair, and why (recorded, never silently dropped)."""
+
+    reason: str
+
+
+def _bucket(quantile: float, low_cut: float) -> str:
+    """The bucket of one R_q; high wins where the buckets would overlap (n = 1)."""
+    if quantile >= 1.0:
+        return "high"
+    return "low" if quantile <= low_cut else "middle"
+
+
+def _check_inputs(
+    rewards: Sequence[float | None],
+    quantiles: Sequence[float | None],
+    n_ref: int,
+    low_threshold: float,
+) -> None:
+    """Rewards and quantiles line up, are real numbers, and are None together."""
+    if isinstance(n_ref, bool) or not isinstance(n_ref, int) or n_ref < 1:
+        raise ValueError(f"n_ref must be a positive int, got {n_ref!r}")
+    if not 0.0 <= low_threshold < 1.0:
+        raise ValueError(f"low_threshold must be in [0, 1), got {low_threshold}")
+    if len(rewards) != len(quantiles):
+        raise ValueError(f"quantiles has {len(quantiles)} entries, rewards has {len(rewards)}")
+    for i, (reward, quantile) in enumerate(zip(rewards, quantiles)):
+        if (reward is None) != (quantile is None):
+            raise ValueError(f"rewards[{i}] and quantiles[{i}] must both be None or both set")
+        if reward is not None and math.isnan(reward):
+            raise ValueError(f"rewards[{i}] is NaN")
+        if quantile is not None and not 0.0 <= quantile <= 1.0:
+            raise ValueError(f"quantiles[{i}] = {quantile} is outside [0, 1]")
+
+
+def _pick(
+    order: Sequence[str], buckets: dict[str, list[int]], side: str, rng: random.Random
+) -> tuple[int, str | None]:
+    """A uniform draw from the first non-empty bucket in ``order``, and the fallback taken."""
+    for name in order:
+        if buckets[name]:
+            fallback = None if name == order[0] else f"{side}:{name}"
+            return rng.choice(buckets[name]), fallback
+    raise AssertionError("unreachable: callers ensure some bucket is non-empty")
+
+
+def select_pair(
+    rewards: Sequence[float | None],
+    quantiles: Sequence[float | None],
+    *,
+    n_ref: int,
+    rng: random.Random | None = None,
+    seed: int | str | None = None,
+    low_threshold: float = 0.2,
+) -> Pair | Skip:
+    """Pick chosen and rejected completions of one prompt by SPEC §7 (see module docstring).
+
+    ``rewards``/``quantiles``: one per completion, None for a completion that could not be
+    scored (it is not a candidate). ``n_ref``: how many reference rewards the quantiles
+    were computed against. Give exactly one of ``rng`` and ``seed``.
+    """
+    if (rng is None) == (seed is None):
+        raise ValueError("pass exactly one of rng and seed (pair selection is seeded)")
+    rng = rng if rng is not None else random.Random(seed)
+    _check_inputs(rewards, quantiles, n_ref, low_threshold)
+    scored = [i for i, reward in enumerate(rewards) if reward is not None]
+    if len(scored) < 2:
+        return Skip(f"fewer than 2 scored completions ({len(scored)})")
+    lowest = min(rewards[i] for i in scored)
+    if all(rewards[i] == lowest for i in scored):
+        return Skip(f"all {len(scored)} scored completions have the same reward: no preference")
+
+    low_cut = max(low_threshold, 1.0 / n_ref)
+    by_bucket: dict[str, list[int]] = {"high": [], "middle": [], "low": []}
+    for i in scored:
+        by_bucket[_bucket(quantiles[i], low_cut)].append(i)
+
+    chosen_pool = {
+        name: [i for i in pool if rewards[i] > lowest] for name, pool in by_bucket.items()
+    }
+    chosen, chosen_fallback = _pick(CHOSEN_ORDER, chosen_pool, "chosen", rng)
+    rejected_pool = {
+        name: [i for i in pool if rewards[i] < rewards[chosen]] for name, pool in by_bucket.items()
+    }
+    rejected, rejected_fallback = _pick(REJECTED_ORDER, rejected_pool, "rejected", rng)
+    fallbacks = [f for f in (chosen_fallback, rejected_fallback) if f is not None]
+    return Pair(chosen, rejected, ";".join(fallbacks) or None)
+
+
+def _reference_rewards(
+    record: Mapping[str, Any], rid: str, n_ref: int | None
+) -> tuple[list[float], int]:
+    """The scored reference rewards of a record and how many references it has."""
+    refs = [i for i, c in enumerate(record["completions"]) if c["is_reference"]]
+    if not refs:
+        raise RecordError(
+            rid,
+            "completions",
+            "no completion has is_reference=True; quantile rewards need the reference samples",
+        )
+    if n_ref is not None and len(refs) != n_ref:
+        raise RecordError(
+            rid, "completions", f"{len(refs)} reference completions, expected n_ref={n_ref}"
+        )
+    scored = [float(record["rewards"][i]) for i in refs if record["rewards"][i] is not None]
+    return scored, len(refs)
+
+
+def _pair_or_skip(
+    record: Mapping[str, Any],
+    rid: str,
+    *,
+    seed: int | str,
+    low_threshold: float,
+    n_ref: int | None,
+    min_ref_rewards: int | None,
+) -> dict[str, Any]:
+    """One record's pair row, or its skip row ``{"id", "reason"}``."""
+    ref_rewards, num_refs = _reference_rewards(record, rid, n_ref)
+    needed = num_refs if min_ref_rewards is None else min_ref_rewards
+    if len(ref_rewards) < max(needed, 1):
+        return {
+            "id": rid,
+            "reason": f"only {len(ref_rewards)} of {num_refs} reference rewards scored "
+            f"(min_ref_rewards={needed})",
+        }
+    rewards = record["rewards"]
+    scored = [i for i, r in enumerate(rewards) if r is not None]
+    quantiles: list[float | None] = [None] * len(rewards)
+    for i, q in zip(scored, quantile_rewards([rewards[i] for i in scored], ref_rewards)):
+        quantiles[i] = q
+    choice = select_pair(
+        rewards,
+        quantiles,
+        n_ref=len(ref_rewards),
+        rng=random.Random(f"{seed}:{rid}"),
+        low_threshold=low_threshold,
+    )
+    if isinstance(choice, Skip):
+        return {"id": rid, "reason": choice.reason}
+    completions = record["completions"]
+    return {
+        "id": rid,
+        "messages": record["messages"],
+        "chosen": completions[choice.chosen]["text"],
+        "rejected": completions[choice.rejected]["text"],
+        "chosen_reward": float(rewards[choice.chosen]),
+        "rejected_reward": float(rewards[choice.rejected]),
+        "chosen_quantile": quantiles[choice.chosen],
+        "rejected_quantile": quantiles[choice.rejected],
+        "num_ref_rewards": len(ref_rewards),
+        "pair_fallback": choice.fallback,
+    }
+
+
+def make_pairs(
+    records: Iterable[Mapping[str, Any]],
+    *,
+    seed: int | str,
+    low_threshold: float = 0.2,
+    n_ref: int | None = None,
+    min_ref_rewards: int | None = None,
+) -> tuple[list[dict[str, Any]], list[dict[str, str]]]:
+    """Pair rows (``records.PAIR_FIELDS``) and skip rows ``{"id", "reason"}`` for prompt records.
+
+    Quantiles are taken against the rewards of the ``is_reference`` completions; every
+    scored completion (reference or offline) is a candidate. ``n_ref``: if set, each record
+    must have exactly that many references. ``min_ref_rewards``: how many of them must be
+    scored (default: all), else the record is skipped with the reason. Each record draws
+    from its own RNG seeded by (seed, id), so the result does not depend on record order or
+    sharding. A malformed record raises ``RecordError`` naming the record and the field.
+    """
+    if min_ref_rewards is not None and (
+        isinstance(min_ref_rewards, bool)
+        or not isinstance(min_ref_rewards, int)
+        or min_ref_rewards < 1
+    ):
+        raise ValueError(f"min_ref_rewards must be a positive int or None, got {min_ref_rewards!r}")
+    pairs: list[dict[str, Any]] = []
+    skips: list[dict[str, str]] = []
+    seen: dict[str, int] = {}
+    for index, record in enumerate(records):
+        validate_rewards(record, index)
+        rid = record_id(record, index)
+        if rid in seen:
+            raise RecordError(rid, "id", f"duplicate id (rows {seen[rid]} and {index})")
+        seen[rid] = index
+        row = _pair_or_skip(
+            record,
+            rid,
+            seed=seed,
+            low_threshold=low_threshold,
+            n_ref=n_ref,
+            min_ref_rewards=min_ref_rewards,
+        )
+        (skips if "reason" in row else pairs).append(row)
+    return pairs, skips

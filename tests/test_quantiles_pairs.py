@@ -1,0 +1,293 @@
+"""Quantile rewards (SPEC §6) and pair selection (SPEC §7)."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from align.data.pairs import Pair, Skip, make_pairs, select_pair
+from align.data.quantiles import quantile_rewards
+from align.data.records import PAIR_FIELDS, RecordError
+
+# --- quantile rewards -------------------------------------------------------------------
+
+
+def test_quantile_by_hand():
+    """refs [1, 2, 2, 3]: #{ref ≤ 2} = 3 → 3/4; below all → 0; at the top → 1."""
+    refs = [2.0, 1.0, 3.0, 2.0]
+    assert quantile_rewards(2.0, refs) == 0.75
+    assert quantile_rewards([0.5, 2.5, 3.0, 7], refs) == [0.0, 0.75, 1.0, 1.0]
+    assert quantile_rewards((1.0,), refs) == [0.25]
+
+
+def test_ties_count_for_the_candidate():
+    assert quantile_rewards(0.5, [0.5] * 4) == 1.0
+    assert quantile_rewards([0.0, 1.0], [0.0, 1.0, 1.0, 1.0, 0.0]) == [0.4, 1.0]
+
+
+def test_reference_against_its_own_set_matches_the_formula():
+    rng = random.Random(0)
+    for _ in range(50):
+        n = rng.randint(1, 12)
+        refs = [float(rng.randint(0, 3)) for _ in range(n)]  # many ties
+        got = quantile_rewards(refs, refs)
+        want = [sum(r_j <= r for r_j in refs) / n for r in refs]
+        assert got == want
+        assert all(q >= 1 / n for q in got)
+        assert all(q in {k / n for k in range(n + 1)} for q in got)
+        assert max(got) == 1.0
+
+
+@pytest.mark.parametrize(
+    "rewards, refs, match",
+    [
+        (0.3, [0.1, float("nan"), 0.2], r"ref_rewards\[1\] is NaN"),
+        ([0.3, float("nan")], [0.1, 0.2], r"rewards\[1\] is NaN"),
+        (float("nan"), [0.1], r"rewards is NaN"),
+        (0.3, [0.1, None], r"ref_rewards\[1\] must be a number"),
+        (0.3, [], "ref_rewards is empty"),
+        ("0.3", [0.1], "rewards must be a sequence"),
+    ],
+)
+def test_bad_quantile_input_names_the_field(rewards, refs, match):
+    with pytest.raises(ValueError, match=match):
+        quantile_rewards(rewards, refs)
+
+
+def test_expected_n_names_the_count():
+    with pytest.raises(ValueError, match="got 9 reference rewards, expected at least n = 10"):
+        quantile_rewards(0.5, [0.1] * 9, expected_n=10)
+    assert quantile_rewards(0.5, [0.1] * 10, expected_n=10) == 1.0
+
+
+# --- select_pair --------------------------------------------------------------------------
+
+
+def outcomes(rewards, quantiles, n_ref, seeds=range(200), **kwargs):
+    return [select_pair(rewards, quantiles, n_ref=n_ref, seed=s, **kwargs) for s in seeds]
+
+
+def test_buckets_high_and_low():
+    """refs 0..9 → R_q = (k+1)/10; offline 100 (R_q 1) and −1 (R_q 0).
+
+    high (R_q = 1): ref 9 and offline 100; low (R_q ≤ 0.2): refs 0, 1 and offline −1.
+    """
+    rewards = [float(k) for k in range(10)] + [100.0, -1.0]
+    quantiles = quantile_rewards(rewards, rewards[:10])
+    results = outcomes(rewards, quantiles, n_ref=10)
+    assert all(isinstance(r, Pair) and r.fallback is None for r in results)
+    assert {r.chosen for r in results} == {9, 10}
+    assert {r.rejected for r in results} == {0, 1, 11}
+
+
+def test_binary_rewards_nine_of_ten_correct_rejects_the_wrong_one():
+    """DEMO-NOTES: an interpolated 20th percentile of [0, 1×9] is 1, which would admit a
+    correct answer as rejected; on R_q the wrong answer has 1/10 and is the only low one."""
+    rewards = [1.0] * 9 + [0.0]
+    rewards = rewards[4:] + rewards[:4]  # wrong answer at index 5
+    quantiles = quantile_rewards(rewards, rewards)
+    assert quantiles[5] == 0.1
+    for result in outcomes(rewards, quantiles, n_ref=10):
+        assert result.rejected == 5 and rewards[result.chosen] == 1.0 and result.fallback is None
+
+
+def test_binary_rewards_seven_of_ten_falls_back_to_middle_and_says_so():
+    rewards = [1.0] * 7 + [0.0] * 3  # wrong answers have R_q = 0.3 > 0.2
+    quantiles = quantile_rewards(rewards, rewards)
+    for result in outcomes(rewards, quantiles, n_ref=10, seeds=range(30)):
+        assert result.rejected in (7, 8, 9) and result.chosen < 7
+        assert result.fallback == "rejected:middle"
+
+
+def test_rejected_falls_back_to_high_when_every_candidate_ties_the_best_reference():
+    """All references 0.5 (R_q 1) and one offline 0.9 (R_q 1): the only preference is 0.9 > 0.5."""
+    rewards = [0.5] * 10 + [0.9]
+    quantiles = quantile_rewards(rewards, rewards[:10])
+    for result in outcomes(rewards, quantiles, n_ref=10, seeds=range(30)):
+        assert result.chosen == 10 and result.rejected < 10
+        assert result.fallback == "rejected:high"
+
+
+def test_chosen_fallback_and_both_fallbacks_are_recorded():
+    one = select_pair([0.5, 0.1, 0.3], [0.6, 0.1, 0.4], n_ref=10, seed=0)
+    assert one.chosen in (0, 2) and one.rejected == 1 and one.fallback == "chosen:middle"
+    both = select_pair([0.5, 0.6], [0.5, 0.6], n_ref=10, seed=0)
+    assert both == Pair(chosen=1, rejected=0, fallback="chosen:middle;rejected:middle")
+
+
+def test_low_cut_is_at_least_one_over_n():
+    """n = 2: R_q ∈ {0, 0.5, 1}; the worse reference (0.5) is low since max(0.2, 1/2) = 0.5."""
+    rewards = [1.0, 2.0]
+    result = select_pair(rewards, quantile_rewards(rewards, rewards), n_ref=2, seed=0)
+    assert result == Pair(chosen=1, rejected=0, fallback=None)
+
+
+def test_unscored_completions_are_not_candidates():
+    rewards = [None, 0.2, None, 0.9]
+    quantiles = [None, 0.5, None, 1.0]
+    for result in outcomes(rewards, quantiles, n_ref=2, seeds=range(20)):
+        assert (result.chosen, result.rejected) == (3, 1)
+
+
+@pytest.mark.parametrize(
+    "rewards, quantiles, reason",
+    [
+        ([0.3, None], [1.0, None], "fewer than 2 scored completions (1)"),
+        ([0.4, 0.4, 0.4], [1.0, 1.0, 1.0], "all 3 scored completions have the same reward"),
+    ],
+)
+def test_prompts_without_a_preference_are_skipped_with_a_reason(rewards, quantiles, reason):
+    result = select_pair(rewards, quantiles, n_ref=3, seed=0)
+    assert isinstance(result, Skip) and reason in result.reason
+
+
+def test_selection_is_seeded_and_deterministic():
+    rewards = [float(k) for k in range(10)] + [100.0, -1.0]
+    quantiles = quantile_rewards(rewards, rewards[:10])
+    first = outcomes(rewards, quantiles, n_ref=10, seeds=range(20))
+    assert first == outcomes(rewards, quantiles, n_ref=10, seeds=range(20))
+    assert select_pair(rewards, quantiles, n_ref=10, rng=random.Random(7)) == first[7]
+
+
+@pytest.mark.parametrize(
+    "kwargs, match",
+    [
+        (
+            {"rewards": [0.1, 0.2], "quantiles": [0.5], "n_ref": 2, "seed": 0},
+            "quantiles has 1 entries",
+        ),
+        (
+            {"rewards": [0.1, 0.2], "quantiles": [0.5, None], "n_ref": 2, "seed": 0},
+            r"rewards\[1\] and quantiles\[1\]",
+        ),
+        (
+            {"rewards": [0.1, float("nan")], "quantiles": [0.5, 1.0], "n_ref": 2, "seed": 0},
+            r"rewards\[1\] is NaN",
+        ),
+        (
+            {"rewards": [0.1, 0.2], "quantiles": [0.5, 1.5], "n_ref": 2, "seed": 0},
+            r"quantiles\[1\]",
+        ),
+        (
+            {"rewards": [0.1, 0.2], "quantiles": [0.5, 1.0], "n_ref": 2},
+            "exactly one of rng and seed",
+        ),
+        ({"rewards": [0.1, 0.2], "quantiles": [0.5, 1.0], "n_ref": 0, "seed": 0}, "n_ref"),
+    ],
+)
+def test_bad_selection_input_names_the_field(kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        select_pair(**kwargs)
+
+
+# --- make_pairs ---------------------------------------------------------------------------
+
+
+def record(rid, ref_rewards, offline=(), skips=None):
+    """A prompt record in the library schema: references ``ref{j}``, offline ``off{k}``."""
+    completions, rewards = [], []
+    for j, reward in enumerate(ref_rewards):
+        completions.append(
+            {
+                "text": f"{rid}-ref{j}",
+                "num_tokens": 5,
+                "finish_reason": "stop",
+                "is_reference": True,
+                "source": "policy",
+            }
+        )
+        rewards.append(reward)
+    for k, reward in enumerate(offline):
+        completions.append(
+            {
+                "text": f"{rid}-off{k}",
+                "num_tokens": 7,
+                "finish_reason": "stop",
+                "is_reference": False,
+                "source": "other-model",
+            }
+        )
+        rewards.append(reward)
+    reward_skips = [None if r is not None else "judge output unparsable" for r in rewards]
+    return {
+        "id": rid,
+        "messages": [{"role": "user", "content": f"question {rid}"}],
+        "completions": completions,
+        "rewards": rewards,
+        "reward_skips": reward_skips,
+    }
+
+
+def test_make_pairs_rows_have_the_trainer_columns_and_consistent_values():
+    records = [
+        record("a", [0.1 * k for k in range(10)], offline=[2.0, -1.0]),
+        record("b", [1.0] * 9 + [0.0]),
+    ]
+    pairs, skips = make_pairs(records, seed=0)
+    assert skips == []
+    by_id = {row["id"]: row for row in pairs}
+    for row in pairs:
+        assert tuple(row) == PAIR_FIELDS
+        assert row["chosen_reward"] > row["rejected_reward"]
+        assert row["num_ref_rewards"] == 10 and row["chosen_quantile"] == 1.0
+    a = by_id["a"]
+    assert a["chosen"] in ("a-ref9", "a-off0") and a["rejected"] in ("a-ref0", "a-ref1", "a-off1")
+    want_q = {"a-ref0": 0.1, "a-ref1": 0.2, "a-off1": 0.0}[a["rejected"]]
+    assert a["rejected_quantile"] == want_q
+    assert by_id["b"]["rejected"] == "b-ref9" and by_id["b"]["rejected_quantile"] == 0.1
+    assert by_id["b"]["messages"] == [{"role": "user", "content": "question b"}]
+
+
+def test_unscored_reference_skips_the_prompt_unless_allowed():
+    refs = [0.1 * k for k in range(9)] + [None]
+    pairs, skips = make_pairs([record("p", refs, offline=[5.0])], seed=0)
+    assert pairs == [] and skips == [
+        {"id": "p", "reason": "only 9 of 10 reference rewards scored (min_ref_rewards=10)"}
+    ]
+    pairs, skips = make_pairs([record("p", refs, offline=[5.0])], seed=0, min_ref_rewards=9)
+    assert skips == [] and pairs[0]["num_ref_rewards"] == 9
+    assert pairs[0]["chosen"] in ("p-ref8", "p-off0")  # R_q against the 9 scored references
+
+
+def test_no_preference_is_a_recorded_skip():
+    pairs, skips = make_pairs(
+        [record("same", [0.5] * 4), record("ok", [0.5, 0.5, 0.5, 0.0])], seed=1
+    )
+    assert [row["id"] for row in pairs] == ["ok"]
+    assert skips[0]["id"] == "same" and "same reward" in skips[0]["reason"]
+
+
+def test_make_pairs_is_deterministic_and_independent_of_order():
+    records = [
+        record(f"r{i}", [float(k % 4) for k in range(10)], offline=[9.0, -3.0]) for i in range(12)
+    ]
+    forward, _ = make_pairs(records, seed=3)
+    backward, _ = make_pairs(list(reversed(records)), seed=3)
+    assert sorted(forward, key=lambda r: r["id"]) == sorted(backward, key=lambda r: r["id"])
+    assert make_pairs(records, seed=3) == (forward, [])
+    other, _ = make_pairs(records, seed=4)
+    assert [(r["chosen"], r["rejected"]) for r in other] != [
+        (r["chosen"], r["rejected"]) for r in forward
+    ]
+
+
+@pytest.mark.parametrize(
+    "mutate, kwargs, field",
+    [
+        (lambda r: [c.update(is_reference=False) for c in r["completions"]], {}, "completions"),
+        (lambda r: None, {"n_ref": 2}, "completions"),  # bad-1 has 3
+        (lambda r: r["rewards"].__setitem__(1, float("nan")), {}, r"rewards\[1\]"),
+        (lambda r: r["rewards"].pop(), {}, "rewards"),
+    ],
+)
+def test_bad_records_name_the_record_and_field(mutate, kwargs, field):
+    bad = record("bad-1", [0.1, 0.2, 0.3])
+    mutate(bad)
+    with pytest.raises(RecordError, match=rf"'bad-1'.*{field}"):
+        make_pairs([record("fine", [0.1, 0.9]), bad], seed=0, **kwargs)
+
+
+def test_duplicate_ids_are_an_error():
+    with pytest.raises(RecordError, match="duplicate id"):
+        make_pairs([record("x", [0.1, 0.9]), record("x", [0.2, 0.8])], seed=0)
