@@ -207,9 +207,34 @@ def to_dict(config: Any) -> dict[str, Any]:
     return clean(config)
 
 
+def _docstring_fields(cls: type) -> dict[str, str]:
+    """Field docs written in a class docstring as ``name (type, ...): text`` entries."""
+    import inspect
+    import re
+
+    docs: dict[str, str] = {}
+    current = None
+    for klass in reversed(cls.__mro__):
+        for line in inspect.cleandoc(klass.__doc__ or "").splitlines():
+            match = re.match(r"^\s*(\w+) \(([^)]*)\):\s*(.*)$", line)
+            if match:
+                current = match.group(1)
+                docs[current] = match.group(3).strip()
+            elif current and line.startswith(" " * 8) and line.strip():
+                docs[current] += " " + line.strip()
+            else:
+                current = None
+    return docs
+
+
 def describe(cls: type) -> str:
-    """A help text listing each field with its type, default and docs (from metadata)."""
+    """A help text listing each field with its type, default and docs.
+
+    Docs come from ``field(metadata={"help": ...})`` or, failing that, from a
+    ``name (type): text`` entry in the class docstring.
+    """
     lines = []
+    docstring_docs = _docstring_fields(cls)
     hints = typing.get_type_hints(cls)
     for f in dataclasses.fields(cls):
         if not f.init:
@@ -221,6 +246,6 @@ def describe(cls: type) -> str:
         else:
             default = "required"
         kind = getattr(hints.get(f.name), "__name__", None) or str(hints.get(f.name)).replace("typing.", "")
-        doc = f.metadata.get("help", "")
+        doc = f.metadata.get("help", "") or docstring_docs.get(f.name, "")
         lines.append(f"  {f.name} ({kind}, default {default})" + (f"\n      {doc}" if doc else ""))
     return "\n".join(lines)
