@@ -1,0 +1,42 @@
+"""Chat formats: rendering, token masks, tool declarations and calls, jinja templates.
+
+Public API::
+
+    render(messages, *, format="apertus", tools=None, add_generation_prompt=False,
+           enable_thinking=False, date=None) -> str
+    encode(tokenizer, messages, ...) -> EncodedChat(input_ids, loss_mask, spans, text)
+    encode_completion(tokenizer, prompt_messages, completion, ...) -> (prompt_ids, completion_ids)
+    chat_template(format) -> str          # jinja, renders exactly what render() renders
+    install_format(tokenizer, model=None, format="apertus") -> ChatFormat
+    tool_declarations(tools, format="apertus") -> str
+    parse_tool_calls(text, format="apertus") -> [{"name", "arguments"}]
+    format_tool_calls(calls, format="apertus") -> str   # the inverse of parse_tool_calls
+    FORMATS: name -> ChatFormat (bos, eos, turn_end, special tokens, ...)
+
+Formats: ``apertus`` (SPEC §2; see ``align.chat.apertus`` for every rendering choice),
+``llama3`` (Lucie-7B style) and ``chatml``; the last two have no tool or thought markup
+and raise when given tools, tool messages or thoughts.
+"""
+
+from align.chat.encode import EncodedChat, encode, encode_completion
+from align.chat.formats import FORMATS, ChatFormat, get_format
+from align.chat.install import install_format
+from align.chat.render import render, render_segments
+from align.chat.templates import chat_template
+from align.chat.tools import format_tool_calls, parse_tool_calls, tool_declarations
+
+__all__ = [
+    "FORMATS",
+    "ChatFormat",
+    "EncodedChat",
+    "chat_template",
+    "encode",
+    "encode_completion",
+    "format_tool_calls",
+    "get_format",
+    "install_format",
+    "parse_tool_calls",
+    "render",
+    "render_segments",
+    "tool_declarations",
+]

@@ -1,0 +1,202 @@
+"""Token ids, loss masks and message spans, read off the one rendered string.
+
+The rendered text is tokenized once, with ``add_special_tokens=False`` (it already starts
+with the format's BOS, so letting the tokenizer add one would double it), and with the
+offsets mapping. A token is trained on when every character it covers came from a
+trained segment; a token covering both trained and untrained characters makes the mask
+ambiguous and is an error. Pieces are never tokenized separately, since BPE merges
+across piece boundaries would shift them.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+from bisect import bisect_left, bisect_right
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from itertools import accumulate
+from typing import Any
+
+from align.chat.formats import ChatFormat, get_format
+from align.chat.render import render, render_segments
+from align.chat.segments import Segment
+
+
+@dataclass
+class EncodedChat:
+    """A tokenized conversation.
+
+    ``loss_mask[k]`` is 1 where token ``k`` is trained on. ``spans[i]`` is the half-open
+    token range ``[start, end)`` covering message ``i`` (its markers included); a token
+    that straddles two messages belongs to both spans. ``text`` is the rendered string.
+    """
+
+    input_ids: list[int]
+    loss_mask: list[int]
+    spans: list[tuple[int, int]]
+    text: str = ""
+
+
+def check_tokenizer(tokenizer: Any, fmt: ChatFormat) -> None:
+    """The tokenizer must give offsets and keep every format token as one token."""
+    if not getattr(tokenizer, "is_fast", False):
+        raise ValueError("align.chat needs a fast tokenizer (offsets mapping); got "
+                         f"{type(tokenizer).__name__}")
+    added = tokenizer.get_added_vocab()
+    missing = [t for t in fmt.special_tokens + ((fmt.bos,) if fmt.bos else ()) if t not in added]
+    if missing:
+        raise ValueError(f"the tokenizer lacks the {fmt.name!r} tokens {missing}; they would be "
+                         "split into pieces. Call align.chat.install_format(tokenizer, model, "
+                         f"format={fmt.name!r}) first")
+
+
+def tokenize(tokenizer: Any, text: str) -> tuple[list[int], list[tuple[int, int]]]:
+    """Token ids and character offsets of already rendered text (no added specials)."""
+    enc = tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)
+    return list(enc["input_ids"]), [tuple(o) for o in enc["offset_mapping"]]
+
+
+def _trained_prefix(segments: Sequence[Segment]) -> list[int]:
+    """``p[c]`` = number of trained characters before character ``c``."""
+    flags = [int(s.trained) for s in segments for _ in s.text]
+    return [0, *accumulate(flags)]
+
+
+def _owner(segments: Sequence[Segment], char: int) -> str:
+    pos = 0
+    for s in segments:
+        if pos <= char < pos + len(s.text):
+            where = "no message" if s.index is None else f"message {s.index}"
+            return f"{'trained' if s.trained else 'untrained'} text of {where}"
+        pos += len(s.text)
+    return "the end of the text"
+
+
+def loss_mask(
+    text: str, offsets: Sequence[tuple[int, int]], segments: Sequence[Segment]
+) -> list[int]:
+    """1 for tokens made only of trained characters, 0 for untrained; raise on a mix."""
+    trained = _trained_prefix(segments)
+    mask: list[int] = []
+    for k, (start, end) in enumerate(offsets):
+        if end <= start:  # zero-width (e.g. a normaliser-added piece): follow its left side
+            mask.append(mask[-1] if mask else 0)
+            continue
+        count = trained[end] - trained[start]
+        if 0 < count < end - start:
+            first = next(c for c in range(start, end)
+                         if (trained[c + 1] - trained[c]) != (trained[start + 1] - trained[start]))
+            raise ValueError(
+                f"token {k} ({text[start:end]!r}, chars {start}-{end}) straddles the boundary "
+                f"between {_owner(segments, start)} and {_owner(segments, first)}: the tokenizer "
+                "merged text across it, so the loss mask is ambiguous. Change the text at that "
+                "boundary (e.g. a space) or use a tokenizer that splits there."
+            )
+        mask.append(1 if count else 0)
+    return mask
+
+
+def message_spans(
+    offsets: Sequence[tuple[int, int]], segments: Sequence[Segment], n_messages: int
+) -> list[tuple[int, int]]:
+    """Token range ``[start, end)`` of each message, from its segments' character range."""
+    ranges: dict[int, tuple[int, int]] = {}
+    pos = 0
+    for s in segments:
+        if s.index is not None:
+            lo, hi = ranges.get(s.index, (pos, pos))
+            ranges[s.index] = (min(lo, pos), pos + len(s.text))
+        pos += len(s.text)
+    starts = [o[0] for o in offsets]
+    ends = [o[1] for o in offsets]
+    spans = []
+    for i in range(n_messages):
+        lo, hi = ranges.get(i, (0, 0))
+        first = bisect_right(ends, lo)
+        spans.append((first, max(first, bisect_left(starts, hi))))
+    return spans
+
+
+def _check_single_bos(ids: Sequence[int], tokenizer: Any, fmt: ChatFormat) -> None:
+    if fmt.bos and len(ids) > 1 and ids[0] == ids[1] == tokenizer.convert_tokens_to_ids(fmt.bos):
+        raise ValueError("the token ids start with two BOS tokens")
+
+
+def encode(
+    tokenizer: Any,
+    messages: Sequence[Mapping[str, Any]],
+    *,
+    format: str = "apertus",
+    tools: Sequence[Any] | None = None,
+    add_generation_prompt: bool = False,
+    enable_thinking: bool = False,
+    date: _dt.date | str | None = None,
+) -> EncodedChat:
+    """Tokenize a conversation with its SFT loss mask and per-message token spans.
+
+    The mask trains on assistant content and the end-of-turn token, never on system,
+    developer, user text, tool outputs or the turn-opening marker (see the format
+    modules for the exact rule). The tokenizer must be fast and have the format's
+    tokens (``install_format``).
+    """
+    fmt = get_format(format)
+    check_tokenizer(tokenizer, fmt)
+    segs = render_segments(messages, format=fmt.name, tools=tools,
+                           add_generation_prompt=add_generation_prompt,
+                           enable_thinking=enable_thinking, date=date)
+    text = "".join(s.text for s in segs)
+    ids, offsets = tokenize(tokenizer, text)
+    _check_single_bos(ids, tokenizer, fmt)
+    return EncodedChat(
+        input_ids=ids,
+        loss_mask=loss_mask(text, offsets, segs),
+        spans=message_spans(offsets, segs, len(messages)),
+        text=text,
+    )
+
+
+def encode_completion(
+    tokenizer: Any,
+    prompt_messages: Sequence[Mapping[str, Any]],
+    completion: str,
+    *,
+    format: str = "apertus",
+    tools: Sequence[Any] | None = None,
+    enable_thinking: bool = False,
+    date: _dt.date | str | None = None,
+) -> tuple[list[int], list[int]]:
+    """Prompt ids and completion ids: the one tokenization of a (prompt, completion) pair.
+
+    The prompt is rendered with the generation prompt; the completion is the raw text the
+    model generated (it may hold tool-call or thought markers), followed by the format's
+    end of turn. ``prompt + completion + end`` is tokenized as one string and split at the
+    prompt's length, after checking that the prompt's own tokens are a prefix of it; if
+    the tokenizer merges across the boundary the split would be wrong, so that raises.
+    """
+    fmt = get_format(format)
+    check_tokenizer(tokenizer, fmt)
+    if not isinstance(completion, str):
+        raise ValueError(f"completion must be a string, got {type(completion).__name__}")
+    if completion.endswith(fmt.eos):
+        raise ValueError(f"completion already ends with {fmt.eos!r}; pass the text without it "
+                         "(the end of turn is appended here)")
+    for token in fmt.forbidden_in_text:
+        if token in completion:
+            raise ValueError(f"completion contains the special token {token!r}, which would "
+                             "be tokenized as format structure")
+    prompt = render(prompt_messages, format=fmt.name, tools=tools, add_generation_prompt=True,
+                    enable_thinking=enable_thinking, date=date)
+    prompt_ids, _ = tokenize(tokenizer, prompt)
+    full_ids, _ = tokenize(tokenizer, prompt + completion + fmt.turn_end)
+    _check_single_bos(full_ids, tokenizer, fmt)
+    if full_ids[: len(prompt_ids)] != prompt_ids:
+        k = next((k for k, (a, b) in enumerate(zip(prompt_ids, full_ids)) if a != b),
+                 min(len(prompt_ids), len(full_ids)))
+        raise ValueError(
+            "the tokenized prompt is not a prefix of the tokenized prompt + completion "
+            f"(they differ at token {k} of {len(prompt_ids)}): the tokenizer merges text across "
+            "the prompt/completion boundary, so the completion's tokens cannot be separated "
+            f"from the prompt's. Prompt ends with {prompt[-20:]!r}, completion starts with "
+            f"{completion[:20]!r}."
+        )
+    return prompt_ids, full_ids[len(prompt_ids):]

@@ -1,0 +1,116 @@
+"""The registry of chat formats: which special tokens each one needs and how turns end.
+
+Everything that must agree between rendering, token masks, the exported jinja template
+and ``install_format`` (BOS, end-of-turn text, the tokens that must stay single tokens)
+is read from here, so the three never drift apart.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class ChatFormat:
+    """One chat format.
+
+    Attributes:
+        name: registry key (``render(..., format=name)``).
+        bos: text the rendered conversation starts with, or ``None`` (ChatML has none).
+        eos: the model's end-of-turn token; ``install_format`` makes it the tokenizer's
+            and the model's EOS.
+        turn_end: the text that closes a trained assistant turn (``eos`` plus any
+            newlines the format puts before it); ``encode_completion`` appends it.
+        special_tokens: every added token the format renders; each must be one token.
+        structural_tokens: tokens that delimit turns. No message text may contain them,
+            since they would be read as turn boundaries.
+        supports_tools / supports_thinking: whether tool declarations, tool calls and
+            thoughts have a rendering in this format (the others raise).
+        stop_tokens: tokens a sampler should stop at. For Apertus this includes
+            ``<|tools_suffix|>``: after a tool call the environment writes the output.
+    """
+
+    name: str
+    bos: str | None
+    eos: str
+    turn_end: str
+    special_tokens: tuple[str, ...]
+    structural_tokens: tuple[str, ...]
+    supports_tools: bool
+    supports_thinking: bool
+    stop_tokens: tuple[str, ...]
+
+    @property
+    def forbidden_in_text(self) -> tuple[str, ...]:
+        """Token texts no message may contain: turn delimiters and the BOS."""
+        return self.structural_tokens + ((self.bos,) if self.bos else ())
+
+
+APERTUS = ChatFormat(
+    name="apertus",
+    bos="<s>",
+    eos="<|assistant_end|>",
+    turn_end="<|assistant_end|>",
+    special_tokens=(
+        "<|system_start|>",
+        "<|system_end|>",
+        "<|developer_start|>",
+        "<|developer_end|>",
+        "<|user_start|>",
+        "<|user_end|>",
+        "<|assistant_start|>",
+        "<|assistant_end|>",
+        "<|inner_prefix|>",
+        "<|inner_suffix|>",
+        "<|tools_prefix|>",
+        "<|tools_suffix|>",
+    ),
+    structural_tokens=(
+        "<|system_start|>",
+        "<|system_end|>",
+        "<|developer_start|>",
+        "<|developer_end|>",
+        "<|user_start|>",
+        "<|user_end|>",
+        "<|assistant_start|>",
+        "<|assistant_end|>",
+    ),
+    supports_tools=True,
+    supports_thinking=True,
+    stop_tokens=("<|assistant_end|>", "<|tools_suffix|>"),
+)
+
+LLAMA3 = ChatFormat(
+    name="llama3",
+    bos="<s>",
+    eos="<|eot_id|>",
+    turn_end="\n\n<|eot_id|>",
+    special_tokens=("<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>"),
+    structural_tokens=("<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>"),
+    supports_tools=False,
+    supports_thinking=False,
+    stop_tokens=("<|eot_id|>",),
+)
+
+CHATML = ChatFormat(
+    name="chatml",
+    bos=None,
+    eos="<|im_end|>",
+    turn_end="<|im_end|>",
+    special_tokens=("<|im_start|>", "<|im_end|>"),
+    structural_tokens=("<|im_start|>", "<|im_end|>"),
+    supports_tools=False,
+    supports_thinking=False,
+    stop_tokens=("<|im_end|>",),
+)
+
+FORMATS: dict[str, ChatFormat] = {f.name: f for f in (APERTUS, LLAMA3, CHATML)}
+
+
+def get_format(name: str) -> ChatFormat:
+    """Look a format up by name; an unknown name lists the known ones."""
+    try:
+        return FORMATS[name]
+    except (KeyError, TypeError):
+        known = ", ".join(sorted(FORMATS))
+        raise ValueError(f"unknown chat format {name!r}; known formats: {known}") from None

@@ -1,0 +1,67 @@
+"""Make a tokenizer (and model) speak a chat format: tokens, template, EOS and padding."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from align.chat.formats import ChatFormat, get_format
+from align.chat.templates import chat_template
+
+PAD_TOKEN = "<pad>"
+
+
+def _add_special(tokenizer: Any, tokens: list[str]) -> None:
+    """Register tokens as special (kept whole, skippable in decode); existing ones keep ids."""
+    if tokens:
+        tokenizer.add_special_tokens({"additional_special_tokens": tokens},
+                                     replace_extra_special_tokens=False)
+
+
+def install_format(tokenizer: Any, model: Any = None, format: str = "apertus") -> ChatFormat:
+    """Prepare ``tokenizer`` (and ``model``) for a chat format, in place; returns the format.
+
+    - adds the format's special tokens that are missing, as special tokens;
+    - sets the chat template (``chat_template(format)``);
+    - sets EOS to the format's end-of-turn token (``<|assistant_end|>``, ``<|eot_id|>``,
+      ``<|im_end|>``), since that is what generation must stop at;
+    - ensures a pad token different from EOS (``<pad>``, added if needed), so padding is
+      never confused with the end of a turn;
+    - with a model: grows the embeddings to the tokenizer's size and sets
+      ``config`` and ``generation_config`` BOS/EOS/pad ids.
+
+    A tokenizer whose BOS differs from the format's (``<s>`` for apertus and llama3)
+    raises: the rendered text starts with the format's BOS, and silently training on
+    another one would teach the wrong sequence start.
+    """
+    fmt = get_format(format)
+    if fmt.bos and tokenizer.bos_token not in (None, fmt.bos):
+        raise ValueError(f"format {fmt.name!r} starts with BOS {fmt.bos!r} but the tokenizer's "
+                         f"BOS is {tokenizer.bos_token!r}")
+    added = tokenizer.get_added_vocab()
+    wanted = list(fmt.special_tokens) + ([fmt.bos] if fmt.bos else [])
+    _add_special(tokenizer, [t for t in wanted if t not in added])
+    if fmt.bos and tokenizer.bos_token is None:
+        tokenizer.bos_token = fmt.bos
+    tokenizer.eos_token = fmt.eos
+    if tokenizer.pad_token is None or tokenizer.pad_token == fmt.eos:
+        if PAD_TOKEN not in tokenizer.get_added_vocab():
+            _add_special(tokenizer, [PAD_TOKEN])
+        tokenizer.pad_token = PAD_TOKEN
+    tokenizer.chat_template = chat_template(fmt.name)
+    if model is not None:
+        _update_model(model, tokenizer, fmt)
+    return fmt
+
+
+def _update_model(model: Any, tokenizer: Any, fmt: ChatFormat) -> None:
+    """Resize embeddings to the tokenizer and point the model's special ids at it."""
+    rows = model.get_input_embeddings().weight.shape[0]
+    if len(tokenizer) > rows:
+        model.resize_token_embeddings(len(tokenizer))
+    ids = {"eos_token_id": tokenizer.eos_token_id, "pad_token_id": tokenizer.pad_token_id}
+    if fmt.bos:
+        ids["bos_token_id"] = tokenizer.bos_token_id
+    for config in (model.config, getattr(model, "generation_config", None)):
+        if config is not None:
+            for key, value in ids.items():
+                setattr(config, key, value)

@@ -1,0 +1,65 @@
+"""``render``: a conversation as the one string the model sees, in any registered format."""
+
+from __future__ import annotations
+
+import datetime as _dt
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+from align.chat import apertus, chatml, llama3
+from align.chat.formats import get_format
+from align.chat.segments import Segment
+
+_RENDERERS: dict[str, Callable[..., list[Segment]]] = {
+    "apertus": apertus.segments,
+    "llama3": llama3.segments,
+    "chatml": chatml.segments,
+}
+
+
+def render_segments(
+    messages: Sequence[Mapping[str, Any]],
+    *,
+    format: str = "apertus",
+    tools: Sequence[Any] | None = None,
+    add_generation_prompt: bool = False,
+    enable_thinking: bool = False,
+    date: _dt.date | str | None = None,
+) -> list[Segment]:
+    """The rendered conversation as labelled segments (text, message index, trained)."""
+    fmt = get_format(format)
+    return _RENDERERS[fmt.name](
+        messages,
+        tools=tools,
+        add_generation_prompt=add_generation_prompt,
+        enable_thinking=enable_thinking,
+        date=date,
+    )
+
+
+def render(
+    messages: Sequence[Mapping[str, Any]],
+    *,
+    format: str = "apertus",
+    tools: Sequence[Any] | None = None,
+    add_generation_prompt: bool = False,
+    enable_thinking: bool = False,
+    date: _dt.date | str | None = None,
+) -> str:
+    """Render a conversation to text, starting with the format's BOS.
+
+    ``date`` (a ``datetime.date`` or a ``YYYY-MM-DD`` string; default today) only feeds the
+    Apertus default system text, used when the conversation has no system message. Bad
+    input raises ``ValueError`` naming the message index and the problem.
+    """
+    return "".join(
+        s.text
+        for s in render_segments(
+            messages,
+            format=format,
+            tools=tools,
+            add_generation_prompt=add_generation_prompt,
+            enable_thinking=enable_thinking,
+            date=date,
+        )
+    )

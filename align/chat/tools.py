@@ -1,0 +1,214 @@
+"""Tool declarations for the developer block, and tool calls in and out of text.
+
+Declarations follow SPEC §2: each tool becomes a TypeScript-like type,
+
+    // Get the weather for a city.
+    type get_weather = (_: {
+    // City name
+    city: string,
+    unit?: "celsius" | "fahrenheit"
+    }) => any;
+
+A tool is an OpenAI-style schema (``{"type": "function", "function": {...}}``), the bare
+function dict, or a Python callable with type hints and a Google-style docstring. A
+callable goes through ``transformers.utils.get_json_schema``, the same converter
+``tokenizer.apply_chat_template`` uses, so ``render(tools=[fn])`` and the exported jinja
+template see the same schema. Multi-line descriptions keep every line behind ``//``.
+
+Calls render as ``<|tools_prefix|>[{"name": {args}}, ...]<|tools_suffix|>`` and
+``parse_tool_calls`` reads them back out of generated text.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import Any
+
+from align.chat.formats import get_format
+from align.chat.messages import ToolCall, make_call
+
+TOOLS_PREFIX = "<|tools_prefix|>"
+TOOLS_SUFFIX = "<|tools_suffix|>"
+
+Tool = Mapping[str, Any] | Callable[..., Any]
+
+
+def function_schema(tool: Tool, position: int = 0) -> dict[str, Any]:
+    """The bare function schema (name, description, parameters) of one tool."""
+    where = f"tools[{position}]"
+    if callable(tool) and not isinstance(tool, Mapping):
+        from transformers.utils.chat_template_utils import (
+            DocstringParsingException,
+            TypeHintParsingException,
+            get_json_schema,
+        )
+
+        try:
+            tool = get_json_schema(tool)
+        except (DocstringParsingException, TypeHintParsingException) as err:
+            name = getattr(tool, "__name__", repr(tool))
+            raise ValueError(f"{where}: cannot build a schema from function {name!r}: {err}") \
+                from None
+    if not isinstance(tool, Mapping):
+        raise ValueError(f"{where}: a tool must be a schema dict or a callable, "
+                         f"got {type(tool).__name__}")
+    fn = tool.get("function") if "function" in tool else tool
+    if not isinstance(fn, Mapping):
+        raise ValueError(f"{where}: 'function' must be a mapping")
+    name = fn.get("name")
+    if not isinstance(name, str) or not name or any(ch.isspace() for ch in name):
+        raise ValueError(f"{where}: tool name must be a non-empty string without spaces, "
+                         f"got {name!r}")
+    params = fn.get("parameters")
+    if params is not None and not (
+        isinstance(params, Mapping) and isinstance(params.get("properties", {}), Mapping)
+    ):
+        raise ValueError(f"{where} ({name!r}): 'parameters' must be a JSON schema object "
+                         "with a 'properties' mapping")
+    return dict(fn)
+
+
+def function_schemas(tools: Sequence[Tool]) -> list[dict[str, Any]]:
+    """All tools as bare function schemas; duplicate names are an error."""
+    if isinstance(tools, (str, Mapping)) or not isinstance(tools, Sequence):
+        raise ValueError(f"tools must be a list, got {type(tools).__name__}")
+    schemas = [function_schema(t, k) for k, t in enumerate(tools)]
+    seen: set[str] = set()
+    for k, s in enumerate(schemas):
+        if s["name"] in seen:
+            raise ValueError(f"tools[{k}]: tool {s['name']!r} is declared twice")
+        seen.add(s["name"])
+    return schemas
+
+
+def ts_type(schema: Any) -> str:
+    """TypeScript-like type of one JSON-schema parameter (SPEC §2 mapping)."""
+    if not isinstance(schema, Mapping):
+        return "any"
+    kind = schema.get("type")
+    nullable = bool(schema.get("nullable"))
+    if isinstance(kind, (list, tuple)):
+        others = [k for k in kind if k != "null"]
+        nullable = nullable or len(others) < len(kind)
+        kind = others[0] if len(others) == 1 else None
+    enum = schema.get("enum")
+    if isinstance(enum, (list, tuple)) and enum and all(isinstance(v, str) for v in enum):
+        base = " | ".join(json.dumps(v, ensure_ascii=False) for v in enum)
+    elif kind == "string":
+        base = "string"
+    elif kind in ("number", "integer"):
+        base = "number"
+    elif kind == "boolean":
+        base = "boolean"
+    elif kind == "array":
+        item = ts_type(schema.get("items"))
+        base = f"({item})[]" if " | " in item else f"{item}[]"
+    else:
+        return "any"
+    return base + " | null" if nullable else base
+
+
+def _comment(text: str) -> str:
+    return "// " + text.replace("\n", "\n// ")
+
+
+def declaration(fn: Mapping[str, Any]) -> str:
+    """The declaration of one bare function schema."""
+    lines = []
+    if fn.get("description"):
+        lines.append(_comment(str(fn["description"])))
+    params = fn.get("parameters") or {}
+    props = params.get("properties") or {}
+    if not props:
+        lines.append(f"type {fn['name']} = () => any;")
+        return "\n".join(lines)
+    required = params.get("required") or []
+    fields = []
+    for pname, pspec in props.items():
+        desc = pspec.get("description") if isinstance(pspec, Mapping) else None
+        head = _comment(str(desc)) + "\n" if desc else ""
+        fields.append(f"{head}{pname}{'' if pname in required else '?'}: {ts_type(pspec)}")
+    lines.append(f"type {fn['name']} = (_: {{\n" + ",\n".join(fields) + "\n}) => any;")
+    return "\n".join(lines)
+
+
+def tool_declarations(tools: Sequence[Tool], format: str = "apertus") -> str:
+    """Declarations of all tools, joined by newlines, as the developer block shows them."""
+    _require_tools(format)
+    return "\n".join(declaration(s) for s in function_schemas(tools))
+
+
+def format_call(call: ToolCall) -> str:
+    """One call as ``{"name": {args}}``; the arguments text is kept verbatim."""
+    return "{" + json.dumps(call.name, ensure_ascii=False) + ": " + call.arguments + "}"
+
+
+def format_calls(calls: Iterable[ToolCall]) -> str:
+    """A list of calls between the tools markers, as the model writes them."""
+    return TOOLS_PREFIX + "[" + ", ".join(format_call(c) for c in calls) + "]" + TOOLS_SUFFIX
+
+
+def format_tool_calls(calls: Sequence[Mapping[str, Any]], format: str = "apertus") -> str:
+    """Render ``[{"name", "arguments"}]`` as the model would generate them (inverse of parsing)."""
+    _require_tools(format)
+    made = []
+    for k, c in enumerate(calls):
+        if not isinstance(c, Mapping):
+            raise ValueError(f"calls[{k}]: a call must be a mapping with 'name' and 'arguments'")
+        made.append(make_call(c.get("name"), c.get("arguments"), f"calls[{k}]"))
+    return format_calls(made)
+
+
+def _require_tools(format: str) -> None:
+    fmt = get_format(format)
+    if not fmt.supports_tools:
+        raise ValueError(f"format {fmt.name!r} has no tool rendering; use format='apertus' "
+                         "for tool declarations and tool calls")
+
+
+def _parse_block(body: str, at: int) -> list[dict[str, Any]]:
+    try:
+        items = json.loads(body)
+    except json.JSONDecodeError as err:
+        raise ValueError(f"tool call block at char {at} is not valid JSON ({err}): {body!r}") \
+            from None
+    if not isinstance(items, list) or not items:
+        raise ValueError(f"tool call block at char {at} must be a non-empty JSON list of "
+                         f'{{"name": {{arguments}}}} objects: {body!r}')
+    calls = []
+    for k, item in enumerate(items):
+        if not (isinstance(item, dict) and len(item) == 1):
+            raise ValueError(f"tool call block at char {at}: call {k} must be an object with "
+                             f"exactly one key (the tool name), got {item!r}")
+        (name, args), = item.items()
+        if not isinstance(args, dict):
+            raise ValueError(f"tool call block at char {at}: arguments of call {k} ({name!r}) "
+                             f"must be a JSON object, got {args!r}")
+        calls.append({"name": name, "arguments": args})
+    return calls
+
+
+def parse_tool_calls(text: str, format: str = "apertus") -> list[dict[str, Any]]:
+    """Every tool call in generated assistant text, in order, as ``{"name", "arguments"}``.
+
+    Text with no tool-call block gives ``[]``. A block without its closing marker, a
+    closing marker without an opening one, or a body that is not a JSON list of
+    ``{"name": {...}}`` objects raises ``ValueError`` saying which and where.
+    """
+    _require_tools(format)
+    calls: list[dict[str, Any]] = []
+    pos = 0
+    while True:
+        start = text.find(TOOLS_PREFIX, pos)
+        stray = text.find(TOOLS_SUFFIX, pos)
+        if stray != -1 and (start == -1 or stray < start):
+            raise ValueError(f"{TOOLS_SUFFIX} at char {stray} has no {TOOLS_PREFIX} before it")
+        if start == -1:
+            return calls
+        body_start = start + len(TOOLS_PREFIX)
+        end = text.find(TOOLS_SUFFIX, body_start)
+        if end == -1:
+            raise ValueError(f"tool call block at char {start} is not closed by {TOOLS_SUFFIX}")
+        calls.extend(_parse_block(text[body_start:end], start))
+        pos = end + len(TOOLS_SUFFIX)
