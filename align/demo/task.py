@@ -13,6 +13,7 @@ the constant chat-format text into a few tokens (so sequences stay short on CPU)
 from __future__ import annotations
 
 import random
+import re
 from typing import Any
 
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
@@ -105,12 +106,16 @@ def make_splits(
     }
 
 
-def build_demo_tokenizer(texts: list[str], vocab_size: int = 160) -> PreTrainedTokenizerFast:
-    """BPE whose digits stay single tokens; the constant format text merges into few tokens."""
+def build_demo_tokenizer(texts: list[str], vocab_size: int = 1024) -> PreTrainedTokenizerFast:
+    """BPE whose digits stay single tokens; the constant format text merges into few tokens.
+
+    Only digits split the text before BPE (no word regex), so a constant run such as the
+    developer block becomes one token and a prompt is about 20 tokens long.
+    """
     specials = BASE_SPECIAL_TOKENS + APERTUS_SPECIAL_TOKENS
     tok = Tokenizer(models.BPE(unk_token="<unk>"))
     tok.pre_tokenizer = pre_tokenizers.Sequence(
-        [pre_tokenizers.Digits(individual_digits=True), pre_tokenizers.ByteLevel(add_prefix_space=False)]
+        [pre_tokenizers.Digits(individual_digits=True), pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)]
     )
     tok.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(
@@ -119,7 +124,9 @@ def build_demo_tokenizer(texts: list[str], vocab_size: int = 160) -> PreTrainedT
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
         show_progress=False,
     )
-    tok.train_from_iterator(texts, trainer=trainer)
+    # Train on the text between special tokens, so a constant run merges into one token.
+    splitter = re.compile("|".join(re.escape(t) for t in specials))
+    tok.train_from_iterator((piece for text in texts for piece in splitter.split(text) if piece), trainer=trainer)
     fast = PreTrainedTokenizerFast(
         tokenizer_object=tok,
         bos_token="<s>",
