@@ -1,0 +1,198 @@
+"""Configuration of supervised fine-tuning (SFT) on the Apertus chat format.
+
+`SFTConfig` extends TRL's `SFTConfig` (itself a `transformers.TrainingArguments`), so every
+TRL and transformers field still works; the fields below are what align adds. The Apertus
+recipe values (report §E.1, SPEC §3) come from `apertus_sft_defaults` / `SFTConfig.apertus`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any
+
+from transformers import TrainingArguments
+from trl import SFTConfig as TRLSFTConfig
+
+from align.optim import OPTIMIZERS
+
+__all__ = ["APERTUS_SFT_SIZES", "SFTConfig", "apertus_sft_defaults", "checkpointing_field"]
+
+# Per model size: (global batch in sequences, peak learning rate), report §E.1 / SPEC §3.
+APERTUS_SFT_SIZES: dict[str, tuple[int, float]] = {"8b": (512, 5e-6), "70b": (1024, 2e-6)}
+
+
+def checkpointing_field() -> str:
+    """Name of the activation-checkpointing switch in the installed transformers.
+
+    transformers 5.19+ calls it ``activation_checkpointing`` (the old name warns); older
+    versions only know ``gradient_checkpointing``.
+    """
+    names = {f.name for f in dataclasses.fields(TrainingArguments)}
+    return (
+        "activation_checkpointing"
+        if "activation_checkpointing" in names
+        else "gradient_checkpointing"
+    )
+
+
+def apertus_sft_defaults(size: str = "8b") -> dict[str, Any]:
+    """The Apertus SFT hyperparameters for one model size, as `SFTConfig` keyword arguments.
+
+    8B: global batch 512, lr 5e-6; 70B: 1024, 2e-6. Both: linear decay without warmup, max
+    length 4096, AdEMAMix (β1 0.9, β2 0.999, β3 0.99, α 8, T_α = T_β3 = total steps), one
+    epoch, grad clip 1.0, bf16, activation checkpointing. The parallelism (ZeRO-2 for 8B,
+    ZeRO-3 for 70B) lives in `recipes/accelerate/`, not here.
+    """
+    key = size.lower()
+    if key not in APERTUS_SFT_SIZES:
+        raise ValueError(
+            f"size: unknown Apertus size {size!r}; choose one of {sorted(APERTUS_SFT_SIZES)}"
+        )
+    global_batch, lr = APERTUS_SFT_SIZES[key]
+    return {
+        "global_batch_size": global_batch,
+        "learning_rate": lr,
+        "lr_scheduler_type": "linear",
+        "warmup_steps": 0,
+        "max_length": 4096,
+        "optimizer": "ademamix",
+        "adam_beta1": 0.9,
+        "adam_beta2": 0.999,
+        "ademamix_beta3": 0.99,
+        "ademamix_alpha": 8.0,
+        "ademamix_t_alpha": None,
+        "ademamix_t_beta3": None,
+        "num_train_epochs": 1.0,
+        "max_grad_norm": 1.0,
+        "bf16": True,
+        checkpointing_field(): True,
+        "prompt_loss_weight": 0.0,
+    }
+
+
+@dataclass
+class SFTConfig(TRLSFTConfig):
+    """TRL's `SFTConfig` plus the Apertus chat format, loss weighting and optimizer choice.
+
+    > Model
+
+    model_name_or_path (`str` or `None`, default `None`):
+        Model to fine-tune when `train_sft` is called without a model.
+    lora_r (`int` or `None`, default `None`):
+        LoRA rank; `None` trains every weight. With a rank, only the adapter trains.
+    lora_alpha (`int`, default 16), lora_dropout (`float`, default 0.0):
+        LoRA scaling numerator and dropout.
+    lora_target_modules (`list[str]` or `None`, default `None`):
+        Modules that get an adapter; `None` means every linear layer but the LM head.
+
+    > Data
+
+    chat_format (`str`, default `"apertus"`):
+        Format `align.chat.encode` renders `messages` with; it also gives the loss mask.
+    chat_date (`str` or `None`, default `None`):
+        Date written into the default system prompt of conversations without a system
+        message. Set it so that tokenization does not depend on the day the job runs.
+
+    > Loss
+
+    prompt_loss_weight (`float` in [0, 1], default 0.0):
+        Weight of the non-assistant tokens (system, developer, user, tool outputs, template
+        tokens) relative to assistant tokens, which weigh 1. 0 trains on the assistant
+        only (Apertus). The loss is Σ w·nll / Σ w over the global batch.
+
+    > Optimization
+
+    optimizer (`str` or `None`, default `None`):
+        `"ademamix"` or `"adamw"` from `align.optim`, taking `learning_rate`,
+        `adam_beta1`, `adam_beta2`, `adam_epsilon` and `weight_decay` from this config.
+        `None` leaves the choice to transformers' `optim` field, which is then ignored.
+    ademamix_beta3 (`float`, default 0.9999), ademamix_alpha (`float`, default 8.0):
+        Slow-EMA decay β3 and its weight α (Pagliardini et al. 2025); Apertus: 0.99, 8.
+    ademamix_t_alpha, ademamix_t_beta3 (`int` or `None`, default `None`):
+        Warmup steps of α and β3; `None` means the run's total number of optimizer steps
+        (Apertus), 0 turns a warmup off.
+    global_batch_size (`int` or `None`, default `None`):
+        Sequences per optimizer step over all ranks. When set, the trainer derives
+        `gradient_accumulation_steps` = global / (per-device batch × world size) and
+        raises if that is not a whole number.
+
+    Fields of TRL that align replaces: `assistant_only_loss` and `completion_only_loss`
+    (the mask comes from `align.chat`; use `prompt_loss_weight`) must stay unset.
+    Differences from TRL's defaults: `gradient_checkpointing` is unset (off; the Apertus
+    preset turns activation checkpointing on).
+    """
+
+    model_name_or_path: str | None = field(default=None, metadata={"help": "Model to fine-tune."})
+    lora_r: int | None = field(
+        default=None, metadata={"help": "LoRA rank; None = full fine-tuning."}
+    )
+    lora_alpha: int = field(default=16, metadata={"help": "LoRA alpha."})
+    lora_dropout: float = field(default=0.0, metadata={"help": "LoRA dropout."})
+    lora_target_modules: list[str] | None = field(
+        default=None,
+        metadata={"help": "Modules that get a LoRA adapter; None = all linear layers."},
+    )
+    chat_format: str = field(default="apertus", metadata={"help": "Chat format of align.chat."})
+    chat_date: str | None = field(
+        default=None,
+        metadata={"help": "Date for the default system prompt (reproducible tokenization)."},
+    )
+    prompt_loss_weight: float = field(
+        default=0.0,
+        metadata={"help": "Weight of non-assistant tokens in [0, 1]; 0 = assistant-only."},
+    )
+    optimizer: str | None = field(
+        default=None,
+        metadata={
+            "help": "align.optim optimizer: 'ademamix' or 'adamw'; None = transformers' optim."
+        },
+    )
+    ademamix_beta3: float = field(
+        default=0.9999, metadata={"help": "AdEMAMix slow-EMA decay beta3."}
+    )
+    ademamix_alpha: float = field(default=8.0, metadata={"help": "AdEMAMix slow-EMA weight alpha."})
+    ademamix_t_alpha: int | None = field(
+        default=None, metadata={"help": "Warmup steps of alpha; None = total steps, 0 = off."}
+    )
+    ademamix_t_beta3: int | None = field(
+        default=None, metadata={"help": "Warmup steps of beta3; None = total steps, 0 = off."}
+    )
+    global_batch_size: int | None = field(
+        default=None, metadata={"help": "Sequences per optimizer step over all ranks."}
+    )
+    # TRL turns checkpointing on by default, and the old name warns on transformers 5.19+.
+    gradient_checkpointing: bool | None = field(
+        default=None,
+        metadata={"help": "Deprecated alias of activation_checkpointing on transformers 5.19+."},
+    )
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        self._check_align_fields()
+
+    def _check_align_fields(self) -> None:
+        """Reject values the trainer could not honour, naming the field and the fix."""
+        if self.assistant_only_loss or self.completion_only_loss:
+            raise ValueError(
+                "assistant_only_loss/completion_only_loss: align builds the loss mask with "
+                "align.chat "
+                "(assistant-only by default); leave these unset and use prompt_loss_weight instead"
+            )
+        if not 0.0 <= self.prompt_loss_weight <= 1.0:
+            raise ValueError(f"prompt_loss_weight must be in [0, 1], got {self.prompt_loss_weight}")
+        if self.optimizer is not None and self.optimizer.lower() not in OPTIMIZERS:
+            raise ValueError(
+                f"optimizer: unknown {self.optimizer!r}; choose one of {sorted(OPTIMIZERS)} or None"
+            )
+        if self.global_batch_size is not None and self.global_batch_size < 1:
+            raise ValueError(
+                f"global_batch_size must be a positive int, got {self.global_batch_size}"
+            )
+        if self.lora_r is not None and self.lora_r < 1:
+            raise ValueError(f"lora_r must be a positive int or None, got {self.lora_r}")
+
+    @classmethod
+    def apertus(cls, size: str = "8b", **overrides: Any) -> SFTConfig:
+        """The Apertus recipe for `size` ("8b" or "70b"), with `overrides` on top."""
+        return cls(**{**apertus_sft_defaults(size), **overrides})

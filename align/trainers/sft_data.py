@@ -1,0 +1,226 @@
+"""SFT dataset stages: conversation rows → token ids with labels, then truncation.
+
+A row is ``{"messages": [...] | "<json>", "tools": [...] | "<json>" (optional), "id": str
+(optional), "enable_thinking": bool (optional)}``. JSON strings let one Arrow column hold
+messages whose content is a string in one row and ``{"blocks": [...]}`` in another, or
+tools with different parameter schemas. ``align.chat.encode`` renders and tokenizes it once
+and gives the loss mask (assistant content and its end-of-turn token); the label of a
+token is its id where the mask is 1 and -100 elsewhere. TRL's ``SFTTrainer`` takes a
+dataset with ``input_ids`` and ``labels`` as already processed and uses the labels as they
+are, so this mask is exactly the one the loss sees.
+
+Each stage is ``Dataset → Dataset`` (pure, so ``map`` fingerprints cache it).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from datasets import Dataset
+
+from align.chat import encode
+from align.data.records import RecordError, record_id
+
+__all__ = [
+    "IGNORE_INDEX",
+    "encode_sft_row",
+    "labels_from_mask",
+    "load_sft_dataset",
+    "prepare_sft_dataset",
+    "tokenize_sft_dataset",
+    "truncate_sft_dataset",
+]
+
+IGNORE_INDEX = -100
+logger = logging.getLogger(__name__)
+
+
+def labels_from_mask(input_ids: Sequence[int], loss_mask: Sequence[int]) -> list[int]:
+    """Token id where the mask is 1, -100 (ignored by the loss) where it is 0."""
+    if len(input_ids) != len(loss_mask):
+        raise ValueError(
+            f"input_ids ({len(input_ids)}) and loss_mask ({len(loss_mask)}) differ in length"
+        )
+    return [tok if keep else IGNORE_INDEX for tok, keep in zip(input_ids, loss_mask)]
+
+
+def _row_tools(row: Mapping[str, Any], rid: str) -> list[Any] | None:
+    """The row's tool schemas: a list, a JSON string of a list (Arrow-friendly), or absent."""
+    tools = row.get("tools")
+    if tools is None or tools == "":
+        return None
+    if isinstance(tools, str):
+        try:
+            tools = json.loads(tools)
+        except json.JSONDecodeError as err:
+            raise RecordError(rid, "tools", f"not valid JSON: {err}") from None
+    if not isinstance(tools, list):
+        raise RecordError(
+            rid, "tools", f"expected a list of tool schemas, got {type(tools).__name__}"
+        )
+    return tools or None
+
+
+def _row_messages(row: Mapping[str, Any], rid: str) -> list[Any]:
+    """The conversation (a list, or its JSON string), with at least one assistant turn."""
+    messages = row.get("messages")
+    if isinstance(messages, str):
+        try:
+            messages = json.loads(messages)
+        except json.JSONDecodeError as err:
+            raise RecordError(rid, "messages", f"not valid JSON: {err}") from None
+    if not isinstance(messages, list) or not messages:
+        raise RecordError(rid, "messages", "missing or not a non-empty list of messages")
+    for i, message in enumerate(messages):
+        if not isinstance(message, Mapping) or "role" not in message:
+            raise RecordError(rid, f"messages[{i}]", "expected a mapping with a 'role'")
+    if not any(m["role"] == "assistant" for m in messages):
+        raise RecordError(rid, "messages", "has no assistant message, so nothing to train on")
+    return messages
+
+
+def encode_sft_row(
+    row: Mapping[str, Any],
+    tokenizer: Any,
+    *,
+    index: int | None = None,
+    chat_format: str = "apertus",
+    date: str | None = None,
+) -> dict[str, list[int]]:
+    """Tokenize one conversation into ``input_ids`` and ``labels`` (-100 off the loss mask).
+
+    Raises `RecordError` naming the row (its id, else its index) and the field.
+    """
+    rid = record_id(row, index)
+    messages = _row_messages(row, rid)
+    tools = _row_tools(row, rid)
+    thinking = row.get("enable_thinking")
+    if thinking is not None and not isinstance(thinking, bool):
+        raise RecordError(rid, "enable_thinking", f"expected a bool, got {thinking!r}")
+    try:
+        encoded = encode(
+            tokenizer,
+            messages,
+            format=chat_format,
+            tools=tools,
+            enable_thinking=bool(thinking),
+            date=date,
+        )
+    except ValueError as err:
+        raise RecordError(rid, "messages", str(err)) from None
+    if not any(encoded.loss_mask):
+        raise RecordError(
+            rid, "messages", "the loss mask is all zeros (no trained assistant token)"
+        )
+    return {
+        "input_ids": encoded.input_ids,
+        "labels": labels_from_mask(encoded.input_ids, encoded.loss_mask),
+    }
+
+
+def tokenize_sft_dataset(
+    dataset: Dataset,
+    tokenizer: Any,
+    *,
+    chat_format: str = "apertus",
+    date: str | None = None,
+    num_proc: int | None = None,
+) -> Dataset:
+    """Map conversation rows to ``input_ids`` + ``labels``, dropping every other column."""
+
+    def _encode(row: dict[str, Any], index: int) -> dict[str, list[int]]:
+        return encode_sft_row(row, tokenizer, index=index, chat_format=chat_format, date=date)
+
+    return dataset.map(
+        _encode,
+        with_indices=True,
+        remove_columns=dataset.column_names,
+        num_proc=num_proc,
+        desc="Tokenizing SFT conversations",
+    )
+
+
+def truncate_sft_dataset(dataset: Dataset, max_length: int | None) -> Dataset:
+    """Cut rows to ``max_length`` tokens (keeping the start) and drop rows left untrained.
+
+    A conversation whose assistant tokens all lie past ``max_length`` would only add prompt
+    tokens with no loss; it is dropped and the count is logged, never silently.
+    """
+    if max_length is None:
+        return dataset
+    if max_length < 2:
+        raise ValueError(f"max_length must be >= 2 to hold a prediction target, got {max_length}")
+    cut = dataset.map(
+        lambda row: {
+            "input_ids": row["input_ids"][:max_length],
+            "labels": row["labels"][:max_length],
+        },
+        desc=f"Truncating to {max_length} tokens",
+    )
+    kept = cut.filter(
+        lambda row: any(label != IGNORE_INDEX for label in row["labels"][1:]),
+        desc="Dropping rows with no trained token left",
+    )
+    if len(kept) < len(cut):
+        logger.warning(
+            "SFT: dropped %d of %d rows whose trained tokens all lie beyond max_length=%d",
+            len(cut) - len(kept),
+            len(cut),
+            max_length,
+        )
+    return kept
+
+
+def prepare_sft_dataset(
+    dataset: Dataset,
+    tokenizer: Any,
+    *,
+    chat_format: str = "apertus",
+    date: str | None = None,
+    max_length: int | None = None,
+    num_proc: int | None = None,
+) -> Dataset:
+    """Tokenize conversation rows (or check pre-tokenized ones), then truncate.
+
+    A dataset that already has ``input_ids`` must also have ``labels``: without them TRL
+    would train on every token, the silent error this module exists to prevent.
+    """
+    columns = set(dataset.column_names)
+    if "input_ids" in columns:
+        if "labels" not in columns:
+            raise ValueError(
+                "pre-tokenized SFT dataset has 'input_ids' but no 'labels' column; "
+                "add labels (-100 off the loss) or pass 'messages' rows instead"
+            )
+        dataset = dataset.select_columns(["input_ids", "labels"])
+    elif "messages" in columns:
+        dataset = tokenize_sft_dataset(
+            dataset, tokenizer, chat_format=chat_format, date=date, num_proc=num_proc
+        )
+    else:
+        raise ValueError(
+            f"SFT dataset needs a 'messages' column (or 'input_ids' + 'labels'); "
+            f"it has {sorted(columns)}"
+        )
+    return truncate_sft_dataset(dataset, max_length)
+
+
+def load_sft_dataset(
+    source: Dataset | str | Sequence[Mapping[str, Any]], split: str = "train"
+) -> Dataset:
+    """A `Dataset` from a Dataset, a list of rows, or a JSONL / Parquet / JSON file path."""
+    if isinstance(source, Dataset):
+        return source
+    if isinstance(source, str):
+        from datasets import load_dataset
+
+        kind = "parquet" if source.endswith(".parquet") else "json"
+        return load_dataset(kind, data_files=source, split=split)
+    if isinstance(source, Sequence):
+        return Dataset.from_list([dict(row) for row in source])
+    raise TypeError(
+        f"SFT data must be a Dataset, a list of rows or a file path, got {type(source).__name__}"
+    )

@@ -1,0 +1,92 @@
+"""What a rank saw during a run, written as JSON for the distributed tests to assert on.
+
+Kept apart from the test files so the launched scripts import only this (no pytest).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from contextlib import nullcontext
+from pathlib import Path
+from typing import Any
+
+import torch
+
+
+def _gathered(model: torch.nn.Module, zero_stage: int | None):
+    """Context in which every parameter is whole on this rank (ZeRO-3 shards them)."""
+    if zero_stage == 3:
+        import deepspeed
+
+        return deepspeed.zero.GatheredParameters(list(model.parameters()), modifier_rank=None)
+    return nullcontext()
+
+
+def weights_digest(model: torch.nn.Module, zero_stage: int | None) -> tuple[str, int]:
+    """SHA-256 over every parameter (name order, float32 bytes) and the element count."""
+    digest, count = hashlib.sha256(), 0
+    with _gathered(model, zero_stage):
+        for name, param in sorted(model.named_parameters(), key=lambda item: item[0]):
+            data = param.detach().to(torch.float32).contiguous().cpu()
+            digest.update(name.encode())
+            digest.update(data.numpy().tobytes())
+            count += data.numel()
+    return digest.hexdigest(), count
+
+
+def _optimizer_chain(optimizer: Any) -> list[str]:
+    """Class names from the outer wrapper (Accelerate, DeepSpeed) down to the real optimizer."""
+    chain, seen = [], set()
+    while optimizer is not None and id(optimizer) not in seen:
+        seen.add(id(optimizer))
+        chain.append(type(optimizer).__name__)
+        optimizer = getattr(optimizer, "optimizer", None)
+    return chain
+
+
+def _innermost_settings(optimizer: Any) -> dict[str, Any]:
+    """Hyperparameters of the real optimizer's first group (AdEMAMix: betas, alpha, warmups)."""
+    while getattr(optimizer, "optimizer", None) is not None:
+        optimizer = optimizer.optimizer
+    group = optimizer.param_groups[0]
+    keys = ("betas", "alpha", "t_alpha", "t_beta3", "eps", "weight_decay")
+    return {
+        k: list(group[k]) if isinstance(group[k], tuple) else group[k] for k in keys if k in group
+    }
+
+
+def rank_facts(trainer: Any) -> dict[str, Any]:
+    """World size, distributed type, DeepSpeed engine and stage, losses and weight digest."""
+    plugin = getattr(trainer.accelerator.state, "deepspeed_plugin", None)
+    zero_stage = (
+        plugin.zero_stage if (plugin is not None and trainer.is_deepspeed_enabled) else None
+    )
+    digest, count = weights_digest(trainer.model, zero_stage)
+    wrapped = trainer.model_wrapped
+    return {
+        "rank": int(os.environ.get("RANK", "0")),
+        "env_world_size": int(os.environ.get("WORLD_SIZE", "1")),
+        "trainer_world_size": trainer.args.world_size,
+        "num_processes": trainer.accelerator.num_processes,
+        "distributed_type": str(trainer.accelerator.distributed_type),
+        "deepspeed_enabled": bool(trainer.is_deepspeed_enabled),
+        "engine": type(wrapped).__name__,
+        "ddp_wrapped": isinstance(wrapped, torch.nn.parallel.DistributedDataParallel),
+        "zero_stage": zero_stage,
+        "torch_distributed": torch.distributed.is_initialized(),
+        "backend": torch.distributed.get_backend() if torch.distributed.is_initialized() else None,
+        "optimizer_chain": _optimizer_chain(trainer.optimizer),
+        "optimizer_settings": _innermost_settings(trainer.optimizer),
+        "losses": [entry["loss"] for entry in trainer.state.log_history if "loss" in entry],
+        "global_step": trainer.state.global_step,
+        "weights_sha256": digest,
+        "num_weights": count,
+    }
+
+
+def write_facts(out: Path, facts: dict[str, Any]) -> None:
+    """Write ``out/facts_rank{R}.json`` for this rank."""
+    out.mkdir(parents=True, exist_ok=True)
+    (out / f"facts_rank{facts['rank']}.json").write_text(json.dumps(facts, indent=1))

@@ -1,0 +1,84 @@
+"""A few QRPO steps on the tiny model, run alone or under a launcher; writes what each rank saw.
+
+    python qrpo_script.py --model DIR --data PAIRS.jsonl --out OUT --mode single
+    DS_ACCELERATOR=cpu accelerate launch --config_file zero3.yaml qrpo_script.py ... \
+        --mode deepspeed
+
+PAIRS.jsonl holds pair rows with their reference log-probs (from `align.logprobs`), so no
+reference model is in memory (SPEC §8). Every mode trains with 4 pairs per optimizer step
+(2 per device, accumulating to 4), so losses and weights must agree across modes. Each
+rank writes ``OUT/facts_rank{R}.json`` (see facts.py); the model is saved to ``OUT/model``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from facts import rank_facts, write_facts
+
+GLOBAL_PAIRS = 4
+PER_DEVICE_PAIRS = 2
+CHAT_DATE = "2025-01-01"
+MAX_LENGTH = 128
+
+
+def config_for(mode: str, model: str, out: Path):
+    """The same QRPO setup in every mode; only the device/backend switches differ."""
+    from align.trainers.preference_config import PreferenceConfig
+
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    switches = {
+        "single": {"use_cpu": True},
+        "ddp": {"use_cpu": True, "ddp_backend": "gloo"},
+        "deepspeed": {
+            "use_cpu": False,
+            "ddp_backend": "gloo",
+        },  # use_cpu=True would disable DeepSpeed
+    }[mode]
+    return PreferenceConfig(
+        output_dir=str(out / "model"),
+        model_name_or_path=model,
+        loss_type="qrpo",
+        bf16=False,
+        report_to=[],
+        seed=0,
+        per_device_train_batch_size=PER_DEVICE_PAIRS,
+        gradient_accumulation_steps=GLOBAL_PAIRS // (PER_DEVICE_PAIRS * world),
+        max_steps=3,
+        learning_rate=1e-3,
+        max_grad_norm=1.0,
+        logging_steps=1,
+        save_strategy="no",
+        disable_tqdm=True,
+        max_length=MAX_LENGTH,
+        chat_date=CHAT_DATE,
+        **switches,
+    )
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--model", required=True)
+    parser.add_argument("--data", required=True)
+    parser.add_argument("--out", required=True, type=Path)
+    parser.add_argument("--mode", required=True, choices=["single", "ddp", "deepspeed"])
+    cli = parser.parse_args()
+
+    from align.trainers.preference_trainer import train
+
+    rows = [json.loads(line) for line in Path(cli.data).read_text().splitlines() if line.strip()]
+    trainer = train(config_for(cli.mode, cli.model, cli.out), rows)
+    facts = rank_facts(trainer)
+    facts["gradient_accumulation_steps"] = trainer.args.gradient_accumulation_steps
+    write_facts(cli.out, facts)
+    print(json.dumps({k: v for k, v in facts.items() if k != "weights"}), flush=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,119 @@
+"""QRPO with 2 CPU processes under ZeRO-2 and ZeRO-3 (shipped recipes), against one process.
+
+The pairs carry reference log-probs from the offline pass (`align.logprobs`), computed with
+the initial policy. One launch per ZeRO stage; each test checks that the ranks trained
+together (world size 2 seen by the trainer, identical weights, a DeepSpeed engine with the
+right ZeRO optimizer around AdEMAMix), that losses and saved weights match one process
+with the same 4 pairs per step, and that the saved model loads with `from_pretrained`.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from dist_utils import (
+    assert_deepspeed,
+    assert_synchronised,
+    assert_weights_close,
+    deepspeed_command,
+    load_weights,
+    read_facts,
+    run,
+    single_command,
+)
+from facts import weights_digest
+
+pytestmark = pytest.mark.distributed
+
+SCRIPT = "qrpo_script.py"
+
+
+def pair_rows(n: int = 16) -> list[dict]:
+    """Pairs of varied lengths; chosen beat every reference (R_q = 1), rejected did not."""
+    return [
+        {
+            "id": f"pair-{i}",
+            "messages": [{"role": "user", "content": f"What is {i} plus {i % 5}?"}],
+            "chosen": f"It is {i + i % 5}." + " Sure." * (i % 3),
+            "rejected": "No idea." + " Hmm." * (i % 4),
+            "chosen_quantile": 1.0,
+            "rejected_quantile": [0.0, 0.1, 0.2][i % 3],
+        }
+        for i in range(n)
+    ]
+
+
+@pytest.fixture(scope="module")
+def pairs_file(tiny_dirs, tmp_path_factory):
+    """Pair rows with reference log-probs of the initial policy, as `align logprobs` writes them."""
+    from qrpo_script import CHAT_DATE, MAX_LENGTH
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from align.logprobs import compute_ref_logprobs, load_ref_logprobs
+
+    root = tmp_path_factory.mktemp("qrpo_pairs")
+    rows = pair_rows()
+    policy = tiny_dirs["policy"]
+    compute_ref_logprobs(
+        rows,
+        AutoModelForCausalLM.from_pretrained(policy),
+        AutoTokenizer.from_pretrained(policy),
+        format="apertus",
+        batch_size=8,
+        max_length=MAX_LENGTH,
+        chat_date=CHAT_DATE,
+        output_dir=root / "ref",
+    )
+    path = root / "pairs.jsonl"
+    path.write_text(
+        "".join(json.dumps(row) + "\n" for row in load_ref_logprobs(root / "ref", rows))
+    )
+    return path
+
+
+@pytest.fixture(scope="module")
+def single_process_run(tiny_dirs, pairs_file, tmp_path_factory):
+    out = tmp_path_factory.mktemp("qrpo_single")
+    run(
+        single_command(
+            SCRIPT,
+            ["--model", str(tiny_dirs["policy"]), "--data", str(pairs_file), "--out", str(out)],
+        ),
+        out / "log.txt",
+    )
+    return read_facts(out, 1)[0], load_weights(out / "model")
+
+
+@pytest.mark.parametrize("stage", [2, 3])
+def test_qrpo_two_ranks_train_like_one_process(
+    tmp_path, tiny_dirs, pairs_file, single_process_run, stage
+):
+    out = tmp_path / "run"
+    args = ["--model", str(tiny_dirs["policy"]), "--data", str(pairs_file), "--out", str(out)]
+    run(deepspeed_command(stage, SCRIPT, args, tmp_path), tmp_path / "log.txt")
+
+    facts = read_facts(out, 2)
+    assert_synchronised(facts)
+    assert_deepspeed(facts, stage)
+    for f in facts:
+        assert "AdEMAMix" in f["optimizer_chain"] and f["global_step"] == 3
+        assert f["gradient_accumulation_steps"] == 1  # 4 pairs = 2 per device × 2 ranks
+
+    reference, reference_weights = single_process_run
+    assert reference["trainer_world_size"] == 1 and reference["gradient_accumulation_steps"] == 2
+    assert facts[0]["losses"] == pytest.approx(reference["losses"], rel=1e-5)
+
+    from transformers import AutoModelForCausalLM
+
+    assert (
+        weights_digest(AutoModelForCausalLM.from_pretrained(out / "model"), None)[0]
+        == facts[0]["weights_sha256"]
+    )
+    saved = load_weights(out / "model")
+    assert_weights_close(saved, reference_weights, atol=1e-5)
+    initial = load_weights(tiny_dirs["policy"])
+    assert [
+        name for name in initial if torch.equal(saved[name], initial[name])
+    ] == []  # every weight trained
