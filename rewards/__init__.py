@@ -1,0 +1,66 @@
+"""Annotation side of align: reward providers and the stages that use them.
+
+Runs on inference nodes and never imports `align.trainers` (no training stack needed).
+
+    from rewards import RewardModel, ConstitutionalJudge, TransformersJudgeBackend, annotate
+    rm = RewardModel("Skywork/Skywork-Reward-V2-Llama-3.1-8B", batch_size=8)
+    annotate(records, rm, "out/rewards", shard_index=0, num_shards=1)
+
+Heavy modules (torch, transformers) load on first use of the names that need them.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+from rewards.base import RewardProvider, Score, checked
+from rewards.charter import Charter, CharterError, load_charter, load_template, parse_charter
+from rewards.verifiable import VerifiableReward, answers_match, normalize_answer
+
+_LAZY = {
+    "annotate": "rewards.annotate",
+    "score_records": "rewards.annotate",
+    "RewardModel": "rewards.reward_model",
+    "ConstitutionalJudge": "rewards.judge",
+    "JudgeConfig": "rewards.judge",
+    "TransformersJudgeBackend": "rewards.judge_backends",
+    "VLLMJudgeBackend": "rewards.judge_backends",
+    "OpenAIJudgeBackend": "rewards.judge_backends",
+    "ControversyClassifier": "rewards.classifier",
+    "classify_records": "rewards.classifier",
+    "transformers_generate": "rewards.generation",
+    "vllm_generate": "rewards.generation",
+}
+
+__all__ = [
+    "Charter",
+    "CharterError",
+    "ConstitutionalJudge",
+    "ControversyClassifier",
+    "JudgeConfig",
+    "OpenAIJudgeBackend",
+    "RewardModel",
+    "RewardProvider",
+    "Score",
+    "TransformersJudgeBackend",
+    "VLLMJudgeBackend",
+    "VerifiableReward",
+    "annotate",
+    "answers_match",
+    "checked",
+    "classify_records",
+    "load_charter",
+    "load_template",
+    "normalize_answer",
+    "parse_charter",
+    "score_records",
+    "transformers_generate",
+    "vllm_generate",
+]
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        return getattr(importlib.import_module(_LAZY[name]), name)
+    raise AttributeError(f"module 'rewards' has no attribute {name!r}")

@@ -1,0 +1,125 @@
+"""Judge backend on any OpenAI-compatible `completions` endpoint (e.g. `vllm serve`).
+
+One POST to `{base_url}/completions` per batch of prompts, with `max_tokens=1`,
+`temperature=0` and `logprobs=20`; each choice's `logprobs.top_logprobs[0]` maps token
+strings to logprobs. A label counts when a top token's text equals it exactly, the same
+token the local backends read by id.
+
+Prompts are rendered locally with the judge's chat template (pass its tokenizer), and a
+leading BOS is removed from the text: the server tokenizes with its special tokens and
+adds the BOS itself, so the model sees one BOS, as with the other backends.
+Only the standard library is used (urllib, json).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from rewards.judge_backends.base import JudgeBackend, LabelLogprobs
+
+
+class OpenAIJudgeBackend(JudgeBackend):
+    """Label logprobs from an OpenAI-compatible completions server."""
+
+    name = "openai"
+
+    def __init__(
+        self,
+        base_url: str,
+        model: str,
+        tokenizer: Any,
+        *,
+        api_key: str | None = None,
+        top_logprobs: int = 20,
+        batch_size: int = 32,
+        timeout_s: float = 120.0,
+        max_retries: int = 2,
+        chat_template_kwargs: Mapping[str, Any] | None = None,
+    ):
+        """`tokenizer`: the served model's tokenizer (object or path), for its chat template."""
+        if isinstance(tokenizer, str):
+            from transformers import AutoTokenizer
+
+            tokenizer = AutoTokenizer.from_pretrained(tokenizer)
+        super().__init__(tokenizer, chat_template_kwargs)
+        self.url = base_url.rstrip("/") + "/completions"
+        self.model, self.api_key = model, api_key
+        self.top_logprobs, self.batch_size = top_logprobs, batch_size
+        self.timeout_s, self.max_retries = timeout_s, max_retries
+
+    def describe(self) -> dict[str, Any]:
+        # not the URL: a resumed job may reach the same model at another address
+        return {"backend": self.name, "model": self.model, "top_logprobs": self.top_logprobs}
+
+    def label_logprobs(
+        self, prompts: Sequence[str], labels: Sequence[str], *, shared_prefix: str | None = None
+    ) -> list[LabelLogprobs]:
+        results: list[LabelLogprobs] = []
+        for start in range(0, len(prompts), self.batch_size):
+            batch = [self._strip_bos(p) for p in prompts[start : start + self.batch_size]]
+            for top in self._top_logprobs(batch):
+                results.append({label: float(top[label]) for label in labels if label in top})
+        return results
+
+    def _strip_bos(self, text: str) -> str:
+        bos = getattr(self.tokenizer, "bos_token", None)
+        return text[len(bos) :] if bos and text.startswith(bos) else text
+
+    def _top_logprobs(self, prompts: list[str]) -> list[dict[str, float]]:
+        """The first position's top-k {token: logprob} for each prompt, in prompt order."""
+        body = {
+            "model": self.model,
+            "prompt": prompts,
+            "max_tokens": 1,
+            "temperature": 0,
+            "logprobs": self.top_logprobs,
+        }
+        reply = self._post(body)
+        choices = reply.get("choices")
+        if not isinstance(choices, list) or len(choices) != len(prompts):
+            got = len(choices) if isinstance(choices, list) else choices
+            raise RuntimeError(f"{self.url}: expected {len(prompts)} choices, got {got!r:.200}")
+        ordered = sorted(choices, key=lambda c: c.get("index", 0))
+        tops = []
+        for choice in ordered:
+            try:
+                top = choice["logprobs"]["top_logprobs"][0]
+            except (KeyError, IndexError, TypeError):
+                raise RuntimeError(
+                    f"{self.url}: choice {choice.get('index')} has no logprobs.top_logprobs[0] "
+                    "(does the server support `logprobs` on completions?)"
+                ) from None
+            if not isinstance(top, Mapping):
+                raise RuntimeError(f"{self.url}: top_logprobs[0] of choice {choice.get('index')} is not a mapping")
+            tops.append(dict(top))
+        return tops
+
+    def _post(self, body: dict[str, Any]) -> dict[str, Any]:
+        """POST JSON, retrying connection errors and 5xx answers with a short backoff."""
+        headers = {"Content-Type": "application/json"}
+        if self.api_key:
+            headers["Authorization"] = f"Bearer {self.api_key}"
+        data = json.dumps(body).encode()
+        for attempt in range(self.max_retries + 1):
+            request = urllib.request.Request(self.url, data=data, headers=headers, method="POST")
+            try:
+                with urllib.request.urlopen(request, timeout=self.timeout_s) as response:
+                    raw = response.read().decode(errors="replace")
+                try:
+                    return json.loads(raw)
+                except json.JSONDecodeError:
+                    raise RuntimeError(f"{self.url}: answer is not JSON: {raw[:200]!r}") from None
+            except urllib.error.HTTPError as error:
+                detail = error.read().decode(errors="replace")[:300]
+                if error.code < 500 or attempt == self.max_retries:
+                    raise RuntimeError(f"{self.url}: HTTP {error.code}: {detail}") from None
+            except (urllib.error.URLError, TimeoutError, ConnectionError) as error:
+                if attempt == self.max_retries:
+                    raise RuntimeError(f"{self.url}: request failed after {attempt + 1} tries: {error}") from None
+            time.sleep(0.5 * 2**attempt)
+        raise AssertionError("unreachable")

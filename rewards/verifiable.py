@@ -1,0 +1,144 @@
+"""Verifiable reward: 1.0 when the completion's final answer matches the reference, else 0.0.
+
+The cheap provider that lets the whole pipeline run without a GPU (SPEC §5), and the
+right one for math and short-answer prompts. The answer is taken from the completion as
+the last `\\boxed{...}` if there is one, else a final "answer: ..." / "answer is ..."
+line, else the whole completion when it is short (a bare answer). Both sides are then
+normalised (see `normalize_answer`) and compared; numbers compare by exact value, so
+"168" equals "168.0", "1,680" equals "1680" and "3/4" equals "0.75". A completion that
+states no answer scores 0.0; an empty completion is a recorded skip. A reference may be a
+list of acceptable answers.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass
+from fractions import Fraction
+from typing import Any
+
+from rewards.base import Conversation, RewardProvider, Score, is_empty
+
+_ANSWER_LINE = re.compile(r"(?:final answer|answer)\s*(?:is|:)\s*(?P<answer>.+)$", re.IGNORECASE)
+_THOUSANDS = re.compile(r"^[+-]?\d{1,3}(?:,\d{3})+(?:\.\d+)?$")
+_NUMBER = re.compile(r"^[+-]?(?:\d+(?:\.\d*)?|\.\d+)(?:[eE][+-]?\d+)?$")
+_FRACTION = re.compile(r"^([+-]?\d+)\s*/\s*(\d+)$")
+
+
+@dataclass
+class VerifiableConfig:
+    """Settings of the answer-matching reward.
+
+    answer_field:     record field holding the reference answer (default "answer"); a
+                      record without it is an error naming the record.
+    max_bare_answer:  a completion without `\\boxed{}` or an "answer:" line is compared as
+                      a whole only when at most this many characters (default 64), so a
+                      long explanation that merely contains the number does not match.
+    """
+
+    answer_field: str = "answer"
+    max_bare_answer: int = 64
+
+    def __post_init__(self) -> None:
+        if not self.answer_field:
+            raise ValueError("answer_field must be a non-empty field name")
+
+
+def last_boxed(text: str) -> str | None:
+    """Content of the last `\\boxed{...}` (braces balanced), or None."""
+    start = text.rfind("\\boxed{")
+    if start < 0:
+        return None
+    depth, i = 0, start + len("\\boxed")
+    for j in range(i, len(text)):
+        if text[j] == "{":
+            depth += 1
+        elif text[j] == "}":
+            depth -= 1
+            if depth == 0:
+                return text[i + 1 : j]
+    return None
+
+
+def extract_answer(completion: str, max_bare: int = 64) -> str | None:
+    """The final answer a completion gives, or None when it states none."""
+    boxed = last_boxed(completion)
+    if boxed is not None:
+        return boxed
+    lines = [ln.strip() for ln in completion.strip().splitlines() if ln.strip()]
+    if lines and (m := _ANSWER_LINE.search(lines[-1])):
+        return m["answer"]
+    stripped = completion.strip()
+    return stripped if len(stripped) <= max_bare else None
+
+
+def normalize_answer(answer: str) -> str:
+    """Canonical text: no \\boxed, `$`, \\text{}, surrounding spaces/quotes, trailing period;
+    lower case; `\\frac{a}{b}` as a/b; thousands separators removed from numbers; numbers
+    in exact canonical form ("168.0" → "168", "0.75" → "3/4")."""
+    text = last_boxed(answer) if last_boxed(answer) is not None else answer
+    text = text.strip().strip("$").strip()
+    text = re.sub(r"\\text\{([^}]*)\}", r"\1", text)
+    text = re.sub(r"\\d?frac\{([^{}]*)\}\{([^{}]*)\}", r"\1/\2", text)
+    text = text.rstrip(".").strip().strip("\"'").strip()
+    text = re.sub(r"\s+", " ", text).lower()
+    number = as_number(text)
+    return _format_number(number) if number is not None else text
+
+
+def as_number(text: str) -> Fraction | None:
+    """An exact number for "1,680", "168.0", "-3", "1e3", "3/4"; None otherwise."""
+    text = text.replace(" ", "")
+    if _THOUSANDS.match(text):
+        text = text.replace(",", "")
+    if m := _FRACTION.match(text):
+        return Fraction(int(m[1]), int(m[2])) if int(m[2]) else None
+    if _NUMBER.match(text):
+        return Fraction(text)
+    return None
+
+
+def _format_number(value: Fraction) -> str:
+    return str(value.numerator) if value.denominator == 1 else f"{value.numerator}/{value.denominator}"
+
+
+def answers_match(predicted: str, reference: str) -> bool:
+    """Equal after normalisation (numbers by exact value)."""
+    return normalize_answer(predicted) == normalize_answer(reference)
+
+
+class VerifiableReward(RewardProvider):
+    """1.0 / 0.0 by normalised answer match against the record's reference answer."""
+
+    name = "verifiable"
+
+    def __init__(self, answer_field: str = "answer", *, max_bare_answer: int = 64):
+        self.config = VerifiableConfig(answer_field, max_bare_answer)
+        self.reference_field = self.config.answer_field
+
+    def score(
+        self,
+        conversations: Sequence[Conversation],
+        completions: Sequence[str],
+        *,
+        references: Sequence[Any] | None = None,
+    ) -> list[Score]:
+        if references is None:
+            raise ValueError(f"VerifiableReward needs the reference answers (record field {self.reference_field!r})")
+        if not len(conversations) == len(completions) == len(references):
+            raise ValueError(f"{len(conversations)} conversations, {len(completions)} completions, {len(references)} references")
+        return [self._one(completion, reference) for completion, reference in zip(completions, references)]
+
+    def _one(self, completion: str, reference: Any) -> Score:
+        if is_empty(completion):
+            return Score.skip("empty completion")
+        answer = extract_answer(completion, self.config.max_bare_answer)
+        if answer is None:
+            return Score(0.0, None, {"extracted": None})
+        accepted = reference if isinstance(reference, (list, tuple)) else [reference]
+        match = any(answers_match(answer, str(r)) for r in accepted)
+        return Score(1.0 if match else 0.0, None, {"extracted": answer[:200]})
+
+    def fingerprint(self) -> dict[str, Any]:
+        return {"provider": self.name, "answer_field": self.reference_field, "max_bare_answer": self.config.max_bare_answer}
