@@ -180,11 +180,14 @@ def load_config(
     """Load ``cls`` from a recipe file plus ``key=value`` overrides.
 
     With ``section``, a pipeline recipe (one mapping per stage) is accepted too: the
-    stage's own section is used, merged over the recipe's ``defaults`` section.
+    stage's own section is used, merged over the ``defaults`` keys that ``cls`` knows
+    (as ``align pipeline`` does: a default meant for other stages is not an error here).
     """
     data = read_yaml(path) if path is not None else {}
     if section is not None and isinstance(data.get(section), Mapping):
-        data = merge(data.get("defaults") or {}, data[section])
+        known = {f.name for f in dataclasses.fields(cls)}
+        defaults = {k: v for k, v in (data.get("defaults") or {}).items() if k in known}
+        data = merge(defaults, data[section])
     return from_dict(cls, merge(data, parse_overrides(overrides)))
 
 

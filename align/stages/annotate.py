@@ -23,7 +23,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from align.stages.common import finish, require_complete_input
+from align.stages.common import check_stage_input, finish
 
 
 @dataclass
@@ -136,7 +136,7 @@ def run(config: Config) -> dict:
     if is_complete(config.output_dir):
         print(f"[align annotate] {config.output_dir} is already complete; skipping")
         return {}
-    require_complete_input(config.input, "annotate", "input")
+    check_stage_input(config.input, "annotate", "input")
     records = read_records(config.input)
     index, count = shard(config)
     provider = build_provider(config)

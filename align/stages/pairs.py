@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from align.io import read_records, write_jsonl
-from align.stages.common import already_done, finish
+from align.stages.common import already_done, check_stage_input, finish
 
 
 @dataclass
@@ -37,6 +37,7 @@ def run(config: Config) -> dict:
 
     if already_done(config.output_dir, "pairs", overwrite=config.overwrite):
         return {}
+    check_stage_input(config.input, "pairs", "input")
     records = read_records(config.input)
     pairs, skips = make_pairs(
         records, seed=config.seed, low_threshold=config.low_threshold, n_ref=config.num_ref_rewards

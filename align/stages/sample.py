@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from align.sampling.config import SamplerConfig
-from align.stages.common import finish, require_complete_input
+from align.stages.common import check_stage_input, finish
 
 
 @dataclass
@@ -59,13 +59,14 @@ def run(config: Config) -> dict:
     if is_complete(config.output_dir):
         print(f"[align sample] {config.output_dir} is already complete; skipping")
         return {}
-    require_complete_input(config.prompts, "sample", "prompts")
+    check_stage_input(config.prompts, "sample", "prompts")
     records = read_records(config.prompts)
     index, count = shard(config)
     sampler = build_sampler(config.sampler)
-    common = dict(output_dir=config.output_dir, n=config.n, temperature=config.temperature, top_p=config.top_p,
-                  max_tokens=config.max_tokens, seed=config.seed, overlong=config.overlong,
-                  shard_index=index, num_shards=count, batch_size=config.batch_size)
+    common = {"output_dir": config.output_dir, "n": config.n, "temperature": config.temperature,
+              "top_p": config.top_p, "max_tokens": config.max_tokens, "seed": config.seed,
+              "overlong": config.overlong, "shard_index": index, "num_shards": count,
+              "batch_size": config.batch_size}
     if config.mode == "reference":
         summary = sample_references(records, sampler, **common)
     else:

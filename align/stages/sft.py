@@ -1,0 +1,64 @@
+"""Supervised fine-tuning on chat data, with loss masks from ``align.chat`` (SPEC §3).
+
+Reads conversation rows (``messages``, optional ``tools``) and trains on the assistant
+tokens only (or with ``prompt_loss_weight`` on the rest), on TRL's SFTTrainer. Saves the
+model and tokenizer (with the chat template installed) to ``output_dir``. Resumes from
+the last checkpoint in ``output_dir`` when one exists.
+
+Single process: ``align sft recipes/tiny/pipeline.yaml``. On a cluster:
+``accelerate launch --config_file recipes/accelerate/zero2.yaml -m align sft recipes/apertus-8b/sft.yaml``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from align.stages.common import already_done, check_stage_input, finish
+from align.trainers.sft_config import SFTConfig
+
+
+@dataclass
+class Config(SFTConfig):
+    """`align.trainers.sft_config.SFTConfig` (TRL's SFTConfig + align's fields) plus the data.
+
+    dataset (str): conversation rows: a JSONL/Parquet file, a stage output directory, or
+        a ``datasets.load_dataset`` name.
+    """
+
+    dataset: str = field(default="", metadata={"help": "conversation rows (file, directory or dataset name)"})
+
+
+def run(config: Config) -> dict:
+    """Fine-tune ``model_name_or_path`` on ``dataset``; save to ``output_dir``."""
+    from transformers.trainer_utils import get_last_checkpoint
+
+    from align.io import read_records
+    from align.trainers.sft_trainer import train_sft
+
+    if not config.dataset:
+        raise ValueError("sft: set dataset (the conversation rows to train on)")
+    if not config.model_name_or_path:
+        raise ValueError("sft: set model_name_or_path (the base model)")
+    if already_done(config.output_dir, "sft"):
+        return {}
+    last = get_last_checkpoint(config.output_dir) if _is_dir(config.output_dir) else None
+    if last and config.resume_from_checkpoint is None:
+        print(f"[align sft] resuming from {last}")
+        config.resume_from_checkpoint = last
+    check_stage_input(config.dataset, "sft", "dataset")
+    trainer = train_sft(config, read_records(config.dataset))
+    if not trainer.is_world_process_zero():
+        return {}
+    summary = {"steps": trainer.state.global_step, "train_loss": _last_loss(trainer)}
+    return finish("sft", config, config.output_dir, summary)
+
+
+def _is_dir(path: str) -> bool:
+    import os
+
+    return os.path.isdir(path)
+
+
+def _last_loss(trainer) -> float | None:
+    losses = [log["loss"] for log in trainer.state.log_history if "loss" in log]
+    return losses[-1] if losses else None

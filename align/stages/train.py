@@ -1,0 +1,54 @@
+"""QRPO or DPO preference training (SPEC §8), reading reference log-probs from the data.
+
+Reads pair rows with reference log-prob columns (``align logprobs`` output), so no
+reference model sits in memory (``reference=model`` or ``reference=adapter`` for runs
+that skip the offline pass). Saves the policy to ``output_dir``; resumes from the last
+checkpoint there when one exists.
+
+Single process: ``align train recipes/tiny/pipeline.yaml``. On a cluster:
+``accelerate launch --config_file recipes/accelerate/zero3.yaml -m align train recipes/apertus-70b/qrpo.yaml``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from align.stages.common import already_done, check_stage_input, finish
+from align.trainers.preference_config import PreferenceConfig
+
+
+@dataclass
+class Config(PreferenceConfig):
+    """`align.trainers.preference_config.PreferenceConfig` plus the data.
+
+    dataset (str): pair rows with reference log-probs (the ``align logprobs`` output
+        directory or a file).
+    """
+
+    dataset: str = field(default="", metadata={"help": "pair rows with ref log-probs (file or stage dir)"})
+
+
+def run(config: Config) -> dict:
+    """Train ``model_name_or_path`` on the pairs in ``dataset``; save to ``output_dir``."""
+    import os
+
+    from transformers.trainer_utils import get_last_checkpoint
+
+    from align.io import read_records
+    from align.trainers.preference_trainer import train
+
+    if not config.dataset:
+        raise ValueError("train: set dataset (pair rows with reference log-probs, from `align logprobs`)")
+    if already_done(config.output_dir, "train"):
+        return {}
+    last = get_last_checkpoint(config.output_dir) if os.path.isdir(config.output_dir) else None
+    if last and config.resume_from_checkpoint is None:
+        print(f"[align train] resuming from {last}")
+        config.resume_from_checkpoint = last
+    check_stage_input(config.dataset, "train", "dataset")
+    trainer = train(config, read_records(config.dataset))
+    if not trainer.is_world_process_zero():
+        return {}
+    losses = [log["loss"] for log in trainer.state.log_history if "loss" in log]
+    summary = {"loss_type": config.loss_type, "steps": trainer.state.global_step, "train_loss": losses[-1] if losses else None}
+    return finish("train", config, config.output_dir, summary)

@@ -1,0 +1,129 @@
+"""`align pipeline recipes/tiny/pipeline.yaml` end to end, rerun, and killed then resumed.
+
+Each run happens in a workspace laid out as the recipe's header says (`recipes/` and
+`runs/tiny_models/` under the working directory), with the exact documented command. The
+only override is `sample.batch_size=1` (one prompt per job append), which gives the kill
+test 24 points to land between; both runs use it, so their outputs must be equal.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from stage_helpers import make_workspace, run_cli, subprocess_env
+
+from align.io import COMPLETE_MARKER, completion_info, read_records
+
+STAGES = ("sft", "sample", "annotate", "pairs", "logprobs", "train")
+OUTPUTS = {"sft": "sft", "sample": "sample", "annotate": "annotate", "pairs": "pairs", "logprobs": "logprobs",
+           "train": "qrpo"}
+COMMAND = ["pipeline", "recipes/tiny/pipeline.yaml", "sample.batch_size=1"]
+
+
+def tree_digest(root: Path) -> dict[str, str]:
+    """sha256 of every file under root (relative path -> digest)."""
+    return {str(p.relative_to(root)): hashlib.sha256(p.read_bytes()).hexdigest()
+            for p in sorted(root.rglob("*")) if p.is_file()}
+
+
+def out_dir(workspace: Path, stage: str) -> Path:
+    return workspace / "runs" / "tiny" / OUTPUTS[stage]
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(tmp_path_factory):
+    """The whole pipeline, in-process, as `align pipeline recipes/tiny/pipeline.yaml`."""
+    workspace = make_workspace(tmp_path_factory.mktemp("pipeline"))
+    with contextlib.chdir(workspace):
+        printed = run_cli(COMMAND)
+    return workspace, printed
+
+
+def test_pipeline_runs_every_stage_in_order(uninterrupted):
+    workspace, printed = uninterrupted
+    starts = [printed.index(f"[align pipeline] stage {s}\n") for s in STAGES]
+    assert starts == sorted(starts)
+    for stage in STAGES:
+        assert f"[align {stage}] wrote runs/tiny/{OUTPUTS[stage]}\n" in printed
+        info = completion_info(out_dir(workspace, stage))
+        assert info is not None and info["stage"] == stage
+    pairs = read_records(out_dir(workspace, "pairs") / "pairs.jsonl")
+    logprobs = read_records(out_dir(workspace, "logprobs"))
+    assert len(pairs) > 0 and {r["id"] for r in logprobs} == {r["id"] for r in pairs}
+    assert completion_info(out_dir(workspace, "train"))["summary"]["steps"] == 4
+    assert (out_dir(workspace, "train") / "model.safetensors").is_file()
+
+
+def test_rerun_skips_every_stage_and_changes_nothing(uninterrupted):
+    workspace, _ = uninterrupted
+    before = tree_digest(workspace / "runs" / "tiny")
+    with contextlib.chdir(workspace):
+        printed = run_cli(COMMAND)
+    for stage in STAGES:
+        assert f"[align {stage}] runs/tiny/{OUTPUTS[stage]} is already complete; skipping" in printed
+    assert "wrote" not in printed
+    assert tree_digest(workspace / "runs" / "tiny") == before
+
+
+def _complete_lines(path: Path) -> bytes:
+    data = path.read_bytes() if path.exists() else b""
+    return data[: data.rfind(b"\n") + 1]
+
+
+def test_killed_pipeline_resumes_without_redoing_finished_work(tmp_path, uninterrupted):
+    """SIGKILL inside the sample stage (after some prompts were appended), then rerun."""
+    workspace = make_workspace(tmp_path / "ws")
+    command = [sys.executable, "-m", "align", *COMMAND]
+    shard = out_dir(workspace, "sample") / "shard-00000-of-00001.jsonl"
+    log = (tmp_path / "first.log").open("w")
+    first = subprocess.Popen(command, cwd=workspace, env=subprocess_env(), stdout=log, stderr=subprocess.STDOUT,
+                             start_new_session=True)
+    try:
+        deadline = time.monotonic() + 240
+        while not _complete_lines(shard) and first.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.01)
+        os.killpg(first.pid, signal.SIGKILL)
+    finally:
+        first.wait(timeout=60)
+        log.close()
+    assert first.returncode == -signal.SIGKILL, (tmp_path / "first.log").read_text()[-3000:]
+    written = _complete_lines(shard)
+    lines = written.count(b"\n")
+    assert 1 <= lines < 24, f"the kill should land inside the sample stage, after {lines} of 24 prompts"
+    sft_marker = out_dir(workspace, "sft") / COMPLETE_MARKER
+    sft_files = tree_digest(out_dir(workspace, "sft"))
+    sft_mtime = sft_marker.stat().st_mtime_ns
+    assert not (out_dir(workspace, "sample") / COMPLETE_MARKER).exists()
+
+    second = subprocess.run(command, cwd=workspace, env=subprocess_env(), capture_output=True, text=True,
+                            timeout=300, check=False)
+    assert second.returncode == 0, second.stdout[-2000:] + second.stderr[-3000:]
+    assert "[align sft] runs/tiny/sft is already complete; skipping" in second.stdout
+    assert "[align sft] wrote" not in second.stdout
+    assert sft_marker.stat().st_mtime_ns == sft_mtime and tree_digest(out_dir(workspace, "sft")) == sft_files
+    # the sample job resumed: the prompts appended before the kill are kept as they were
+    assert shard.read_bytes().startswith(written)
+    for stage in STAGES[1:]:
+        assert f"[align {stage}] wrote runs/tiny/{OUTPUTS[stage]}" in second.stdout
+
+    # same result as the uninterrupted run: records, rewards, pairs, ref log-probs, summaries
+    reference, _ = uninterrupted
+    key = lambda rows: sorted(rows, key=lambda r: r["id"])
+    for stage in ("sample", "annotate", "logprobs"):
+        assert key(read_records(out_dir(workspace, stage))) == key(read_records(out_dir(reference, stage))), stage
+    for name in ("pairs.jsonl", "skipped.jsonl"):
+        assert read_records(out_dir(workspace, "pairs") / name) == read_records(out_dir(reference, "pairs") / name)
+    for stage in STAGES:
+        resumed, once = completion_info(out_dir(workspace, stage)), completion_info(out_dir(reference, stage))
+        if stage in ("sft", "train"):  # trainer summaries carry the loss; counts must match exactly
+            assert resumed["summary"]["steps"] == once["summary"]["steps"], stage
+        else:
+            assert resumed["summary"] == once["summary"], stage

@@ -1,0 +1,94 @@
+"""Every shipped recipe loads with its stage's Config (strict keys, checked types).
+
+All YAML under recipes/ is found by globbing (accelerate/ holds accelerate configs, not
+align recipes), so a new recipe cannot escape the check. The stage comes from the file
+name; a recipe whose name maps to no stage fails here instead of being skipped.
+"""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+from stage_helpers import RECIPES, TINY_RECIPE
+
+from align.config import load_config
+from align.stages import stage_module
+
+RECIPE_FILES = sorted(p for p in RECIPES.rglob("*.yaml") if "accelerate" not in p.relative_to(RECIPES).parts)
+TINY_STAGES = ("sft", "sample", "annotate", "pairs", "logprobs", "train")
+
+
+def stage_of(name: str) -> str:
+    """The stage a recipe file is for, from its name."""
+    stem = name.removesuffix(".yaml")
+    fixed = {"sft": "sft", "qrpo": "train", "dpo": "train", "logprobs": "logprobs", "pairs": "pairs",
+             "pipeline": "pipeline", "decontaminate": "decontaminate"}
+    if stem in fixed:
+        return fixed[stem]
+    for prefix in ("sample", "annotate"):
+        if stem.startswith(prefix):
+            return prefix
+    raise AssertionError(f"recipes/{name}: no stage for this file name; name it after its stage")
+
+
+def cpu_overrides(config_cls: type) -> list[str]:
+    """GPU recipes ask for bf16, which transformers refuses to set up on a CPU-only machine.
+
+    `use_cpu=true` lets their trainer configs be built here; every other key is checked
+    as written.
+    """
+    import dataclasses
+
+    import torch
+
+    names = {f.name for f in dataclasses.fields(config_cls)}
+    return ["use_cpu=true"] if "use_cpu" in names and not torch.cuda.is_available() else []
+
+
+def test_the_glob_finds_the_recipes():
+    names = {str(p.relative_to(RECIPES)) for p in RECIPE_FILES}
+    expected = {"tiny/pipeline.yaml", "decontaminate.yaml"}
+    for size in ("apertus-8b", "apertus-70b"):
+        expected |= {f"{size}/{n}.yaml" for n in ("sft", "sample", "sample_offline", "annotate_rm", "annotate_judge",
+                                                   "annotate_classifier", "pairs", "logprobs", "qrpo", "dpo")}
+    assert expected <= names
+
+
+@pytest.mark.parametrize("path", RECIPE_FILES, ids=lambda p: str(p.relative_to(RECIPES)))
+def test_recipe_loads_with_its_stage_config(path):
+    stage = stage_of(path.name)
+    config_cls = stage_module(stage).Config
+    config = load_config(config_cls, path, cpu_overrides(config_cls), section=stage)
+    assert isinstance(config, config_cls)
+
+
+@pytest.mark.parametrize("path", RECIPE_FILES, ids=lambda p: str(p.relative_to(RECIPES)))
+def test_recipe_starts_with_its_launch_command(path):
+    """A comment among the first lines runs this very file: `align ...`, `accelerate launch ...`, `sbatch ...`."""
+    rel = f"recipes/{path.relative_to(RECIPES)}"
+    head = path.read_text().splitlines()[:6]
+    command = re.compile(r"^#\s+(?:[A-Z_]+=\S+\s+)*(?:align|accelerate launch|sbatch)\s")
+    assert any(command.match(line) and rel in line for line in head), f"{rel}: no launch command in\n" + "\n".join(head)
+
+
+@pytest.mark.parametrize("stage", TINY_STAGES)
+def test_each_stage_runs_alone_from_the_tiny_pipeline_recipe(stage):
+    """`align STAGE recipes/tiny/pipeline.yaml`: the stage's section over the defaults it knows."""
+    config = load_config(stage_module(stage).Config, TINY_RECIPE, section=stage)
+    if stage in ("sft", "logprobs", "train"):
+        assert config.chat_date == "2026-01-01" and config.chat_format == "apertus"
+    if stage == "sample":
+        assert config.sampler.date == "2026-01-01" and config.sampler.backend == "transformers"
+
+
+def test_tiny_pipeline_pins_one_date_everywhere():
+    from align.stages.pipeline import Config
+
+    configs = dict(load_config(Config, TINY_RECIPE, section="pipeline").stage_configs())
+    assert list(configs) == list(TINY_STAGES)
+    dates = {configs[s].chat_date for s in ("sft", "logprobs", "train")} | {configs["sample"].sampler.date}
+    assert dates == {"2026-01-01"}
+    assert configs["logprobs"].max_length == configs["train"].max_length
+    assert configs["pairs"].num_ref_rewards == configs["train"].num_ref_rewards == configs["sample"].n
+    assert configs["sft"].use_cpu and configs["train"].use_cpu and not configs["train"].bf16
