@@ -1,0 +1,289 @@
+"""Batches of (prompt, completion) token sequences for preference training and log-prob passes.
+
+Two layouts carry the same information; the model must give every sequence the same
+log-probs in both (the test "padding-free equals padded" pins this):
+
+* **padded** — one sequence per row, right-padded to the longest row, 2D attention mask;
+* **padding-free** — sequences concatenated into as few rows as possible, ``position_ids``
+  restarting at 0 for each sequence, and an attention pattern that keeps them apart. Which
+  pattern depends on the attention implementation (ENVIRONMENT.md: ``position_ids`` alone
+  are NOT enough on ``sdpa``/``eager``; the second sequence then attends to the first):
+
+  - ``sdpa``: 4D block-diagonal causal mask ``(rows, 1, L, L)``, boolean (True = attend)
+    or additive float;
+  - ``eager``: 4D additive float mask only (0 / dtype-min); a boolean mask is wrong there;
+  - ``flash_attention_*``: one row, no mask, ``position_ids`` plus the varlen kwargs
+    ``cu_seq_lens_q/k`` and ``max_length_q/k``.
+
+Worked example (padding-free, ``sdpa``, boolean mask, ``max_row_tokens=10``). Two sequences::
+
+    seq 0: prompt [1, 5]     completion [7, 8, 2]
+    seq 1: prompt [1, 6, 9]  completion [4, 2]
+
+    input_ids      [[1, 5, 7, 8, 2, 1, 6, 9, 4, 2]]
+    position_ids   [[0, 1, 2, 3, 4, 0, 1, 2, 3, 4]]
+    labels         [[-100, -100, 7, 8, 2, -100, -100, -100, 4, 2]]   # completion tokens only
+    sequence_index [[0, 0, 0, 0, 0, 1, 1, 1, 1, 1]]
+    attention_mask [[[ causal 5x5 block | False        ],
+                      [ False           | causal 5x5 block ]]]          # shape (1, 1, 10, 10)
+    lengths        [3, 2]                                             # |y| incl. end-of-turn
+
+The padded layout of the same batch::
+
+    input_ids      [[1, 5, 7, 8, 2, 0], [1, 6, 9, 4, 2, 0]]   # pad id 0 here
+    attention_mask [[1, 1, 1, 1, 1, 0], [1, 1, 1, 1, 1, 0]]
+    labels         [[-100, -100, 7, 8, 2, -100], [-100, -100, -100, 4, 2, -100]]
+    sequence_index [[0, 0, 0, 0, 0, -1], [1, 1, 1, 1, 1, -1]]
+
+``PreferenceCollator`` turns pair rows into such batches with the chosen completions first
+and the rejected ones after them (sequence ``i`` is pair ``i``'s chosen, ``B + i`` its
+rejected), so one forward scores both and ``chunk(2)`` splits them again.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+IGNORE_INDEX = -100
+
+FLASH_IMPLEMENTATIONS = ("flash_attention_2", "flash_attention_3", "kernels-community/flash-attn")
+
+# Per-sequence number fields: output name -> (chosen column, rejected column).
+PAIR_SEQUENCE_FIELDS: dict[str, tuple[str, str]] = {
+    "ref_logps": ("ref_chosen_logps", "ref_rejected_logps"),
+    "quantiles": ("chosen_quantile", "rejected_quantile"),
+}
+
+Sequences = Sequence[tuple[Sequence[int], Sequence[int]]]
+
+
+def is_flash_attention(attn_implementation: str | None) -> bool:
+    """FlashAttention kernels take sequence boundaries as varlen kwargs, not as a mask."""
+    return bool(attn_implementation) and "flash" in attn_implementation
+
+
+def _check_sequences(sequences: Sequences) -> None:
+    """Each sequence needs a prompt token (to predict the first completion token) and a completion."""
+    if not sequences:
+        raise ValueError("cannot collate an empty batch")
+    for i, (prompt, completion) in enumerate(sequences):
+        if len(prompt) == 0:
+            raise ValueError(f"sequence {i}: empty prompt (at least BOS is needed to score the completion)")
+        if len(completion) == 0:
+            raise ValueError(f"sequence {i}: empty completion (|y| = 0 makes β/|y| infinite)")
+
+
+def _round_up(value: int, multiple: int | None) -> int:
+    return value if not multiple else -(-value // multiple) * multiple
+
+
+def collate_padded(
+    sequences: Sequences, *, pad_token_id: int, pad_to_multiple_of: int | None = None
+) -> dict[str, torch.Tensor]:
+    """One right-padded row per sequence with a 2D attention mask (see the module example)."""
+    _check_sequences(sequences)
+    width = _round_up(max(len(p) + len(c) for p, c in sequences), pad_to_multiple_of)
+    rows = len(sequences)
+    input_ids = torch.full((rows, width), pad_token_id, dtype=torch.long)
+    labels = torch.full((rows, width), IGNORE_INDEX, dtype=torch.long)
+    attention_mask = torch.zeros((rows, width), dtype=torch.long)
+    sequence_index = torch.full((rows, width), -1, dtype=torch.long)
+    for row, (prompt, completion) in enumerate(sequences):
+        n_prompt, n = len(prompt), len(prompt) + len(completion)
+        input_ids[row, :n] = torch.tensor(list(prompt) + list(completion), dtype=torch.long)
+        labels[row, n_prompt:n] = input_ids[row, n_prompt:n]
+        attention_mask[row, :n] = 1
+        sequence_index[row, :n] = row
+    return {
+        "input_ids": input_ids,
+        "attention_mask": attention_mask,
+        "labels": labels,
+        "sequence_index": sequence_index,
+        "lengths": torch.tensor([len(c) for _, c in sequences], dtype=torch.long),
+    }
+
+
+def pack_rows(sizes: Sequence[int], max_row_tokens: int | None) -> list[list[int]]:
+    """Group sequence indices into rows of at most ``max_row_tokens`` tokens (first-fit decreasing).
+
+    ``None`` puts everything in one row. A sequence longer than the budget gets a row of its
+    own. Rows come out in a deterministic order (by their first sequence index).
+    """
+    if max_row_tokens is None:
+        return [list(range(len(sizes)))]
+    rows: list[list[int]] = []
+    used: list[int] = []
+    for index in sorted(range(len(sizes)), key=lambda i: (-sizes[i], i)):
+        for r, total in enumerate(used):
+            if total + sizes[index] <= max_row_tokens:
+                rows[r].append(index)
+                used[r] += sizes[index]
+                break
+        else:
+            rows.append([index])
+            used.append(sizes[index])
+    for row in rows:
+        row.sort()
+    return sorted(rows, key=lambda row: row[0])
+
+
+def block_causal_mask(segments: torch.Tensor) -> torch.Tensor:
+    """Boolean (rows, 1, L, L) mask: token q sees token k iff same segment and k <= q."""
+    width = segments.shape[1]
+    same = segments[:, :, None] == segments[:, None, :]
+    causal = torch.ones(width, width, dtype=torch.bool).tril()
+    return (same & causal)[:, None, :, :]
+
+
+def additive_mask(mask: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """0 where attending, the dtype's minimum elsewhere (what ``eager`` attention adds to scores)."""
+    return torch.zeros(mask.shape, dtype=dtype).masked_fill_(~mask, torch.finfo(dtype).min)
+
+
+def collate_padding_free(
+    sequences: Sequences,
+    *,
+    pad_token_id: int,
+    attn_implementation: str = "sdpa",
+    mask_dtype: torch.dtype | None = None,
+    max_row_tokens: int | None = None,
+    pad_to_multiple_of: int | None = None,
+) -> dict[str, Any]:
+    """Concatenate sequences into rows with restarting ``position_ids`` (see the module example).
+
+    ``mask_dtype`` None gives a boolean mask (``sdpa`` only); a float dtype gives the
+    additive mask (required by ``eager``; use the model's dtype). FlashAttention gets one
+    row and ``cu_seq_lens``/``max_length`` kwargs instead of a mask. ``max_row_tokens``
+    bounds a row's length for mask-based attention, whose cost grows with the row length
+    squared: None sizes rows to the batch's longest sequence, so attention never costs
+    more than in the padded layout while the short sequences fill the rows' padding (a
+    sequence longer than the budget gets a row of its own). Tail padding of a row forms
+    its own causal block, so no query row of the mask is empty (an all-masked row gives
+    NaN in ``sdpa``).
+    """
+    _check_sequences(sequences)
+    flash = is_flash_attention(attn_implementation)
+    if attn_implementation == "eager" and (mask_dtype is None or not mask_dtype.is_floating_point):
+        raise ValueError("eager attention needs an additive float mask: pass mask_dtype=<the model's dtype>")
+    if not flash and attn_implementation not in ("sdpa", "eager"):
+        raise ValueError(
+            f"padding-free batches support sdpa, eager and flash attention, not {attn_implementation!r}; "
+            "set padding_free=False or load the model with attn_implementation='sdpa'"
+        )
+    sizes = [len(p) + len(c) for p, c in sequences]
+    budget = max(sizes) if max_row_tokens is None else max_row_tokens
+    rows = pack_rows(sizes, None if flash else budget)
+    # varlen kernels need no padding (a pad tail would be one more "sequence" to them)
+    width = sum(sizes) if flash else _round_up(max(sum(sizes[i] for i in row) for row in rows), pad_to_multiple_of)
+    shape = (len(rows), width)
+    input_ids = torch.full(shape, pad_token_id, dtype=torch.long)
+    labels = torch.full(shape, IGNORE_INDEX, dtype=torch.long)
+    position_ids = torch.zeros(shape, dtype=torch.long)
+    sequence_index = torch.full(shape, -1, dtype=torch.long)
+    for r, row in enumerate(rows):
+        start = 0
+        for index in row:
+            prompt, completion = sequences[index]
+            end = start + sizes[index]
+            input_ids[r, start:end] = torch.tensor(list(prompt) + list(completion), dtype=torch.long)
+            labels[r, start + len(prompt) : end] = input_ids[r, start + len(prompt) : end]
+            position_ids[r, start:end] = torch.arange(sizes[index])
+            sequence_index[r, start:end] = index
+            start = end
+        position_ids[r, start:] = torch.arange(width - start)
+    batch: dict[str, Any] = {
+        "input_ids": input_ids,
+        "position_ids": position_ids,
+        "labels": labels,
+        "sequence_index": sequence_index,
+        "lengths": torch.tensor([len(c) for _, c in sequences], dtype=torch.long),
+    }
+    if flash:
+        bounds = torch.tensor([0] + sizes, dtype=torch.int32).cumsum(0, dtype=torch.int32)
+        batch.update(cu_seq_lens_q=bounds, cu_seq_lens_k=bounds.clone(),
+                     max_length_q=max(sizes), max_length_k=max(sizes))
+        return batch
+    mask = block_causal_mask(sequence_index)
+    batch["attention_mask"] = mask if mask_dtype is None or mask_dtype == torch.bool else additive_mask(mask, mask_dtype)
+    return batch
+
+
+def model_inputs(batch: Mapping[str, Any]) -> dict[str, Any]:
+    """The keys of a collated batch that go to the model's forward (not labels: we score ourselves)."""
+    keys = ("input_ids", "attention_mask", "position_ids",
+            "cu_seq_lens_q", "cu_seq_lens_k", "max_length_q", "max_length_k")
+    return {k: batch[k] for k in keys if k in batch}
+
+
+@dataclass
+class SequenceCollator:
+    """Collates (prompt_ids, completion_ids) sequences in the padded or padding-free layout.
+
+    Args:
+        pad_token_id: id used to fill padded positions (never scored).
+        padding_free: pack sequences into rows instead of padding one per row.
+        attn_implementation: the model's ``config._attn_implementation``; picks the mask.
+        mask_dtype: for padding-free with ``sdpa``: None for a boolean mask, or a float
+            dtype for an additive one; ``eager`` needs the model's float dtype.
+        max_row_tokens: padding-free row budget for mask-based attention (None: the batch's
+            longest sequence; FlashAttention always gets one row).
+        pad_to_multiple_of: round the padded width up (tensor-core friendly shapes).
+    """
+
+    pad_token_id: int
+    padding_free: bool = False
+    attn_implementation: str = "sdpa"
+    mask_dtype: torch.dtype | None = None
+    max_row_tokens: int | None = None
+    pad_to_multiple_of: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.padding_free and self.attn_implementation == "eager" and self.mask_dtype is None:
+            self.mask_dtype = torch.float32
+
+    def collate(self, sequences: Sequences) -> dict[str, Any]:
+        """The batch for ``sequences`` in this collator's layout."""
+        if not self.padding_free:
+            return collate_padded(sequences, pad_token_id=self.pad_token_id,
+                                  pad_to_multiple_of=self.pad_to_multiple_of)
+        return collate_padding_free(
+            sequences,
+            pad_token_id=self.pad_token_id,
+            attn_implementation=self.attn_implementation,
+            mask_dtype=self.mask_dtype,
+            max_row_tokens=self.max_row_tokens,
+            pad_to_multiple_of=self.pad_to_multiple_of,
+        )
+
+
+@dataclass
+class PreferenceCollator(SequenceCollator):
+    """Pair rows (``prompt_ids``, ``chosen_ids``, ``rejected_ids`` + numbers) → one batch.
+
+    Sequences are ordered [chosen_0 … chosen_{B−1}, rejected_0 … rejected_{B−1}]. The
+    per-sequence number fields in ``sequence_fields`` (output name → chosen/rejected
+    columns) become float tensors of shape (2B,) in the same order, when the rows have them;
+    a column present in some rows and missing in others is an error naming the row.
+    """
+
+    sequence_fields: dict[str, tuple[str, str]] = field(default_factory=lambda: dict(PAIR_SEQUENCE_FIELDS))
+
+    def __call__(self, features: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+        chosen = [(f["prompt_ids"], f["chosen_ids"]) for f in features]
+        rejected = [(f["prompt_ids"], f["rejected_ids"]) for f in features]
+        batch = self.collate(chosen + rejected)
+        for name, (chosen_key, rejected_key) in self.sequence_fields.items():
+            present = [chosen_key in f and f[chosen_key] is not None for f in features]
+            if not any(present):
+                continue
+            if not all(present):
+                row = present.index(False)
+                raise ValueError(f"batch row {row} (id {features[row].get('id')!r}) lacks {chosen_key!r}, "
+                                 "which other rows have")
+            values = [f[chosen_key] for f in features] + [f[rejected_key] for f in features]
+            batch[name] = torch.tensor(values, dtype=torch.float64)
+        return batch

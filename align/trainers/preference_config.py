@@ -1,0 +1,230 @@
+"""Settings of QRPO/DPO preference training: the config docstring is the manual."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+from transformers import TrainingArguments
+
+from align.losses import LossType
+
+REFERENCE_MODES = ("precomputed", "model", "adapter")
+OPTIMIZER_NAMES = ("ademamix", "adamw")
+_HF_DEFAULT_OPTIM = "adamw_torch_fused"
+
+
+def _bf16_available() -> bool:
+    """bf16 by default only where it is fast and exact enough: a CUDA device that supports it."""
+    return torch.cuda.is_available() and torch.cuda.is_bf16_supported()
+
+
+@dataclass
+class PreferenceConfig(TrainingArguments):
+    r"""Configuration of [`PreferenceTrainer`]: QRPO or DPO on pair rows (SPEC §8).
+
+    Only the fields below are specific to preference training; every
+    `transformers.TrainingArguments` field works as usual (batch size, accumulation,
+    schedules, checkpointing, DeepSpeed, ...). Batch sizes count **pairs**.
+
+    > Parameters that control the loss
+
+    loss_type (`str`, defaults to `"qrpo"`):
+        `"qrpo"`: chosen and rejected are two independent samples, each regressed on its
+        quantile reward: L = mean over samples of (R_q − β_i·log Z_i − β_i·logratio)²
+        (QRPO, arXiv:2507.08068; Apertus report §3.4). `"dpo"`: −log σ(β·(logratio_c −
+        logratio_r)) per pair (arXiv:2305.18290).
+    beta (`float` or `None`, defaults to `None`):
+        Temperature β > 0. `None` picks 5.0 with `length_normalize` (the Apertus setting,
+        for both losses: β/|y| ≈ 0.03 on typical lengths) and 0.1 without it (the usual
+        whole-sequence DPO β).
+    length_normalize (`bool`, defaults to `True`):
+        QRPO: β_i = β/|y_i| in every term, log Z included. DPO: each log-ratio divided by its
+        completion length. The report found it helps both (L1405).
+    beta_clamp (`float` or `None`, defaults to `None`):
+        Cap on β_i. The published QRPO code clamps at 0.1 ("otherwise grad norm is too
+        high"); `None` follows the paper.
+    normalize_loss_by_length (`bool`, defaults to `False`):
+        QRPO only: divide each squared term by |y_i|.
+
+    > Parameters that control the data
+
+    chat_format (`str`, defaults to `"apertus"`):
+        Chat format the rows are rendered with (`align.chat`); must be the one the reference
+        log-probs were computed with.
+    max_length (`int` or `None`, defaults to `4096`):
+        Tokens per prompt + completion. A longer completion is cut at the end (its
+        end-of-turn token is lost); the log-prob pass applies the same rule, so the two agree.
+        `None`: no limit.
+    enable_thinking (`bool`, defaults to `False`):
+        Render the developer block with deliberation enabled.
+    chat_date (`str` or `None`, defaults to `None`):
+        Date in the default Apertus system text (rows without a system message). `None` is
+        today's date: pin it to the value the log-prob pass used, or prompts differ.
+    num_ref_rewards (`int` or `None`, defaults to `None`):
+        n, the number of reference rewards per prompt (10 in Apertus). With it, rows may
+        carry `chosen_reward`, `rejected_reward` and `ref_rewards` instead of precomputed
+        quantiles, and precomputed quantiles are checked to lie on the grid {0, 1/n, …, 1}.
+
+    > Parameters that control the reference policy
+
+    reference (`str`, defaults to `"precomputed"`):
+        `"precomputed"`: read `ref_chosen_logps`/`ref_rejected_logps` (and lengths) from the
+        dataset, written by `align logprobs`: no reference model in memory (SPEC §8).
+        `"model"`: a live frozen reference model passed as `ref_model=`. `"adapter"`: the
+        policy is a PEFT model and the reference is that model with its adapter disabled.
+
+    > Parameters that control batching
+
+    padding_free (`bool`, defaults to `True`):
+        Concatenate the batch's sequences into rows with restarting position ids and a
+        block-diagonal mask chosen by attention implementation, instead of padding.
+    max_row_tokens (`int` or `None`, defaults to `None`):
+        Padding-free row length budget for mask-based attention (`sdpa`/`eager`), whose cost
+        grows with the row length squared. `None`: the batch's longest sequence, so attention
+        costs no more than padded rows while short sequences fill the padding. FlashAttention
+        always gets one row (it takes the sequence boundaries directly).
+    pad_to_multiple_of (`int` or `None`, defaults to `None`):
+        Round padded widths up to a multiple (tensor-core friendly shapes).
+
+    > Parameters that control the optimizer (`align.optim`)
+
+    optim_name (`str` or `None`, defaults to `"ademamix"`):
+        `"ademamix"` (the Apertus optimizer) or `"adamw"`, built by `align.optim`, with
+        `adam_beta1`, `adam_beta2`, `adam_epsilon` and `weight_decay` from the usual fields.
+        `None` defers to transformers' `optim` field instead.
+    beta3 (`float`, defaults to `0.99`):
+        AdEMAMix slow-EMA coefficient (Apertus: 0.99).
+    alpha (`float`, defaults to `8.0`):
+        AdEMAMix weight of the slow EMA (Apertus: 8).
+    t_alpha, t_beta3 (`int` or `None`, default `None`):
+        AdEMAMix warmup steps of α and β3; `None` is the total number of training steps
+        (Apertus); 0 turns a warmup off.
+
+    > Parameters for `align.trainers.train` (the Python/CLI entry point)
+
+    model_name_or_path (`str` or `None`): policy to load when no model object is given.
+    ref_model_name_or_path (`str` or `None`): reference for `reference="model"`; defaults
+        to `model_name_or_path`.
+    model_dtype (`str`, defaults to `"auto"`): dtype to load weights in (`"float32"`,
+        `"bfloat16"`, ...; `"auto"`: bf16 when `bf16` is on, else float32).
+    attn_implementation (`str` or `None`, defaults to `None`): `"sdpa"`, `"eager"`,
+        `"flash_attention_2"`, ...; `None` keeps transformers' choice.
+    use_peft (`bool`), lora_r (`int`, 16), lora_alpha (`int`, 32), lora_dropout
+        (`float`, 0.0), lora_target_modules (`list[str]` or `None`: all linear layers):
+        train a LoRA adapter instead of the full model.
+
+    Defaults that differ from `TrainingArguments`: `learning_rate` 5e-7 (Apertus 8B QRPO),
+    `logging_steps` 10, `bf16` on only where a CUDA device supports it, and the optimizer
+    (AdEMAMix through `optim_name`).
+    """
+
+    # Loss
+    loss_type: str = field(default="qrpo", metadata={"help": "qrpo | dpo"})
+    beta: float | None = field(default=None, metadata={"help": "β; None: 5.0 length-normalised, else 0.1"})
+    length_normalize: bool = field(default=True, metadata={"help": "β/|y| per sample (QRPO), logratio/|y| (DPO)"})
+    beta_clamp: float | None = field(default=None, metadata={"help": "cap on β/|y| (0.1 = published code)"})
+    normalize_loss_by_length: bool = field(default=False, metadata={"help": "QRPO: divide each term by |y|"})
+    # Data
+    chat_format: str = field(default="apertus", metadata={"help": "chat format of align.chat"})
+    max_length: int | None = field(default=4096, metadata={"help": "max prompt + completion tokens"})
+    enable_thinking: bool = field(default=False, metadata={"help": "deliberation enabled in the developer block"})
+    chat_date: str | None = field(default=None, metadata={"help": "date in the default system text"})
+    num_ref_rewards: int | None = field(default=None, metadata={"help": "n reference rewards per prompt"})
+    # Reference
+    reference: str = field(default="precomputed", metadata={"help": "precomputed | model | adapter"})
+    # Batching
+    padding_free: bool = field(default=True, metadata={"help": "pack sequences instead of padding"})
+    max_row_tokens: int | None = field(default=None, metadata={"help": "padding-free row budget (sdpa/eager)"})
+    pad_to_multiple_of: int | None = field(default=None, metadata={"help": "round padded widths up"})
+    # Optimizer
+    optim_name: str | None = field(default="ademamix", metadata={"help": "ademamix | adamw | None (use optim)"})
+    beta3: float = field(default=0.99, metadata={"help": "AdEMAMix β3"})
+    alpha: float = field(default=8.0, metadata={"help": "AdEMAMix α"})
+    t_alpha: int | None = field(default=None, metadata={"help": "α warmup steps (None: total steps)"})
+    t_beta3: int | None = field(default=None, metadata={"help": "β3 warmup steps (None: total steps)"})
+    # Entry point
+    model_name_or_path: str | None = field(default=None, metadata={"help": "policy to load"})
+    ref_model_name_or_path: str | None = field(default=None, metadata={"help": "reference to load"})
+    model_dtype: str = field(default="auto", metadata={"help": "auto | float32 | bfloat16 | float16"})
+    attn_implementation: str | None = field(default=None, metadata={"help": "sdpa | eager | flash_attention_2"})
+    use_peft: bool = field(default=False, metadata={"help": "train a LoRA adapter"})
+    lora_r: int = field(default=16, metadata={"help": "LoRA rank"})
+    lora_alpha: int = field(default=32, metadata={"help": "LoRA alpha"})
+    lora_dropout: float = field(default=0.0, metadata={"help": "LoRA dropout"})
+    lora_target_modules: list[str] | None = field(default=None, metadata={"help": "LoRA targets (None: all linear)"})
+    # TrainingArguments defaults that differ
+    learning_rate: float = field(default=5e-7, metadata={"help": "peak learning rate (Apertus 8B: 5e-7)"})
+    logging_steps: float = field(default=10, metadata={"help": "log every N steps"})
+    bf16: bool | None = field(default=None, metadata={"help": "None: on where CUDA supports bf16"})
+
+    def __post_init__(self) -> None:
+        if self.bf16 is None:
+            self.bf16 = bool(not self.use_cpu and _bf16_available())
+        self._check_loss()
+        self._check_data()
+        self._check_reference()
+        self._check_optimizer()
+        super().__post_init__()
+
+    @property
+    def loss(self) -> LossType:
+        """The loss as the enum whose properties the trainer queries."""
+        return LossType(self.loss_type)
+
+    def _check_loss(self) -> None:
+        try:
+            LossType(self.loss_type)
+        except ValueError:
+            raise ValueError(f"loss_type={self.loss_type!r}: choose one of {[t.value for t in LossType]}") from None
+        if self.beta is None:
+            self.beta = 5.0 if self.length_normalize else 0.1
+        if not self.beta > 0:
+            raise ValueError(f"beta={self.beta}: must be > 0 (Apertus: 5.0 with length_normalize)")
+        if self.beta_clamp is not None and not self.beta_clamp > 0:
+            raise ValueError(f"beta_clamp={self.beta_clamp}: must be > 0, or None for no clamp")
+        if self.beta_clamp is not None and self.loss is not LossType.QRPO:
+            raise ValueError("beta_clamp applies to QRPO only: set beta_clamp=None or loss_type='qrpo'")
+        if self.normalize_loss_by_length and self.loss is not LossType.QRPO:
+            raise ValueError("normalize_loss_by_length applies to QRPO only: set it False or loss_type='qrpo'")
+
+    def _check_data(self) -> None:
+        if self.max_length is not None and self.max_length < 2:
+            raise ValueError(f"max_length={self.max_length}: needs room for a prompt and a completion token (or None)")
+        if self.num_ref_rewards is not None and self.num_ref_rewards < 1:
+            raise ValueError(f"num_ref_rewards={self.num_ref_rewards}: must be >= 1 (Apertus: 10), or None")
+        if self.max_row_tokens is not None and self.max_row_tokens < 2:
+            raise ValueError(f"max_row_tokens={self.max_row_tokens}: must be >= 2, or None")
+        if self.pad_to_multiple_of is not None and self.pad_to_multiple_of < 1:
+            raise ValueError(f"pad_to_multiple_of={self.pad_to_multiple_of}: must be >= 1, or None")
+
+    def _check_reference(self) -> None:
+        if self.reference not in REFERENCE_MODES:
+            raise ValueError(f"reference={self.reference!r}: choose one of {list(REFERENCE_MODES)}")
+
+    def _check_optimizer(self) -> None:
+        if self.optim_name is None:
+            return
+        if self.optim_name not in OPTIMIZER_NAMES:
+            raise ValueError(f"optim_name={self.optim_name!r}: choose one of {list(OPTIMIZER_NAMES)}, "
+                             "or None to use transformers' `optim`")
+        optim = getattr(self.optim, "value", self.optim)
+        if optim != _HF_DEFAULT_OPTIM:
+            raise ValueError(f"optim={optim!r} is ignored while optim_name={self.optim_name!r} picks the "
+                             "optimizer: set optim_name=None to use transformers' optimizers")
+        if not 0.0 <= self.beta3 < 1.0:
+            raise ValueError(f"beta3={self.beta3}: must be in [0, 1) (Apertus: 0.99)")
+        if not self.alpha >= 0:
+            raise ValueError(f"alpha={self.alpha}: must be >= 0 (Apertus: 8)")
+        for name in ("t_alpha", "t_beta3"):
+            value = getattr(self, name)
+            if value is not None and value < 0:
+                raise ValueError(f"{name}={value}: must be >= 0, or None for the total number of steps")
+
+    def optimizer_kwargs(self, total_steps: int) -> dict:
+        """Keyword arguments for `align.optim.build_optimizer(self.optim_name, ...)`."""
+        kwargs = {"lr": self.learning_rate, "beta1": self.adam_beta1, "beta2": self.adam_beta2,
+                      "eps": self.adam_epsilon, "weight_decay": self.weight_decay, "total_steps": total_steps}
+        if self.optim_name == "ademamix":
+            kwargs.update(beta3=self.beta3, alpha=self.alpha, t_alpha=self.t_alpha, t_beta3=self.t_beta3)
+        return kwargs

@@ -1,0 +1,494 @@
+"""QRPO / DPO training on `transformers.Trainer`: own collator, one forward per batch.
+
+Stages, each a small function:
+
+1. ``prepare_dataset``: validate pair rows (errors name the row and field), attach
+   quantile rewards (QRPO), tokenize with ``align.logprobs.encode_record`` — the same
+   tokenization the reference log-prob pass used — and check the pass's lengths agree.
+2. ``PreferenceCollator``: chosen and rejected of a batch in one padded or padding-free
+   batch (``align.trainers.collators``).
+3. ``PreferenceTrainer.compute_loss``: one policy forward scores all 2B completions; the
+   reference log-probs come from the dataset (default), a frozen model, or the policy
+   with its PEFT adapter disabled; ``align.losses`` gives per-sample losses.
+
+Loss scaling is exact per-sample mean over the whole optimizer step: the trainer counts
+the samples of all accumulated micro-batches on all processes (``num_items_in_batch``)
+and every micro-batch contributes Σ losses / count. So per-device batch 8 × accumulation
+1 equals batch 1 × accumulation 8, and the last short accumulation window is right too.
+A QRPO sample is one completion (2 per pair, SPEC §7: trained on independently); a DPO
+sample is one pair.
+"""
+
+from __future__ import annotations
+
+import copy
+import logging
+import math
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import datasets
+import torch
+from torch import Tensor
+from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, Trainer
+
+from align.data.quantiles import quantile_rewards
+from align.data.records import RecordError, record_id, validate_pair
+from align.logprobs import PAIR_NAMES, completion_logps, encode_record, load_records, unwrap_model
+from align.losses import LossType, dpo_loss, qrpo_terms
+from align.optim import build_optimizer
+from align.trainers.collators import PreferenceCollator, is_flash_attention
+from align.trainers.preference_config import PreferenceConfig
+
+logger = logging.getLogger(__name__)
+
+PREPARED_COLUMNS = ("id", "prompt_ids", "chosen_ids", "rejected_ids", "chosen_quantile",
+                    "rejected_quantile", "ref_chosen_logps", "ref_rejected_logps")
+# Per-sequence numbers the collator emits; kept in float64 when batches move to the device.
+_EXACT_KEYS = ("ref_logps", "quantiles")
+
+
+# --------------------------------------------------------------------------- data stages
+
+
+def _number(row: Mapping[str, Any], name: str, rid: str) -> float:
+    value = row.get(name)
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        raise RecordError(rid, name, f"expected a finite number, got {value!r}")
+    return float(value)
+
+
+def _num_ref_rewards(row: Mapping[str, Any], configured: int | None, rid: str) -> int | None:
+    """n from the config, checked against the row's own ``num_ref_rewards`` when it has one."""
+    found = row.get("num_ref_rewards")
+    if found is not None and configured is not None and found != configured:
+        raise RecordError(rid, "num_ref_rewards", f"is {found}, but the config says num_ref_rewards={configured}")
+    return configured if configured is not None else found
+
+
+def pair_quantiles(row: Mapping[str, Any], num_ref_rewards: int | None, index: int | None = None) -> tuple[float, float]:
+    """(R_q chosen, R_q rejected): precomputed columns, else from rewards vs. ``ref_rewards``."""
+    rid = record_id(row, index)
+    n = _num_ref_rewards(row, num_ref_rewards, rid)
+    if row.get("chosen_quantile") is not None and row.get("rejected_quantile") is not None:
+        values = []
+        for name in ("chosen_quantile", "rejected_quantile"):
+            q = _number(row, name, rid)
+            if not 0.0 <= q <= 1.0:
+                raise RecordError(rid, name, f"is {q}, outside [0, 1]")
+            if n and abs(q * n - round(q * n)) > 1e-6:
+                raise RecordError(rid, name, f"is {q}, not a multiple of 1/n with n = {n} (SPEC §6)")
+            values.append(q)
+        return values[0], values[1]
+    if row.get("ref_rewards") is None or row.get("chosen_reward") is None or row.get("rejected_reward") is None:
+        raise RecordError(rid, "chosen_quantile", "missing: QRPO needs chosen_quantile and rejected_quantile, "
+                          "or chosen_reward, rejected_reward and ref_rewards")
+    rewards = [_number(row, "chosen_reward", rid), _number(row, "rejected_reward", rid)]
+    try:
+        qc, qr = quantile_rewards(rewards, row["ref_rewards"], expected_n=n)
+    except ValueError as error:
+        raise RecordError(rid, "ref_rewards", str(error)) from error
+    return qc, qr
+
+
+def _check_ref_lengths(row: Mapping[str, Any], encoded: Mapping[str, list[int]], rid: str) -> None:
+    """The pass's |y| must equal ours: else it tokenized differently and its log-probs are for other tokens."""
+    for name in PAIR_NAMES:
+        expected, ours = row.get(f"{name}_length"), len(encoded[f"{name}_ids"])
+        if expected != ours:
+            raise RecordError(rid, f"{name}_length", f"is {expected} in the reference log-prob pass, but the trainer "
+                              f"tokenizes {ours} completion tokens: rerun `align logprobs` with the trainer's "
+                              "chat_format, chat_date, max_length and tokenizer")
+
+
+def prepare_row(row: Mapping[str, Any], index: int, tokenizer: Any, config: PreferenceConfig) -> dict[str, Any]:
+    """One pair row → the trainer's columns (token ids, quantiles, reference log-probs)."""
+    need_ref = config.reference == "precomputed"
+    validate_pair(row, index, need_ref_logps=need_ref)
+    rid = record_id(row, index)
+    encoded = encode_record(tokenizer, row, chat_format=config.chat_format, max_length=config.max_length,
+                            enable_thinking=config.enable_thinking, chat_date=config.chat_date, index=index)
+    out: dict[str, Any] = {"id": rid, **encoded}
+    if need_ref:
+        _check_ref_lengths(row, encoded, rid)
+        out["ref_chosen_logps"] = float(row["ref_chosen_logps"])
+        out["ref_rejected_logps"] = float(row["ref_rejected_logps"])
+    if config.loss.uses_quantile_rewards:
+        out["chosen_quantile"], out["rejected_quantile"] = pair_quantiles(row, config.num_ref_rewards, index)
+    return out
+
+
+def prepare_dataset(dataset: Any, tokenizer: Any, config: PreferenceConfig) -> datasets.Dataset:
+    """Pair rows (list, ``datasets.Dataset`` or a file path) → a dataset of trainer columns.
+
+    A dataset that already has ``prompt_ids`` is taken as prepared and returned as is.
+    """
+    if isinstance(dataset, (str, Path)):
+        dataset = load_records(dataset)
+    if isinstance(dataset, datasets.IterableDataset):
+        raise TypeError("streaming datasets are not supported: pass a datasets.Dataset or a list of rows")
+    if isinstance(dataset, datasets.Dataset) and "prompt_ids" in dataset.column_names:
+        return dataset
+    rows = [prepare_row(dict(row), i, tokenizer, config) for i, row in enumerate(dataset)]
+    if not rows:
+        raise ValueError("the preference dataset is empty")
+    return datasets.Dataset.from_list(rows)
+
+
+# --------------------------------------------------------------------------- models
+
+
+def load_causal_lm(path: str, config: PreferenceConfig) -> PreTrainedModel:
+    """Load a policy or reference model with the config's dtype and attention implementation."""
+    dtype = config.model_dtype
+    if dtype == "auto":
+        dtype = "bfloat16" if config.bf16 else "float32"
+    kwargs: dict[str, Any] = {"dtype": getattr(torch, dtype)}
+    if config.attn_implementation:
+        kwargs["attn_implementation"] = config.attn_implementation
+    return AutoModelForCausalLM.from_pretrained(path, **kwargs)
+
+
+def lora_config(config: PreferenceConfig):
+    """The LoRA adapter the config describes (all linear layers unless told otherwise)."""
+    from peft import LoraConfig
+
+    return LoraConfig(r=config.lora_r, lora_alpha=config.lora_alpha, lora_dropout=config.lora_dropout,
+                      target_modules=config.lora_target_modules or "all-linear", task_type="CAUSAL_LM")
+
+
+def is_peft_model(model: torch.nn.Module) -> bool:
+    try:
+        from peft import PeftModel
+    except ImportError:
+        return False
+    return isinstance(model, PeftModel)
+
+
+def _fill_auto(config: dict, args: PreferenceConfig, hidden_size: int | None) -> dict:
+    """Concrete values for the ``"auto"`` entries a DeepSpeed config for inference may hold."""
+    micro = args.per_device_train_batch_size
+    fixed = {"train_micro_batch_size_per_gpu": micro, "gradient_accumulation_steps": args.gradient_accumulation_steps,
+             "train_batch_size": micro * args.gradient_accumulation_steps * args.world_size}
+    for key, value in fixed.items():
+        if config.get(key) == "auto":
+            config[key] = value
+    zero = config.get("zero_optimization", {})
+    if hidden_size:
+        sizes = {"reduce_bucket_size": hidden_size * hidden_size,
+                 "stage3_param_persistence_threshold": 10 * hidden_size,
+                 "stage3_prefetch_bucket_size": int(0.9 * hidden_size * hidden_size)}
+        for key, value in sizes.items():
+            if zero.get(key) == "auto":
+                zero[key] = value
+    return config
+
+
+def deepspeed_reference(model: PreTrainedModel, accelerator: Any, args: PreferenceConfig) -> torch.nn.Module:
+    """Wrap a frozen reference for DeepSpeed: sharded like the policy under ZeRO-3, replicated otherwise."""
+    import deepspeed
+
+    ds_config = copy.deepcopy(accelerator.state.deepspeed_plugin.deepspeed_config)
+    stage = ds_config.get("zero_optimization", {}).get("stage", 0)
+    if stage != 3:
+        ds_config["zero_optimization"] = {"stage": 0}
+    ds_config.pop("optimizer", None)
+    ds_config.pop("scheduler", None)
+    hidden = getattr(model.config, "hidden_size", None)
+    engine, *_ = deepspeed.initialize(model=model, config=_fill_auto(ds_config, args, hidden))
+    engine.eval()
+    return engine
+
+
+# --------------------------------------------------------------------------- trainer
+
+
+class PreferenceTrainer(Trainer):
+    """QRPO or DPO (``args.loss_type``) on pair rows; see the module docstring for the stages.
+
+    Args:
+        model: the policy (a transformers causal LM, a PeftModel, or a path to load).
+        args: ``PreferenceConfig``.
+        train_dataset / eval_dataset: pair rows (list, ``datasets.Dataset`` or path) with
+            the fields of ``align.data.records`` (reference columns for
+            ``reference="precomputed"``), or an already prepared dataset.
+        processing_class: the tokenizer (default: loaded from the model's path).
+        ref_model: the frozen reference for ``reference="model"``.
+        peft_config: wrap ``model`` in this PEFT adapter before training.
+
+    Raises ValueError on combinations that cannot work, naming the setting to change.
+    """
+
+    loss_is_scaled_for_ga = True  # compute_loss divides by the samples of the whole optimizer step
+
+    def __init__(
+        self,
+        model: PreTrainedModel | torch.nn.Module | str,
+        args: PreferenceConfig,
+        train_dataset: Any = None,
+        eval_dataset: Any = None,
+        processing_class: Any = None,
+        ref_model: PreTrainedModel | None = None,
+        peft_config: Any = None,
+        callbacks: Sequence[Any] | None = None,
+        optimizers: tuple[Any, Any] = (None, None),
+    ):
+        if not isinstance(args, PreferenceConfig):
+            raise TypeError(f"args must be a PreferenceConfig, got {type(args).__name__}")
+        if isinstance(model, str):
+            model = load_causal_lm(model, args)
+        if processing_class is None:
+            processing_class = AutoTokenizer.from_pretrained(unwrap_model(model).name_or_path)
+        if peft_config is not None:
+            from peft import get_peft_model
+
+            model = get_peft_model(model, peft_config)
+        if is_peft_model(model) and args.gradient_checkpointing:
+            model.enable_input_require_grads()
+        self._check_reference(model, ref_model, args)
+        if train_dataset is not None:
+            train_dataset = prepare_dataset(train_dataset, processing_class, args)
+        if eval_dataset is not None:
+            eval_dataset = prepare_dataset(eval_dataset, processing_class, args)
+        super().__init__(
+            model=model,
+            args=args,
+            data_collator=self._build_collator(model, processing_class, args),
+            train_dataset=train_dataset,
+            eval_dataset=eval_dataset,
+            processing_class=processing_class,
+            callbacks=list(callbacks) if callbacks else None,
+            optimizers=optimizers,
+        )
+        if self.args.n_gpu > 1:
+            raise ValueError("one process drives several GPUs (torch DataParallel), which would split packed "
+                             "batches: launch one process per GPU with `accelerate launch` or `torchrun`")
+        self.ref_model = self._prepare_reference(ref_model) if ref_model is not None else None
+        self._metric_sums: dict[str, dict[str, list[Tensor]]] = {"train": {}, "eval": {}}
+        self._log_derived_numbers()
+
+    # ----- construction helpers
+
+    @staticmethod
+    def _check_reference(model: torch.nn.Module, ref_model: Any, args: PreferenceConfig) -> None:
+        if args.reference == "model" and ref_model is None:
+            raise ValueError("reference='model' needs ref_model=...: pass the frozen reference, or set "
+                             "reference='precomputed' and run `align logprobs` first")
+        if args.reference != "model" and ref_model is not None:
+            raise ValueError(f"a ref_model was given but reference={args.reference!r} does not use it: "
+                             "set reference='model'")
+        if args.reference == "adapter" and not is_peft_model(model):
+            raise ValueError("reference='adapter' needs a PEFT policy: set use_peft=True or pass peft_config")
+
+    @staticmethod
+    def _build_collator(model: torch.nn.Module, tokenizer: Any, args: PreferenceConfig) -> PreferenceCollator:
+        config = unwrap_model(model).config
+        attn = getattr(config, "_attn_implementation", None) or "eager"
+        dtype = next(model.parameters()).dtype
+        if args.bf16 and attn == "eager":
+            dtype = torch.bfloat16
+        if args.padding_free and not (attn in ("sdpa", "eager") or is_flash_attention(attn)):
+            raise ValueError(f"padding_free=True supports sdpa, eager and flash attention, the model uses "
+                             f"{attn!r}: set padding_free=False or attn_implementation='sdpa'")
+        return PreferenceCollator(
+            pad_token_id=tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0,
+            padding_free=args.padding_free,
+            attn_implementation=attn,
+            mask_dtype=dtype if attn == "eager" else None,
+            max_row_tokens=args.max_row_tokens,
+            pad_to_multiple_of=args.pad_to_multiple_of,
+        )
+
+    def _prepare_reference(self, ref_model: PreTrainedModel) -> torch.nn.Module:
+        ref_model.eval()
+        ref_model.requires_grad_(False)
+        if self.is_deepspeed_enabled:
+            return deepspeed_reference(ref_model, self.accelerator, self.args)
+        return self.accelerator.prepare_model(ref_model, evaluation_mode=True)
+
+    def _log_derived_numbers(self) -> None:
+        args = self.args
+        pairs = args.per_device_train_batch_size * args.gradient_accumulation_steps * args.world_size
+        per_pair = 2 if args.loss.uses_quantile_rewards else 1
+        logger.info("preference training: loss=%s beta=%s reference=%s padding_free=%s; %d pairs (%d loss samples) "
+                    "per optimizer step", args.loss_type, args.beta, args.reference, args.padding_free,
+                    pairs, pairs * per_pair)
+
+    # ----- Trainer hooks
+
+    def _set_signature_columns_if_needed(self) -> None:
+        if self._signature_columns is None:
+            self._signature_columns = list(PREPARED_COLUMNS)
+
+    def create_optimizer(self, model: torch.nn.Module | None = None) -> torch.optim.Optimizer:
+        """``align.optim`` by ``optim_name`` (AdEMAMix: T_α, T_β3 default to the total steps)."""
+        if self.optimizer is not None or self.args.optim_name is None:
+            return super().create_optimizer(model)
+        opt_model = self.model if model is None else model
+        decay = set(self.get_decay_parameter_names(opt_model))
+        params = [(n, p) for n, p in opt_model.named_parameters() if p.requires_grad]
+        groups = [{"params": [p for n, p in params if n in decay], "weight_decay": self.args.weight_decay},
+                  {"params": [p for n, p in params if n not in decay], "weight_decay": 0.0}]
+        total = self.state.max_steps if self.state.max_steps > 0 else self.args.max_steps
+        self.optimizer = build_optimizer(self.args.optim_name, [g for g in groups if g["params"]],
+                                         **self.args.optimizer_kwargs(total_steps=total if total > 0 else None))
+        return self.optimizer
+
+    def _get_num_items_in_batch(self, batch_samples: list, device: torch.device) -> Tensor:
+        """Loss samples in this optimizer step, over all micro-batches and all processes."""
+        per_pair = 2 if self.args.loss.uses_quantile_rewards else 1
+        count = sum(batch["lengths"].numel() // 2 * per_pair for batch in batch_samples)
+        count = torch.tensor([count], device=device, dtype=torch.long)
+        if self.accelerator.num_processes > 1:
+            count = self.accelerator.gather(count).sum()
+        return count.sum()
+
+    def _prepare_inputs(self, inputs: dict[str, Any]) -> dict[str, Any]:
+        """Move the batch to the device, keeping reference log-probs and quantiles in float64.
+
+        (The Trainer would cast floating tensors to bf16 under DeepSpeed: a log-prob of −600
+        in bf16 is off by up to 2.)
+        """
+        exact = {k: inputs.pop(k) for k in _EXACT_KEYS if k in inputs}
+        inputs = super()._prepare_inputs(inputs)
+        device = inputs["input_ids"].device
+        inputs.update({k: v.to(device) for k, v in exact.items()})
+        return inputs
+
+    def compute_loss(self, model, inputs, return_outputs: bool = False, num_items_in_batch=None):
+        """Σ per-sample losses / samples in the optimizer step (× processes: DDP averages gradients)."""
+        losses, metrics = self.batch_losses(model, inputs)
+        if num_items_in_batch is None:
+            loss = losses.mean()
+        else:
+            loss = losses.sum() / num_items_in_batch * self.accelerator.num_processes
+        self._accumulate_metrics("train" if model.training else "eval", metrics)
+        loss = loss.float()
+        return (loss, metrics) if return_outputs else loss
+
+    def prediction_step(self, model, inputs, prediction_loss_only: bool, ignore_keys=None):
+        inputs = self._prepare_inputs(inputs)
+        with torch.no_grad(), self.compute_loss_context_manager():
+            losses, metrics = self.batch_losses(model, inputs)
+        self._accumulate_metrics("eval", metrics)
+        return losses.mean().detach().float(), None, None
+
+    # ----- the loss
+
+    def reference_logps(self, model: torch.nn.Module, inputs: Mapping[str, Any]) -> Tensor:
+        """Reference log-probs of the batch's sequences, by ``args.reference``."""
+        if self.args.reference == "precomputed":
+            if "ref_logps" not in inputs:
+                raise ValueError("the batch has no reference log-probs: run `align logprobs` on the dataset "
+                                 "or set reference='model'")
+            return inputs["ref_logps"]
+        with torch.no_grad():
+            if self.args.reference == "model":
+                return completion_logps(self.ref_model, inputs)
+            was_training = model.training
+            model.eval()
+            try:
+                with self.accelerator.unwrap_model(model).disable_adapter():
+                    return completion_logps(model, inputs)
+            finally:
+                model.train(was_training)
+
+    def batch_losses(self, model: torch.nn.Module, inputs: Mapping[str, Any]) -> tuple[Tensor, dict[str, Tensor]]:
+        """Per-sample losses of one batch (2B for QRPO, B for DPO) and per-sample quantities to log."""
+        ref = self.reference_logps(model, inputs)
+        policy = completion_logps(model, inputs)
+        lengths = inputs["lengths"]
+        if self.args.loss is LossType.QRPO:
+            return self._qrpo(policy, ref, inputs["quantiles"], lengths)
+        return self._dpo(policy, ref, lengths)
+
+    def _qrpo(self, policy: Tensor, ref: Tensor, quantiles: Tensor, lengths: Tensor):
+        args = self.args
+        terms = qrpo_terms(policy, ref, quantiles, lengths, beta=args.beta, length_normalize=args.length_normalize,
+                           beta_clamp=args.beta_clamp, normalize_loss_by_length=args.normalize_loss_by_length)
+        metrics: dict[str, Tensor] = {"qrpo/log_z": terms.log_z, "qrpo/beta_over_length": terms.beta_i}
+        per_side = {"quantile_reward": terms.quantile_rewards, "target": terms.targets,
+                    "beta_logratio": terms.beta_logratio, "loss": terms.losses, "logps": policy,
+                    "length": lengths}
+        for name, values in per_side.items():
+            chosen, rejected = values.chunk(2)
+            prefix = "qrpo/" if name in ("quantile_reward", "target", "beta_logratio", "loss") else ""
+            metrics[f"{prefix}{name}/chosen"], metrics[f"{prefix}{name}/rejected"] = chosen, rejected
+        return terms.losses, metrics
+
+    def _dpo(self, policy: Tensor, ref: Tensor, lengths: Tensor):
+        args = self.args
+        (pc, pr), (rc, rr), (lc, lr) = policy.chunk(2), ref.chunk(2), lengths.chunk(2)
+        losses = dpo_loss(pc, pr, rc, rr, beta=args.beta, chosen_lengths=lc, rejected_lengths=lr,
+                          length_normalize=args.length_normalize)
+        chosen, rejected = pc - rc, pr - rr
+        if args.length_normalize:
+            chosen, rejected = chosen / lc, rejected / lr
+        chosen, rejected = args.beta * chosen.detach(), args.beta * rejected.detach()
+        metrics = {"rewards/chosen": chosen, "rewards/rejected": rejected, "rewards/margins": chosen - rejected,
+                   "rewards/accuracies": (chosen > rejected).double(), "logps/chosen": pc, "logps/rejected": pr,
+                   "length/chosen": lc, "length/rejected": lr}
+        return losses, metrics
+
+    # ----- metrics
+
+    def _accumulate_metrics(self, mode: str, metrics: Mapping[str, Tensor]) -> None:
+        """Keep [sum, count] per metric on the device; reduced across processes only when logging."""
+        sums = self._metric_sums[mode]
+        for name, values in metrics.items():
+            values = values.detach().double()
+            entry = torch.stack([values.sum(), torch.tensor(float(values.numel()), dtype=torch.float64,
+                                                              device=values.device)])
+            sums[name] = [entry] if name not in sums else [sums[name][0] + entry]
+
+    def log(self, logs: dict[str, float], start_time: float | None = None) -> None:
+        mode = "eval" if any(k.startswith("eval_") for k in logs) else "train"
+        sums = self._metric_sums[mode]
+        if sums:
+            names = sorted(sums)
+            stacked = torch.stack([sums[n][0] for n in names]).float()
+            if self.accelerator.num_processes > 1:
+                stacked = self.accelerator.reduce(stacked, reduction="sum")
+            prefix = "eval_" if mode == "eval" else ""
+            for name, (total, count) in zip(names, stacked.tolist()):
+                logs[prefix + name] = total / count if count else float("nan")
+            sums.clear()
+        super().log(logs, start_time)
+
+
+# --------------------------------------------------------------------------- entry point
+
+
+def train(
+    config: PreferenceConfig,
+    dataset: Any,
+    model: PreTrainedModel | None = None,
+    *,
+    tokenizer: Any = None,
+    ref_model: PreTrainedModel | None = None,
+    eval_dataset: Any = None,
+    callbacks: Sequence[Any] | None = None,
+) -> PreferenceTrainer:
+    """Train a policy on pair rows and save it to ``config.output_dir``; return the trainer.
+
+    Loads what is not given from ``config.model_name_or_path`` (and
+    ``ref_model_name_or_path`` for ``reference="model"``); wraps the model in LoRA when
+    ``config.use_peft``; resumes from ``config.resume_from_checkpoint`` if set.
+    """
+    if model is None:
+        if not config.model_name_or_path:
+            raise ValueError("pass a model or set model_name_or_path")
+        model = load_causal_lm(config.model_name_or_path, config)
+    if tokenizer is None:
+        tokenizer = AutoTokenizer.from_pretrained(config.model_name_or_path or unwrap_model(model).name_or_path)
+    if config.reference == "model" and ref_model is None:
+        ref_model = load_causal_lm(config.ref_model_name_or_path or config.model_name_or_path
+                                   or unwrap_model(model).name_or_path, config)
+    peft_config = lora_config(config) if config.use_peft and not is_peft_model(model) else None
+    trainer = PreferenceTrainer(model, config, train_dataset=dataset, eval_dataset=eval_dataset,
+                                processing_class=tokenizer, ref_model=ref_model, peft_config=peft_config,
+                                callbacks=callbacks)
+    trainer.train(resume_from_checkpoint=config.resume_from_checkpoint)
+    trainer.save_model()
+    return trainer

@@ -1,0 +1,389 @@
+"""Preference training throughput and memory: align's PreferenceTrainer vs TRL's DPOTrainer.
+
+    python bench/preference_throughput.py              # ~23M-parameter Llama, completions 16..512 tokens
+    python bench/preference_throughput.py --quick      # smaller model and lengths: a few minutes on 2 cores
+    python bench/preference_throughput.py --device cuda --size 1b   # ~1B Llama, bf16, with MFU
+
+Side by side, on the same locally built random-init Llama (saved once, loaded by every
+contender), the same pair rows (mixed lengths) and the same batches (sequential order):
+
+* training: align (precomputed reference log-probs, padding-free, DPO loss to match TRL)
+  vs TRL's DPOTrainer with its defaults (reference model run on the fly, padded batches,
+  gradient checkpointing); align is run with gradient checkpointing on (as TRL) and off;
+* the reference log-prob pass: ``align.logprobs.compute_ref_logprobs`` vs TRL's
+  ``precompute_ref_log_probs`` (its ``_precompute_ref_logps``, timed by wrapping it).
+
+Each contender runs in its own subprocess, so peak memory is its own: on CPU the peak
+resident set (``VmHWM``) above the process's resident set after imports and data
+(``VmRSS``); on CUDA ``torch.cuda.max_memory_allocated``. Throughput counts the same
+useful tokens for everyone (prompt + completion, no padding, align's tokenization) over
+the timed steps (the first step is a warm-up and not timed). Prints a table with ratios.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+DATE = "2025-09-01"
+
+SIZES = {
+    # name: hidden, layers, heads, kv heads, intermediate, vocab
+    "quick": {"hidden_size": 256, "num_hidden_layers": 4, "num_attention_heads": 4, "num_key_value_heads": 4,
+                  "intermediate_size": 704, "vocab_size": 32000},
+    "23m": {"hidden_size": 384, "num_hidden_layers": 6, "num_attention_heads": 6, "num_key_value_heads": 6,
+                "intermediate_size": 1024, "vocab_size": 32000},
+    "1b": {"hidden_size": 2048, "num_hidden_layers": 16, "num_attention_heads": 16, "num_key_value_heads": 8,
+               "intermediate_size": 5632, "vocab_size": 32000},
+}
+
+
+# --------------------------------------------------------------------------- shared setup
+
+
+def build_tokenizer():
+    from align.testing.tiny import build_tokenizer as tiny
+
+    return tiny()
+
+
+def make_rows(tokenizer, count: int, min_len: int, max_len: int, seed: int) -> list[dict]:
+    """Pair rows whose completions are ``min_len``..``max_len`` tokens (uniform), end-of-turn included."""
+    from align.testing.tiny import corpus_text
+
+    rng = random.Random(seed)
+    words = corpus_text().split()
+
+    def text_of(tokens: int) -> str:
+        ids: list[int] = []
+        while len(ids) < tokens + 8:
+            ids = tokenizer(" ".join(rng.choice(words) for _ in range(2 * tokens + 16)),
+                            add_special_tokens=False)["input_ids"]
+        return tokenizer.decode(ids[: tokens - 1]).strip() or "ok"
+
+    return [{"id": f"b{i}", "messages": [{"role": "system", "content": "Answer well."},
+                                         {"role": "user", "content": text_of(rng.randint(10, 60))}],
+             "chosen": text_of(rng.randint(min_len, max_len)), "rejected": text_of(rng.randint(min_len, max_len)),
+             "chosen_quantile": 1.0, "rejected_quantile": 0.0} for i in range(count)]
+
+
+def encoded_tokens(tokenizer, rows: list[dict], max_length: int) -> list[int]:
+    """Useful tokens per pair: prompt + chosen + prompt + rejected (align's tokenization, no padding)."""
+    from align.logprobs import encode_record
+
+    out = []
+    for row in rows:
+        e = encode_record(tokenizer, row, max_length=max_length, chat_date=DATE)
+        out.append(2 * len(e["prompt_ids"]) + len(e["chosen_ids"]) + len(e["rejected_ids"]))
+    return out
+
+
+def save_model(tokenizer, size: str, path: Path) -> int:
+    """Build the random-init Llama once; every contender loads these weights. Returns #params."""
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(0)
+    config = LlamaConfig(max_position_embeddings=4096, tie_word_embeddings=True, bos_token_id=tokenizer.bos_token_id,
+                         eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id, **SIZES[size])
+    model = LlamaForCausalLM(config)
+    model.save_pretrained(path)
+    tokenizer.save_pretrained(path)
+    return sum(p.numel() for p in model.parameters())
+
+
+def memory_status() -> dict[str, float]:
+    """Current and peak resident set of this process, MiB (Linux /proc)."""
+    values = {}
+    with open("/proc/self/status") as f:
+        for line in f:
+            key, _, rest = line.partition(":")
+            if key in ("VmRSS", "VmHWM"):
+                values[key] = int(rest.split()[0]) / 1024
+    return values
+
+
+class StepTimer:
+    """Trainer callback: wall time of each optimizer step."""
+
+    def __init__(self):
+        from transformers import TrainerCallback
+
+        timer = self
+
+        class _Callback(TrainerCallback):
+            def on_step_begin(self, args, state, control, **kwargs):
+                timer._sync()
+                timer.start = time.perf_counter()
+
+            def on_step_end(self, args, state, control, **kwargs):
+                timer._sync()
+                timer.times.append(time.perf_counter() - timer.start)
+
+        self.times: list[float] = []
+        self.start = 0.0
+        self.callback = _Callback()
+
+    @staticmethod
+    def _sync() -> None:
+        import torch
+
+        if torch.cuda.is_available():
+            torch.cuda.synchronize()
+
+
+# --------------------------------------------------------------------------- workers (one per subprocess)
+
+
+def _load(settings: dict):
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    dtype = torch.bfloat16 if settings["device"] == "cuda" else torch.float32
+    model = AutoModelForCausalLM.from_pretrained(settings["model_dir"], dtype=dtype, attn_implementation="sdpa")
+    return model.to(settings["device"])
+
+
+def _finish(result: dict, baseline: dict, settings: dict) -> dict:
+    import torch
+
+    memory = memory_status()
+    result.update(peak_rss_mib=memory["VmHWM"], rss_increment_mib=memory["VmHWM"] - baseline["VmRSS"])
+    if settings["device"] == "cuda":
+        result["cuda_peak_mib"] = torch.cuda.max_memory_allocated() / 2**20
+    return result
+
+
+def _train_result(name: str, timer: StepTimer, step_tokens: list[int], baseline: dict, settings: dict) -> dict:
+    timed = timer.times[1:]
+    tokens = sum(step_tokens[1 : len(timer.times)])
+    result = {"name": name, "step_seconds": timer.times, "timed_tokens": tokens,
+              "tokens_per_s": tokens / sum(timed) if timed else float("nan")}
+    return _finish(result, baseline, settings)
+
+
+def _step_tokens(settings: dict, tokenizer, rows: list[dict]) -> list[int]:
+    per_pair = encoded_tokens(tokenizer, rows, settings["max_length"])
+    b = settings["batch_size"]
+    return [sum(per_pair[i : i + b]) for i in range(0, len(per_pair), b)]
+
+
+def worker_logps_align(settings: dict) -> dict:
+    from transformers import AutoTokenizer
+
+    from align.logprobs import compute_ref_logprobs
+
+    tokenizer = AutoTokenizer.from_pretrained(settings["model_dir"])
+    rows = json.loads(Path(settings["rows"]).read_text())
+    tokens = sum(encoded_tokens(tokenizer, rows, settings["max_length"]))
+    baseline = memory_status()
+    model = _load(settings)
+    start = time.perf_counter()
+    compute_ref_logprobs(rows, model, tokenizer, format="apertus", batch_size=settings["batch_size"],
+                         max_length=settings["max_length"], output_dir=settings["ref_dir"], chat_date=DATE,
+                         model_fingerprint="bench")
+    StepTimer._sync()
+    seconds = time.perf_counter() - start
+    return _finish({"name": "align log-prob pass", "seconds": seconds, "tokens_per_s": tokens / seconds},
+                   baseline, settings)
+
+
+def _trl_config(settings: dict, **overrides):
+    from trl import DPOConfig
+
+    cuda = settings["device"] == "cuda"
+    kwargs = {"output_dir": settings["work"] + "/trl", "per_device_train_batch_size": settings["batch_size"],
+                  "max_steps": settings["steps"], "report_to": "none", "logging_steps": 1, "save_strategy": "no",
+                  "disable_tqdm": True, "train_sampling_strategy": "sequential", "use_cpu": not cuda, "bf16": cuda,
+                  "max_length": settings["max_length"]}
+    kwargs.update(overrides)
+    return DPOConfig(**kwargs)
+
+
+def _trl_rows(rows: list[dict]) -> list[dict]:
+    """The same pairs as TRL's standard (non-conversational) format: rendered prompt + completion text."""
+    from align.chat import render
+
+    return [{"prompt": render(r["messages"], add_generation_prompt=True, date=DATE), "chosen": r["chosen"],
+             "rejected": r["rejected"]} for r in rows]
+
+
+def worker_logps_trl(settings: dict) -> dict:
+    import datasets
+    from transformers import AutoTokenizer
+    from trl import DPOTrainer
+
+    tokenizer = AutoTokenizer.from_pretrained(settings["model_dir"])
+    rows = json.loads(Path(settings["rows"]).read_text())
+    tokens = sum(encoded_tokens(tokenizer, rows, settings["max_length"]))
+    dataset = datasets.Dataset.from_list(_trl_rows(rows))
+    baseline = memory_status()
+    seconds: list[float] = []
+    original = DPOTrainer._precompute_ref_logps
+
+    def timed(self, *args, **kwargs):
+        StepTimer._sync()
+        start = time.perf_counter()
+        out = original(self, *args, **kwargs)
+        StepTimer._sync()
+        seconds.append(time.perf_counter() - start)
+        return out
+
+    DPOTrainer._precompute_ref_logps = timed
+    DPOTrainer(model=_load(settings), args=_trl_config(settings, precompute_ref_log_probs=True,
+                                                       precompute_ref_batch_size=settings["batch_size"]),
+               train_dataset=dataset, processing_class=tokenizer)
+    return _finish({"name": "TRL precompute_ref_log_probs", "seconds": seconds[0],
+                    "tokens_per_s": tokens / seconds[0]}, baseline, settings)
+
+
+def worker_train_align(settings: dict) -> dict:
+    from transformers import AutoTokenizer
+
+    from align.logprobs import load_ref_logprobs
+    from align.trainers import PreferenceConfig, PreferenceTrainer
+
+    tokenizer = AutoTokenizer.from_pretrained(settings["model_dir"])
+    rows = json.loads(Path(settings["rows"]).read_text())[: settings["batch_size"] * settings["steps"]]
+    data = load_ref_logprobs(settings["ref_dir"], rows)
+    step_tokens = _step_tokens(settings, tokenizer, rows)
+    baseline = memory_status()
+    cuda = settings["device"] == "cuda"
+    config = PreferenceConfig(
+        output_dir=settings["work"] + "/align", per_device_train_batch_size=settings["batch_size"],
+        max_steps=settings["steps"], report_to="none", logging_steps=1, save_strategy="no", disable_tqdm=True,
+        train_sampling_strategy="sequential", use_cpu=not cuda, bf16=cuda, max_length=settings["max_length"],
+        chat_date=DATE, loss_type="dpo", length_normalize=False, beta=0.1, optim_name="adamw",
+        learning_rate=1e-6, padding_free=True, gradient_checkpointing=settings["checkpointing"])
+    timer = StepTimer()
+    trainer = PreferenceTrainer(_load(settings), config, train_dataset=data, processing_class=tokenizer,
+                                callbacks=[timer.callback])
+    trainer.train()
+    name = "align (precomputed ref, padding-free" + (", checkpointing)" if settings["checkpointing"] else ")")
+    return _train_result(name, timer, step_tokens, baseline, settings)
+
+
+def worker_train_trl(settings: dict) -> dict:
+    import datasets
+    from transformers import AutoTokenizer
+    from trl import DPOTrainer
+
+    tokenizer = AutoTokenizer.from_pretrained(settings["model_dir"])
+    rows = json.loads(Path(settings["rows"]).read_text())[: settings["batch_size"] * settings["steps"]]
+    step_tokens = _step_tokens(settings, tokenizer, rows)
+    dataset = datasets.Dataset.from_list(_trl_rows(rows))
+    baseline = memory_status()
+    timer = StepTimer()
+    trainer = DPOTrainer(model=_load(settings), args=_trl_config(settings), train_dataset=dataset,
+                         processing_class=tokenizer, callbacks=[timer.callback])
+    trainer.train()
+    return _train_result("TRL DPOTrainer (defaults: live ref model, padded, checkpointing)", timer, step_tokens,
+                         baseline, settings)
+
+
+WORKERS = {"logps_align": worker_logps_align, "logps_trl": worker_logps_trl,
+           "train_align": worker_train_align, "train_trl": worker_train_trl}
+
+
+# --------------------------------------------------------------------------- driver
+
+
+def run_worker(name: str, settings: dict) -> dict:
+    """Run one contender in a fresh interpreter; its last stdout line is its JSON result."""
+    env = {**os.environ, "TOKENIZERS_PARALLELISM": "false", "TRANSFORMERS_VERBOSITY": "error",
+           "TQDM_DISABLE": "1"}
+    done = subprocess.run([sys.executable, __file__, "--worker", name, "--settings", json.dumps(settings)],
+                          capture_output=True, text=True, env=env, check=False)
+    if done.returncode != 0:
+        raise RuntimeError(f"{name} failed:\n{done.stderr[-4000:]}")
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def mfu(tokens_per_s: float, params: int, peak_tflops: float) -> float:
+    """Model FLOPs utilisation: 6·N FLOPs per trained token over the device's peak."""
+    return 6 * params * tokens_per_s / (peak_tflops * 1e12)
+
+
+def report(results: dict[str, dict], settings: dict, params: int, peak_tflops: float | None) -> str:
+    memory_key = "cuda_peak_mib" if settings["device"] == "cuda" else "rss_increment_mib"
+    lines = [(f"model: Llama {params / 1e6:.1f}M params ({settings['size']}), device {settings['device']}, "
+              f"batch {settings['batch_size']} pairs, {settings['steps']} steps (first untimed), "
+              f"completions {settings['min_len']}..{settings['max_len']} tokens"),
+             "", f"| contender | tokens/s | peak memory (MiB, {memory_key}) | peak RSS (MiB) |", "|---|---|---|---|"]
+    for result in results.values():
+        extra = f" (MFU {mfu(result['tokens_per_s'], params, peak_tflops):.1%})" \
+            if peak_tflops and "step_seconds" in result else ""
+        lines.append(f"| {result['name']} | {result['tokens_per_s']:.0f}{extra} | {result[memory_key]:.0f} | "
+                     f"{result['peak_rss_mib']:.0f} |")
+    trl = results["train_trl"]
+    lines.append("")
+    for key in ("train_align_ckpt", "train_align"):
+        ours = results[key]
+        lines.append(f"{ours['name']} vs TRL: {ours['tokens_per_s'] / trl['tokens_per_s']:.2f}x tokens/s, "
+                     f"{ours[memory_key] / trl[memory_key]:.2f}x peak memory (goals >= 1.5x, <= 0.7x)")
+    lines.append(f"log-prob pass vs TRL precompute: "
+                 f"{results['logps_align']['tokens_per_s'] / results['logps_trl']['tokens_per_s']:.2f}x tokens/s, "
+                 f"{results['logps_align'][memory_key] / results['logps_trl'][memory_key]:.2f}x peak memory "
+                 "(goal >= 1.5x)")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--quick", action="store_true", help="smaller model, shorter completions, fewer steps")
+    parser.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
+    parser.add_argument("--size", default=None, choices=sorted(SIZES), help="model size (default: 23m, quick: quick)")
+    parser.add_argument("--batch-size", type=int, default=None, help="pairs per step (default 8, quick 4)")
+    parser.add_argument("--steps", type=int, default=None, help="training steps, the first untimed (default 4)")
+    parser.add_argument("--min-len", type=int, default=16)
+    parser.add_argument("--max-len", type=int, default=None, help="longest completion (default 512, quick 256)")
+    parser.add_argument("--pass-rows", type=int, default=None, help="pairs in the log-prob pass (default 64)")
+    parser.add_argument("--peak-tflops", type=float, default=None, help="device peak for MFU (H100 bf16: 989)")
+    parser.add_argument("--worker", help=argparse.SUPPRESS)
+    parser.add_argument("--settings", help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.worker:
+        print(json.dumps(WORKERS[args.worker](json.loads(args.settings))))
+        return
+
+    quick = args.quick
+    settings: dict[str, Any] = {
+        "device": args.device, "size": args.size or ("quick" if quick else "23m"),
+        "batch_size": args.batch_size or (4 if quick else 8), "steps": args.steps or (3 if quick else 4),
+        "min_len": args.min_len, "max_len": args.max_len or (256 if quick else 512), "max_length": 4096,
+    }
+    peak = args.peak_tflops or (989.0 if args.device == "cuda" else None)
+    work = Path(tempfile.mkdtemp(prefix="bench_pref_"))
+    tokenizer = build_tokenizer()
+    pass_rows = args.pass_rows or (16 if quick else 64)
+    rows = make_rows(tokenizer, max(pass_rows, settings["batch_size"] * settings["steps"]), settings["min_len"],
+                     settings["max_len"], seed=0)
+    (work / "rows.json").write_text(json.dumps(rows))
+    params = save_model(tokenizer, settings["size"], work / "model")
+    settings.update(work=str(work), model_dir=str(work / "model"), rows=str(work / "rows.json"),
+                    ref_dir=str(work / "ref"), checkpointing=True)
+    print(f"workdir {work}; {len(rows)} pairs; model {params / 1e6:.1f}M params", flush=True)
+    results: dict[str, dict] = {}
+    for key, worker, extra in (("logps_align", "logps_align", {}), ("logps_trl", "logps_trl", {}),
+                               ("train_align_ckpt", "train_align", {"checkpointing": True}),
+                               ("train_align", "train_align", {"checkpointing": False}),
+                               ("train_trl", "train_trl", {})):
+        start = time.perf_counter()
+        results[key] = run_worker(worker, {**settings, **extra})
+        print(f"  {results[key]['name']}: {results[key]['tokens_per_s']:.0f} tokens/s "
+              f"({time.perf_counter() - start:.0f} s wall)", flush=True)
+    print()
+    print(report(results, settings, params, peak))
+    print(json.dumps(results))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,293 @@
+"""The offline reference log-prob pass: exact values, batch/order independence, resume, shards, cache key."""
+
+from __future__ import annotations
+
+import copy
+import functools
+import json
+import os
+import random
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from align.data.records import RecordError
+from align.logprobs import (
+    CACHE_KEY_FIELDS,
+    LogprobsConfig,
+    cache_fields_for,
+    compute_ref_logprobs,
+    encode_record,
+    load_ref_logprobs,
+    missing_ids,
+    ref_cache_key,
+    resolved_output_dir,
+    run,
+)
+from align.testing.tiny import build_causal_lm, corpus_text
+
+DATE = "2025-09-01"
+
+
+def make_rows(count: int, seed: int = 0) -> list[dict]:
+    rng = random.Random(seed)
+    words = corpus_text().split()
+
+    def text(lo: int, hi: int) -> str:
+        return " ".join(rng.choice(words) for _ in range(rng.randint(lo, hi)))
+
+    return [{"id": f"r{i}", "messages": [{"role": "system", "content": "Be brief."},
+                                         {"role": "user", "content": text(2, 10)}],
+             "chosen": text(1, 30), "rejected": text(1, 30), "chosen_quantile": 1.0, "rejected_quantile": 0.0}
+            for i in range(count)]
+
+
+@pytest.fixture(scope="module")
+def model(tiny_tokenizer):
+    return build_causal_lm(tiny_tokenizer)
+
+
+@pytest.fixture(scope="module")
+def rows():
+    return make_rows(12)
+
+
+def compute(rows, model, tokenizer, directory, **kwargs) -> list[dict]:
+    settings = {"format": "apertus", "batch_size": 4, "max_length": 256, "chat_date": DATE}
+    settings.update(kwargs)
+    compute_ref_logprobs(rows, model, tokenizer, output_dir=directory, **settings)
+    return load_ref_logprobs(directory, rows)
+
+
+def naive_logps(model, tokenizer, row, name) -> float:
+    """Σ log softmax over the full unbatched sequence: the definition, written the obvious way."""
+    encoded = encode_record(tokenizer, row, max_length=256, chat_date=DATE)
+    prompt, completion = encoded["prompt_ids"], encoded[f"{name}_ids"]
+    ids = torch.tensor([prompt + completion])
+    with torch.no_grad():
+        logps = torch.log_softmax(model(ids).logits[0].double(), -1)
+    return sum(logps[len(prompt) - 1 + t, tok].item() for t, tok in enumerate(completion))
+
+
+def test_logps_equal_the_definition(rows, model, tiny_tokenizer, tmp_path):
+    out = compute(rows, model, tiny_tokenizer, tmp_path / "out")
+    for row, result in zip(rows[:4], out[:4]):
+        for name in ("chosen", "rejected"):
+            assert result[f"ref_{name}_logps"] == pytest.approx(naive_logps(model, tiny_tokenizer, row, name),
+                                                                abs=1e-4)
+            expected_length = len(encode_record(tiny_tokenizer, row, max_length=256, chat_date=DATE)[f"{name}_ids"])
+            assert result[f"{name}_length"] == expected_length
+    assert out[0]["messages"] == rows[0]["messages"]  # the input row is carried through
+
+
+def test_results_do_not_depend_on_batch_size_order_or_layout(rows, model, tiny_tokenizer, tmp_path):
+    reference = compute(rows, model, tiny_tokenizer, tmp_path / "b1", batch_size=1)
+    variants = {
+        "b5_reversed": compute(rows[::-1], model, tiny_tokenizer, tmp_path / "b5", batch_size=5),
+        "b12_padding_free": compute(rows, model, tiny_tokenizer, tmp_path / "pf", batch_size=12, padding_free=True),
+        "b7_rows_of_64": compute(rows, model, tiny_tokenizer, tmp_path / "r64", batch_size=7, padding_free=True,
+                                 max_row_tokens=64),
+    }
+    expected = {r["id"]: r for r in reference}
+    for name, out in variants.items():
+        for row in out:
+            for column in ("ref_chosen_logps", "ref_rejected_logps"):
+                assert abs(row[column] - expected[row["id"]][column]) <= 1e-5, (name, row["id"], column)
+            assert row["chosen_length"] == expected[row["id"]]["chosen_length"]
+
+
+def test_resume_after_interruption_equals_an_uninterrupted_run(rows, model, tiny_tokenizer, tmp_path):
+    uninterrupted = compute(rows, model, tiny_tokenizer, tmp_path / "full")
+    flaky = copy.deepcopy(model)
+    calls = {"n": 0}
+    forward = flaky.forward
+
+    @functools.wraps(forward)
+    def failing_forward(*args, **kwargs):
+        calls["n"] += 1
+        if calls["n"] == 3:
+            raise KeyboardInterrupt("killed")
+        return forward(*args, **kwargs)
+
+    flaky.forward = failing_forward
+    with pytest.raises(KeyboardInterrupt):
+        compute_ref_logprobs(rows, flaky, tiny_tokenizer, format="apertus", batch_size=4, max_length=256,
+                             chat_date=DATE, output_dir=tmp_path / "resumed", model_fingerprint="m")
+    assert len(missing_ids(tmp_path / "resumed", rows)) == 4  # two batches of 4 were written
+    result = compute_ref_logprobs(rows, flaky, tiny_tokenizer, format="apertus", batch_size=4, max_length=256,
+                                  chat_date=DATE, output_dir=tmp_path / "resumed", model_fingerprint="m")
+    assert (result.num_already_done, result.num_processed) == (8, 4)
+    resumed = load_ref_logprobs(tmp_path / "resumed", rows)
+    for a, b in zip(uninterrupted, resumed):
+        assert a["id"] == b["id"]
+        assert a["ref_chosen_logps"] == pytest.approx(b["ref_chosen_logps"], abs=1e-5)
+        assert a["ref_rejected_logps"] == pytest.approx(b["ref_rejected_logps"], abs=1e-5)
+
+
+def test_shards_merge_and_missing_ids_are_listed(rows, model, tiny_tokenizer, tmp_path):
+    single = compute(rows, model, tiny_tokenizer, tmp_path / "single")
+    out = tmp_path / "sharded"
+    kwargs = {"format": "apertus", "batch_size": 4, "max_length": 256, "chat_date": DATE, "output_dir": out, "num_shards": 2}
+    compute_ref_logprobs(rows, model, tiny_tokenizer, shard_index=0, **kwargs)
+    missing = missing_ids(out, rows)
+    assert 0 < len(missing) < len(rows)
+    with pytest.raises(ValueError, match=rf"incomplete: {len(missing)} of {len(rows)} rows missing.*{missing[0]}"):
+        load_ref_logprobs(out, rows)
+    compute_ref_logprobs(rows, model, tiny_tokenizer, shard_index=1, **kwargs)
+    merged = load_ref_logprobs(out, rows)
+    assert [r["id"] for r in merged] == [r["id"] for r in rows]
+    for a, b in zip(single, merged):
+        assert a["ref_chosen_logps"] == pytest.approx(b["ref_chosen_logps"], abs=1e-5)
+
+
+def test_single_completion_rows_and_truncation(model, tiny_tokenizer, tmp_path):
+    row = {"id": "s0", "messages": [{"role": "user", "content": "hi"}], "completion": " ".join(["word"] * 40)}
+    prompt = encode_record(tiny_tokenizer, row, max_length=None, chat_date=DATE)["prompt_ids"]
+    out = compute([row], model, tiny_tokenizer, tmp_path / "s", max_length=len(prompt) + 5)
+    assert out[0]["completion_length"] == 5
+    assert out[0]["ref_completion_logps"] < 0
+
+
+def test_a_bad_row_is_named(model, tiny_tokenizer, tmp_path):
+    bad = make_rows(3)
+    del bad[2]["rejected"]
+    with pytest.raises(RecordError, match=r"record 'r2': field 'rejected'"):
+        compute(bad, model, tiny_tokenizer, tmp_path / "bad")
+
+
+# --------------------------------------------------------------------------- cache key
+
+
+def test_cache_key_changes_with_exactly_the_fields_that_change_logps(rows, model, tiny_tokenizer):
+    fields = cache_fields_for(rows, model, tiny_tokenizer, format="apertus", max_length=256, chat_date=DATE)
+    assert set(fields) == set(CACHE_KEY_FIELDS)
+    key = ref_cache_key(fields)
+    changed = {"model": "other/model", "model_fingerprint": "x", "tokenizer_fingerprint": "y",
+               "chat_format": "chatml", "enable_thinking": True, "chat_date": "2025-09-02", "max_length": 512,
+               "dtype": "bfloat16", "dataset_fingerprint": "z"}
+    assert set(changed) == set(CACHE_KEY_FIELDS)
+    for name, value in changed.items():
+        assert ref_cache_key({**fields, name: value}) != key, name
+
+
+def test_cache_key_follows_weights_and_data_content_not_row_order(rows, model, tiny_tokenizer):
+    def key(records, m):
+        return ref_cache_key(cache_fields_for(records, m, tiny_tokenizer, format="apertus", max_length=256,
+                                              chat_date=DATE))
+
+    base = key(rows, model)
+    assert key(rows[::-1], model) == base
+    edited = copy.deepcopy(rows)
+    edited[3]["chosen"] += " more"
+    assert key(edited, model) != base
+    moved = copy.deepcopy(model)
+    with torch.no_grad():
+        moved.model.norm.weight[0] += 1e-3
+    assert key(rows, moved) != base
+
+
+def test_ref_cache_key_ignores_beta_batch_size_and_sharding(rows, model, tiny_tokenizer, tmp_path):
+    with pytest.raises(ValueError, match=r"not part of the key \['beta'\]"):
+        ref_cache_key({**cache_fields_for(rows, model, tiny_tokenizer, format="apertus", max_length=256), "beta": 5})
+    common = {"format": "apertus", "max_length": 256, "chat_date": DATE}
+    a = compute_ref_logprobs(rows, model, tiny_tokenizer, batch_size=3, output_dir=tmp_path / "a", **common)
+    b = compute_ref_logprobs(rows, model, tiny_tokenizer, batch_size=6, output_dir=tmp_path / "b", num_shards=2,
+                             padding_free=True, **common)
+    assert a.cache_key == b.cache_key
+    stored = json.loads((tmp_path / "a" / "_job.json").read_text())
+    assert stored["cache_key"] == a.cache_key and stored["max_length"] == 256
+
+
+def test_resuming_with_other_settings_is_refused(rows, model, tiny_tokenizer, tmp_path):
+    compute(rows[:2], model, tiny_tokenizer, tmp_path / "o")
+    with pytest.raises(ValueError, match="other settings.*max_length"):
+        compute(rows[:2], model, tiny_tokenizer, tmp_path / "o", max_length=200)
+
+
+def write_jsonl(path, rows) -> str:
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return str(path)
+
+
+def test_run_reuses_a_finished_output_by_its_cache_key(tiny_dirs, tmp_path, monkeypatch):
+    data = write_jsonl(tmp_path / "pairs.jsonl", make_rows(4))
+    config = LogprobsConfig(model_name_or_path=str(tiny_dirs["policy"]), dataset=data, cache_dir=str(tmp_path / "c"),
+                            max_length=256, chat_date=DATE, batch_size=2)
+    first = run(config)
+    assert first.parent == tmp_path / "c" and first.name.startswith("ref_logps-")
+    assert len(load_ref_logprobs(first, make_rows(4))) == 4
+
+    import transformers
+
+    def no_loading(*args, **kwargs):
+        raise AssertionError("the model was loaded although the output is complete")
+
+    monkeypatch.setattr(transformers.AutoModelForCausalLM, "from_pretrained", no_loading)
+    assert run(config) == first
+    other = LogprobsConfig(**{**config.__dict__, "max_length": 128})
+    assert resolved_output_dir(other, "k" * 64) != first
+
+
+@pytest.mark.distributed
+def test_two_processes_take_one_shard_each_and_check_the_merge(tiny_dirs, tmp_path):
+    rows = make_rows(8)
+    data = write_jsonl(tmp_path / "pairs.jsonl", rows)
+    out = tmp_path / "out"
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
+    command = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "-m", "align.logprobs",
+               "--model_name_or_path", str(tiny_dirs["policy"]), "--dataset", data, "--output_dir", str(out),
+               "--max_length", "256", "--chat_date", DATE, "--batch_size", "2"]
+    subprocess.run(command, check=True, env=env, cwd=tmp_path, timeout=300, capture_output=True)
+    assert sorted(p.name for p in out.glob("shard-*.jsonl")) == ["shard-00000-of-00002.jsonl",
+                                                                 "shard-00001-of-00002.jsonl"]
+    merged = load_ref_logprobs(out, rows)
+    model = build_causal_lm_from(tiny_dirs["policy"])
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(tiny_dirs["policy"])
+    single = compute(rows, model, tokenizer, tmp_path / "single")
+    for a, b in zip(single, merged):
+        assert a["ref_chosen_logps"] == pytest.approx(b["ref_chosen_logps"], abs=1e-5)
+
+
+def build_causal_lm_from(path):
+    from transformers import AutoModelForCausalLM
+
+    return AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
+
+
+def test_tiled_head_gives_the_models_log_probs_and_gradients(rows, tiny_tokenizer):
+    """The tiled projection (no (K, V) logits held) equals the model's own head, values and gradients."""
+    from align.logprobs import completion_logps, tiled_head
+    from align.trainers.collators import SequenceCollator
+
+    model = build_causal_lm(tiny_tokenizer)
+    assert tiled_head(model) is model.lm_head
+    encoded = [encode_record(tiny_tokenizer, row, max_length=256, chat_date=DATE) for row in rows[:6]]
+    batch = SequenceCollator(tiny_tokenizer.pad_token_id, padding_free=True).collate(
+        [(e["prompt_ids"], e[name]) for e in encoded for name in ("chosen_ids", "rejected_ids")])
+    results = []
+    for tiled in (True, False):
+        model.zero_grad()
+        logps = completion_logps(model, batch, tiled=tiled)
+        (logps * torch.linspace(-1, 1, logps.numel(), dtype=logps.dtype)).sum().backward()
+        results.append((logps.detach(), {n: p.grad.clone() for n, p in model.named_parameters()}))
+    (a, grads_a), (b, grads_b) = results
+    torch.testing.assert_close(a, b, rtol=0, atol=1e-5)
+    for name in grads_a:
+        torch.testing.assert_close(grads_a[name], grads_b[name], rtol=1e-4, atol=1e-6)
+
+
+def test_tiles_smaller_than_the_batch_give_the_same_values(rows, model, tiny_tokenizer):
+    from align.logprobs import tiled_token_logps
+
+    hidden = torch.randn(50, model.config.hidden_size, requires_grad=True)
+    targets = torch.randint(0, model.config.vocab_size, (50,))
+    whole = tiled_token_logps(hidden, model.lm_head, targets)
+    tiles = tiled_token_logps(hidden, model.lm_head, targets, tile_elements=7 * model.config.vocab_size)
+    torch.testing.assert_close(whole, tiles)
+    (grad_whole,) = torch.autograd.grad(whole.sum(), hidden)
+    (grad_tiles,) = torch.autograd.grad(tiles.sum(), hidden)
+    torch.testing.assert_close(grad_whole, grad_tiles)
