@@ -261,7 +261,7 @@ def worker_train_align(settings: dict) -> dict:
         output_dir=settings["work"] + "/align", per_device_train_batch_size=settings["batch_size"],
         max_steps=settings["steps"], report_to="none", logging_steps=1, save_strategy="no", disable_tqdm=True,
         train_sampling_strategy="sequential", use_cpu=not cuda, bf16=cuda, max_length=settings["max_length"],
-        chat_date=DATE, loss_type="dpo", length_normalize=False, beta=0.1, optim_name="adamw",
+        chat_date=DATE, loss_type="dpo", length_normalize=False, beta=0.1, optimizer="adamw",
         learning_rate=1e-6, padding_free=True, gradient_checkpointing=settings["checkpointing"])
     timer = StepTimer()
     trainer = PreferenceTrainer(_load(settings), config, train_dataset=data, processing_class=tokenizer,

@@ -83,7 +83,7 @@ before = {k: v.clone() for k, v in model.state_dict().items()}
 qrpo = train_preference(
     PreferenceConfig(output_dir=str(OUT / "qrpo"), loss_type="qrpo", beta=5.0, length_normalize=True,
                      num_ref_rewards=N, chat_format="apertus", chat_date=DATE, max_length=256, max_steps=4,
-                     per_device_train_batch_size=4, learning_rate=1e-4, optim_name="adamw", logging_steps=1, **CPU),
+                     per_device_train_batch_size=4, learning_rate=1e-4, optimizer="adamw", logging_steps=1, **CPU),
     Dataset.from_list(rows), model, tokenizer=tokenizer,
 )
 moved = sum(not torch.equal(before[k], v) for k, v in model.state_dict().items())

@@ -37,18 +37,18 @@ CALCULATOR = {
 }
 
 
-def addition_prompt(a: int, b: int) -> list[dict[str, str]]:
-    """The prompt conversation for one addition problem."""
-    return [{"role": "system", "content": SYSTEM}, {"role": "user", "content": f"{a:03d}+{b:03d}"}]
+def addition_prompt(a: int, b: int, digits: int = 3) -> list[dict[str, str]]:
+    """The prompt conversation for one addition problem (operands zero-padded)."""
+    return [{"role": "system", "content": SYSTEM}, {"role": "user", "content": f"{a:0{digits}d}+{b:0{digits}d}"}]
 
 
 def addition_answer(a: int, b: int) -> str:
     return str(a + b)
 
 
-def tool_conversation(a: int, b: int) -> dict[str, Any]:
+def tool_conversation(a: int, b: int, digits: int = 3) -> dict[str, Any]:
     """A multiplication solved with the calculator: a tool call, its output, the answer."""
-    expression = f"{a:03d}*{b:03d}"
+    expression = f"{a:0{digits}d}*{b:0{digits}d}"
     return {
         "messages": [
             {"role": "system", "content": TOOL_SYSTEM},
@@ -67,11 +67,13 @@ def tool_conversation(a: int, b: int) -> dict[str, Any]:
     }
 
 
-def _pairs(rng: random.Random, count: int, exclude: set[tuple[int, int]]) -> list[tuple[int, int]]:
+def _pairs(rng: random.Random, count: int, exclude: set[tuple[int, int]], digits: int) -> list[tuple[int, int]]:
     out: list[tuple[int, int]] = []
     seen = set(exclude)
+    if count + len(seen) > 10 ** (2 * digits):
+        raise ValueError(f"{count} problems with {digits}-digit operands: there are only {10 ** (2 * digits)}")
     while len(out) < count:
-        pair = (rng.randrange(1000), rng.randrange(1000))
+        pair = (rng.randrange(10**digits), rng.randrange(10**digits))
         if pair not in seen:
             seen.add(pair)
             out.append(pair)
@@ -79,24 +81,30 @@ def _pairs(rng: random.Random, count: int, exclude: set[tuple[int, int]]) -> lis
 
 
 def make_splits(
-    *, sft: int, prompts: int, held_out: int, validation: int, tool_fraction: float, seed: int
+    *, sft: int, prompts: int, held_out: int, validation: int, tool_fraction: float, seed: int, digits: int = 3
 ) -> dict[str, list[dict[str, Any]]]:
-    """Disjoint problem sets: SFT conversations, QRPO prompts, validation and held-out eval."""
+    """Disjoint problem sets: SFT conversations, QRPO prompts, validation and held-out eval.
+
+    Held-out, validation and QRPO prompts never overlap. With few digits the SFT set may
+    repeat problems (it samples with replacement from what the others leave).
+    """
     rng = random.Random(seed)
-    held = _pairs(rng, held_out, set())
-    val = _pairs(rng, validation, set(held))
-    rest = _pairs(rng, sft + prompts, set(held) | set(val))
-    sft_pairs, prompt_pairs = rest[:sft], rest[sft:]
+    held = _pairs(rng, held_out, set(), digits)
+    val = _pairs(rng, validation, set(held), digits)
+    prompt_pairs = _pairs(rng, prompts, set(held) | set(val), digits)
+    taken = set(held) | set(val) | set(prompt_pairs)
+    free = [(a, b) for a in range(10**digits) for b in range(10**digits) if (a, b) not in taken] if digits <= 2 else None
+    sft_pairs = [rng.choice(free) for _ in range(sft)] if free is not None else _pairs(rng, sft, taken, digits)
 
     def prompt_record(split: str, i: int, a: int, b: int) -> dict[str, Any]:
-        return {"id": f"{split}-{i:05d}", "messages": addition_prompt(a, b), "answer": addition_answer(a, b)}
+        return {"id": f"{split}-{i:05d}", "messages": addition_prompt(a, b, digits), "answer": addition_answer(a, b)}
 
     sft_rows = []
     for i, (a, b) in enumerate(sft_pairs):
         if rng.random() < tool_fraction:
-            row = tool_conversation(a, b)
+            row = tool_conversation(a, b, digits)
         else:
-            row = {"messages": addition_prompt(a, b) + [{"role": "assistant", "content": addition_answer(a, b)}]}
+            row = {"messages": addition_prompt(a, b, digits) + [{"role": "assistant", "content": addition_answer(a, b)}]}
         sft_rows.append({"id": f"sft-{i:05d}", **row})
     return {
         "sft": sft_rows,

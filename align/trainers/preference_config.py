@@ -89,15 +89,15 @@ class PreferenceConfig(TrainingArguments):
 
     > Parameters that control the optimizer (`align.optim`)
 
-    optim_name (`str` or `None`, defaults to `"ademamix"`):
+    optimizer (`str` or `None`, defaults to `"ademamix"`):
         `"ademamix"` (the Apertus optimizer) or `"adamw"`, built by `align.optim`, with
         `adam_beta1`, `adam_beta2`, `adam_epsilon` and `weight_decay` from the usual fields.
         `None` defers to transformers' `optim` field instead.
-    beta3 (`float`, defaults to `0.99`):
+    ademamix_beta3 (`float`, defaults to `0.99`):
         AdEMAMix slow-EMA coefficient (Apertus: 0.99).
     alpha (`float`, defaults to `8.0`):
         AdEMAMix weight of the slow EMA (Apertus: 8).
-    t_alpha, t_beta3 (`int` or `None`, default `None`):
+    ademamix_t_alpha, ademamix_t_beta3 (`int` or `None`, default `None`):
         AdEMAMix warmup steps of α and β3; `None` is the total number of training steps
         (Apertus); 0 turns a warmup off.
 
@@ -110,13 +110,13 @@ class PreferenceConfig(TrainingArguments):
         `"bfloat16"`, ...; `"auto"`: bf16 when `bf16` is on, else float32).
     attn_implementation (`str` or `None`, defaults to `None`): `"sdpa"`, `"eager"`,
         `"flash_attention_2"`, ...; `None` keeps transformers' choice.
-    use_peft (`bool`), lora_r (`int`, 16), lora_alpha (`int`, 32), lora_dropout
+    lora_r (`int` or `None`, None = full fine-tuning), lora_alpha (`int`, 16), lora_dropout
         (`float`, 0.0), lora_target_modules (`list[str]` or `None`: all linear layers):
         train a LoRA adapter instead of the full model.
 
     Defaults that differ from `TrainingArguments`: `learning_rate` 5e-7 (Apertus 8B QRPO),
     `logging_steps` 10, `bf16` on only where a CUDA device supports it, and the optimizer
-    (AdEMAMix through `optim_name`).
+    (AdEMAMix through `optimizer`).
     """
 
     # Loss
@@ -138,19 +138,18 @@ class PreferenceConfig(TrainingArguments):
     max_row_tokens: int | None = field(default=None, metadata={"help": "padding-free row budget (sdpa/eager)"})
     pad_to_multiple_of: int | None = field(default=None, metadata={"help": "round padded widths up"})
     # Optimizer
-    optim_name: str | None = field(default="ademamix", metadata={"help": "ademamix | adamw | None (use optim)"})
-    beta3: float = field(default=0.99, metadata={"help": "AdEMAMix β3"})
-    alpha: float = field(default=8.0, metadata={"help": "AdEMAMix α"})
-    t_alpha: int | None = field(default=None, metadata={"help": "α warmup steps (None: total steps)"})
-    t_beta3: int | None = field(default=None, metadata={"help": "β3 warmup steps (None: total steps)"})
+    optimizer: str | None = field(default="ademamix", metadata={"help": "ademamix | adamw | None (use optim)"})
+    ademamix_beta3: float = field(default=0.99, metadata={"help": "AdEMAMix β3"})
+    ademamix_alpha: float = field(default=8.0, metadata={"help": "AdEMAMix α"})
+    ademamix_t_alpha: int | None = field(default=None, metadata={"help": "α warmup steps (None: total steps)"})
+    ademamix_t_beta3: int | None = field(default=None, metadata={"help": "β3 warmup steps (None: total steps)"})
     # Entry point
     model_name_or_path: str | None = field(default=None, metadata={"help": "policy to load"})
     ref_model_name_or_path: str | None = field(default=None, metadata={"help": "reference to load"})
     model_dtype: str = field(default="auto", metadata={"help": "auto | float32 | bfloat16 | float16"})
     attn_implementation: str | None = field(default=None, metadata={"help": "sdpa | eager | flash_attention_2"})
-    use_peft: bool = field(default=False, metadata={"help": "train a LoRA adapter"})
-    lora_r: int = field(default=16, metadata={"help": "LoRA rank"})
-    lora_alpha: int = field(default=32, metadata={"help": "LoRA alpha"})
+    lora_r: int | None = field(default=None, metadata={"help": "LoRA rank; None = full fine-tuning"})
+    lora_alpha: int = field(default=16, metadata={"help": "LoRA alpha"})
     lora_dropout: float = field(default=0.0, metadata={"help": "LoRA dropout"})
     lora_target_modules: list[str] | None = field(default=None, metadata={"help": "LoRA targets (None: all linear)"})
     # TrainingArguments defaults that differ
@@ -165,6 +164,8 @@ class PreferenceConfig(TrainingArguments):
         self._check_data()
         self._check_reference()
         self._check_optimizer()
+        if self.lora_r is not None and self.lora_r < 1:
+            raise ValueError(f"lora_r={self.lora_r}: a LoRA rank must be >= 1 (None trains every weight)")
         super().__post_init__()
 
     @property
@@ -203,28 +204,29 @@ class PreferenceConfig(TrainingArguments):
             raise ValueError(f"reference={self.reference!r}: choose one of {list(REFERENCE_MODES)}")
 
     def _check_optimizer(self) -> None:
-        if self.optim_name is None:
+        if self.optimizer is None:
             return
-        if self.optim_name not in OPTIMIZER_NAMES:
-            raise ValueError(f"optim_name={self.optim_name!r}: choose one of {list(OPTIMIZER_NAMES)}, "
+        if self.optimizer not in OPTIMIZER_NAMES:
+            raise ValueError(f"optimizer={self.optimizer!r}: choose one of {list(OPTIMIZER_NAMES)}, "
                              "or None to use transformers' `optim`")
         optim = getattr(self.optim, "value", self.optim)
         if optim != _HF_DEFAULT_OPTIM:
-            raise ValueError(f"optim={optim!r} is ignored while optim_name={self.optim_name!r} picks the "
-                             "optimizer: set optim_name=None to use transformers' optimizers")
-        if not 0.0 <= self.beta3 < 1.0:
-            raise ValueError(f"beta3={self.beta3}: must be in [0, 1) (Apertus: 0.99)")
-        if not self.alpha >= 0:
-            raise ValueError(f"alpha={self.alpha}: must be >= 0 (Apertus: 8)")
-        for name in ("t_alpha", "t_beta3"):
+            raise ValueError(f"optim={optim!r} is ignored while optimizer={self.optimizer!r} picks the "
+                             "optimizer: set optimizer=None to use transformers' optimizers")
+        if not 0.0 <= self.ademamix_beta3 < 1.0:
+            raise ValueError(f"ademamix_beta3={self.ademamix_beta3}: must be in [0, 1) (Apertus: 0.99)")
+        if not self.ademamix_alpha >= 0:
+            raise ValueError(f"ademamix_alpha={self.ademamix_alpha}: must be >= 0 (Apertus: 8)")
+        for name in ("ademamix_t_alpha", "ademamix_t_beta3"):
             value = getattr(self, name)
             if value is not None and value < 0:
                 raise ValueError(f"{name}={value}: must be >= 0, or None for the total number of steps")
 
     def optimizer_kwargs(self, total_steps: int) -> dict:
-        """Keyword arguments for `align.optim.build_optimizer(self.optim_name, ...)`."""
+        """Keyword arguments for `align.optim.build_optimizer(self.optimizer, ...)`."""
         kwargs = {"lr": self.learning_rate, "beta1": self.adam_beta1, "beta2": self.adam_beta2,
-                      "eps": self.adam_epsilon, "weight_decay": self.weight_decay, "total_steps": total_steps}
-        if self.optim_name == "ademamix":
-            kwargs.update(beta3=self.beta3, alpha=self.alpha, t_alpha=self.t_alpha, t_beta3=self.t_beta3)
+                  "eps": self.adam_epsilon, "weight_decay": self.weight_decay, "total_steps": total_steps}
+        if self.optimizer == "ademamix":
+            kwargs.update(beta3=self.ademamix_beta3, alpha=self.ademamix_alpha, t_alpha=self.ademamix_t_alpha,
+                          t_beta3=self.ademamix_t_beta3)
         return kwargs

@@ -279,7 +279,7 @@ class PreferenceTrainer(Trainer):
             raise ValueError(f"a ref_model was given but reference={args.reference!r} does not use it: "
                              "set reference='model'")
         if args.reference == "adapter" and not is_peft_model(model):
-            raise ValueError("reference='adapter' needs a PEFT policy: set use_peft=True or pass peft_config")
+            raise ValueError("reference='adapter' needs a PEFT policy: set lora_r or pass peft_config")
 
     @staticmethod
     def _build_collator(model: torch.nn.Module, tokenizer: Any, args: PreferenceConfig) -> PreferenceCollator:
@@ -322,8 +322,8 @@ class PreferenceTrainer(Trainer):
             self._signature_columns = list(PREPARED_COLUMNS)
 
     def create_optimizer(self, model: torch.nn.Module | None = None) -> torch.optim.Optimizer:
-        """``align.optim`` by ``optim_name`` (AdEMAMix: T_α, T_β3 default to the total steps)."""
-        if self.optimizer is not None or self.args.optim_name is None:
+        """``align.optim`` by ``optimizer`` (AdEMAMix: T_α, T_β3 default to the total steps)."""
+        if self.optimizer is not None or self.args.optimizer is None:
             return super().create_optimizer(model)
         opt_model = self.model if model is None else model
         decay = set(self.get_decay_parameter_names(opt_model))
@@ -331,7 +331,7 @@ class PreferenceTrainer(Trainer):
         groups = [{"params": [p for n, p in params if n in decay], "weight_decay": self.args.weight_decay},
                   {"params": [p for n, p in params if n not in decay], "weight_decay": 0.0}]
         total = self.state.max_steps if self.state.max_steps > 0 else self.args.max_steps
-        self.optimizer = build_optimizer(self.args.optim_name, [g for g in groups if g["params"]],
+        self.optimizer = build_optimizer(self.args.optimizer, [g for g in groups if g["params"]],
                                          **self.args.optimizer_kwargs(total_steps=total if total > 0 else None))
         return self.optimizer
 
@@ -474,7 +474,7 @@ def train(
 
     Loads what is not given from ``config.model_name_or_path`` (and
     ``ref_model_name_or_path`` for ``reference="model"``); wraps the model in LoRA when
-    ``config.use_peft``; resumes from ``config.resume_from_checkpoint`` if set.
+    ``config.lora_r`` is set; resumes from ``config.resume_from_checkpoint`` if set.
     """
     if model is None:
         if not config.model_name_or_path:
@@ -485,7 +485,7 @@ def train(
     if config.reference == "model" and ref_model is None:
         ref_model = load_causal_lm(config.ref_model_name_or_path or config.model_name_or_path
                                    or unwrap_model(model).name_or_path, config)
-    peft_config = lora_config(config) if config.use_peft and not is_peft_model(model) else None
+    peft_config = lora_config(config) if config.lora_r is not None and not is_peft_model(model) else None
     trainer = PreferenceTrainer(model, config, train_dataset=dataset, eval_dataset=eval_dataset,
                                 processing_class=tokenizer, ref_model=ref_model, peft_config=peft_config,
                                 callbacks=callbacks)

@@ -259,7 +259,7 @@ def logratios(trainer: PreferenceTrainer, ref: list[dict]) -> tuple[torch.Tensor
 def test_qrpo_raises_high_quantile_logratios_and_lowers_low_quantile_ones(base, data, tiny_tokenizer, tmp_path):
     """Targets R_q − β_i·log Z_i are > 0 for R_q = 1 and < 0 for R_q ≤ 0.2 at these lengths."""
     model = copy.deepcopy(base)
-    cfg = config(tmp_path, max_steps=30, learning_rate=3e-3, optim_name="adamw", lr_scheduler_type="constant")
+    cfg = config(tmp_path, max_steps=30, learning_rate=3e-3, optimizer="adamw", lr_scheduler_type="constant")
     trainer = PreferenceTrainer(model, cfg, train_dataset=data, processing_class=tiny_tokenizer)
     chosen0, rejected0, losses0 = logratios(trainer, data)
     assert chosen0.abs().max() < 1e-4 and rejected0.abs().max() < 1e-4  # policy starts at the reference
@@ -272,7 +272,7 @@ def test_qrpo_raises_high_quantile_logratios_and_lowers_low_quantile_ones(base, 
 
 def test_dpo_widens_the_reward_margin(base, data, tiny_tokenizer, tmp_path):
     model = copy.deepcopy(base)
-    cfg = config(tmp_path, max_steps=15, learning_rate=3e-3, loss_type="dpo", optim_name="adamw")
+    cfg = config(tmp_path, max_steps=15, learning_rate=3e-3, loss_type="dpo", optimizer="adamw")
     trainer = PreferenceTrainer(model, cfg, train_dataset=data, processing_class=tiny_tokenizer)
     trainer.train()
     chosen, rejected, _ = logratios(trainer, data)
