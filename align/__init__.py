@@ -1,0 +1,51 @@
+"""align: post-training the Apertus way (tool-aware SFT, QRPO/DPO, reward models, judge).
+
+The pipeline's stages as Python functions over lists of records or `datasets.Dataset`
+(each also a CLI stage, `align <stage> RECIPE.yaml`)::
+
+    import align, rewards
+    align.train_sft(align.SFTConfig(...), conversations)           # SFT
+    align.sample(prompts, align.TransformersSampler(...), output_dir=...)  # n references
+    rewards.annotate(records, rewards.RewardModel(...), output_dir)  # rewards
+    pairs, skipped = align.make_pairs(annotated, seed=0)             # quantiles + pairs
+    align.compute_ref_logprobs(pairs, model, tokenizer, output_dir=..., ...)
+    align.train(align.PreferenceConfig(loss_type="qrpo", ...), rows)  # QRPO / DPO
+
+Names load on first use, so `import align` stays light.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+_LAZY: dict[str, tuple[str, str]] = {
+    "render": ("align.chat", "render"),
+    "encode": ("align.chat", "encode"),
+    "install_format": ("align.chat", "install_format"),
+    "SFTConfig": ("align.trainers.sft_config", "SFTConfig"),
+    "train_sft": ("align.trainers.sft_trainer", "train_sft"),
+    "TransformersSampler": ("align.sampling.hf", "TransformersSampler"),
+    "VLLMSampler": ("align.sampling.vllm_backend", "VLLMSampler"),
+    "sample": ("align.sampling.stages", "sample_references"),
+    "sample_references": ("align.sampling.stages", "sample_references"),
+    "sample_offline": ("align.sampling.stages", "sample_offline"),
+    "quantile_rewards": ("align.data.quantiles", "quantile_rewards"),
+    "make_pairs": ("align.data.pairs", "make_pairs"),
+    "compute_ref_logprobs": ("align.logprobs", "compute_ref_logprobs"),
+    "load_ref_logprobs": ("align.logprobs", "load_ref_logprobs"),
+    "PreferenceConfig": ("align.trainers.preference_config", "PreferenceConfig"),
+    "train": ("align.trainers.preference_trainer", "train"),
+    "decontaminate": ("align.data.decontaminate", "decontaminate"),
+    "read_records": ("align.io", "read_records"),
+    "read_output": ("align.jobs", "read_output"),
+}
+
+__all__ = sorted(_LAZY)
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _LAZY:
+        raise AttributeError(f"module 'align' has no attribute {name!r}")
+    module, attribute = _LAZY[name]
+    return getattr(importlib.import_module(module), attribute)

@@ -576,9 +576,11 @@ def load_records(path: str | Path) -> list[dict]:
     """Rows of a JSONL/JSON/Parquet file, or of a finished job output directory."""
     path = Path(path)
     if path.is_dir():
-        from align.jobs import read_output
+        from align.io import read_records
+        from align.jobs import output_files, read_output
 
-        return read_output(path)
+        # a job's shard directory, else any directory of .jsonl/.parquet files
+        return read_output(path) if output_files(path) else read_records(path)
     if path.suffix == ".parquet":
         import datasets
 

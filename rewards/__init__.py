@@ -14,13 +14,12 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
+from rewards.annotate import annotate, score_records  # eager: the name must not resolve to the submodule
 from rewards.base import RewardProvider, Score, checked
 from rewards.charter import Charter, CharterError, load_charter, load_template, parse_charter
 from rewards.verifiable import VerifiableReward, answers_match, normalize_answer
 
 _LAZY = {
-    "annotate": "rewards.annotate",
-    "score_records": "rewards.annotate",
     "RewardModel": "rewards.reward_model",
     "ConstitutionalJudge": "rewards.judge",
     "JudgeConfig": "rewards.judge",
