@@ -20,22 +20,13 @@ from transformers import (
     PreTrainedTokenizerFast,
 )
 
+from align.chat.formats import APERTUS
+
 BASE_SPECIAL_TOKENS = ["<unk>", "<s>", "</s>", "<pad>"]
 
-APERTUS_SPECIAL_TOKENS = [
-    "<|system_start|>",
-    "<|system_end|>",
-    "<|developer_start|>",
-    "<|developer_end|>",
-    "<|user_start|>",
-    "<|user_end|>",
-    "<|assistant_start|>",
-    "<|assistant_end|>",
-    "<|inner_prefix|>",
-    "<|inner_suffix|>",
-    "<|tools_prefix|>",
-    "<|tools_suffix|>",
-]
+# The format registry is the one source of the Apertus special tokens (in the order of
+# the Apertus tokenizer, where they are ids 61-72).
+APERTUS_SPECIAL_TOKENS = list(APERTUS.special_tokens)
 
 
 def corpus_text() -> str:
