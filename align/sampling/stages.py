@@ -135,10 +135,21 @@ def with_system_prompt(messages: Sequence[Mapping[str, Any]], prompt: SystemProm
     return [{"role": "system", "content": prompt.text}] + messages
 
 
-def _controversial(record: Mapping[str, Any], field: str) -> bool:
+UNCLASSIFIED = ("error", "persona", "attribute")
+
+
+def _controversial(record: Mapping[str, Any], field: str, on_unclassified: str = "error") -> bool:
+    """The record's controversy flag; ``None`` (the classifier failed) per ``on_unclassified``.
+
+    ``error`` stops with the record named; ``persona`` treats it as controversial (the
+    cautious choice), ``attribute`` as not controversial.
+    """
     value = record.get(field, False)
+    if value is None and on_unclassified != "error":
+        return on_unclassified == "persona"
     if not isinstance(value, bool):
-        raise RecordError(record["id"], field, f"expected true/false (set by the classifier), got {value!r}")
+        hint = " (the classifier could not label it: set on_unclassified=persona|attribute)" if value is None else ""
+        raise RecordError(record["id"], field, f"expected true/false (set by the classifier), got {value!r}{hint}")
     return value
 
 
@@ -150,6 +161,7 @@ def offline_variants(
     default_prompt: bool = True,
     charter_persona: bool = False,
     personas: Sequence[str] = DEFAULT_PERSONAS,
+    on_unclassified: str = "error",
 ) -> list[tuple[str, list[dict]]]:
     """(system prompt tag, conversation) pairs to sample for one record (report §E.2).
 
@@ -157,7 +169,7 @@ def offline_variants(
     then one of its prompts), plus the unchanged conversation when ``default_prompt``.
     Controversial: one persona prompt. Either: the charter persona when ``charter_persona``.
     """
-    controversial = _controversial(record, controversial_field)
+    controversial = _controversial(record, controversial_field, on_unclassified)
     drawn = draw_system_prompt(record["id"], controversial=controversial, seed=seed, personas=personas)
     variants = [(drawn.tag, with_system_prompt(record["messages"], drawn))]
     if default_prompt and not controversial:
@@ -183,6 +195,7 @@ def sample_offline(
     default_prompt: bool = True,
     charter_persona: bool = False,
     personas: Sequence[str] = DEFAULT_PERSONAS,
+    on_unclassified: str = "error",
     shard_index: int = 0,
     num_shards: int = 1,
     batch_size: int = 16,
@@ -196,10 +209,13 @@ def sample_offline(
     """
     _check_overlong(overlong)
     validate_all(records, validate_prompt)
+    if on_unclassified not in UNCLASSIFIED:
+        raise ValueError(f"on_unclassified={on_unclassified!r}: choose one of {list(UNCLASSIFIED)}")
     options = {"seed": seed, "controversial_field": controversial_field, "personas": personas,
-               "default_prompt": default_prompt, "charter_persona": charter_persona}
+               "default_prompt": default_prompt, "charter_persona": charter_persona,
+               "on_unclassified": on_unclassified}
     for record in records:  # bad flags fail now, not hours into the job
-        _controversial(record, controversial_field)
+        _controversial(record, controversial_field, on_unclassified)
 
     def process(batch: list[dict]) -> list[dict]:
         jobs = []  # (record id, tag, conversation)
@@ -236,7 +252,7 @@ def sample_offline(
         "chat_format": sampler.encoder.chat_format, "n": n, "temperature": temperature,
         "top_p": top_p, "max_tokens": max_tokens, "seed": seed, "overlong": overlong,
         "controversial_field": controversial_field, "default_prompt": default_prompt,
-        "charter_persona": charter_persona, "num_personas": len(personas),
+        "charter_persona": charter_persona, "num_personas": len(personas), "on_unclassified": on_unclassified,
     }
     run_job(
         records, process, output_dir, shard_index=shard_index, num_shards=num_shards,

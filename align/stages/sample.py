@@ -36,6 +36,12 @@ class Config:
     shard_index: int | None = field(default=None, metadata={"help": "this shard (default: from SLURM/RANK env)"})
     num_shards: int | None = field(default=None, metadata={"help": "number of shards (default: from env)"})
     controversial_field: str = field(default="controversial", metadata={"help": "offline: flag that selects persona prompts"})
+    on_unclassified: Literal["error", "persona", "attribute"] = field(
+        default="error", metadata={"help": "offline: a null flag (classifier failed): error | persona | attribute"}
+    )
+    default_prompt: bool = field(default=True, metadata={"help": "offline: also sample the prompt without a family prompt"})
+    charter_persona: bool = field(default=False, metadata={"help": "offline: also sample with the charter persona"})
+    personas_file: str | None = field(default=None, metadata={"help": "offline: persona list (JSONL/text); default: built-in pool"})
 
 
 def shard(config) -> tuple[int, int]:
@@ -70,7 +76,13 @@ def run(config: Config) -> dict:
     if config.mode == "reference":
         summary = sample_references(records, sampler, **common)
     else:
-        summary = sample_offline(records, sampler, controversial_field=config.controversial_field, **common)
+        from align.sampling.system_prompts import DEFAULT_PERSONAS, load_personas
+
+        personas = load_personas(config.personas_file) if config.personas_file else DEFAULT_PERSONAS
+        summary = sample_offline(
+            records, sampler, controversial_field=config.controversial_field, on_unclassified=config.on_unclassified,
+            default_prompt=config.default_prompt, charter_persona=config.charter_persona, personas=personas, **common,
+        )
     if not all_written(config.output_dir, records, count):
         print(f"[align sample] shard {index} of {count} written to {config.output_dir}; other shards still to run")
         return summary

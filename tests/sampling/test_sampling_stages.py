@@ -132,3 +132,23 @@ def test_offline_rejects_a_non_boolean_controversial_flag(sampler, tmp_path):
     records[1]["controversial"] = "2"
     with pytest.raises(RecordError, match=r"record 'p1': field 'controversial'"):
         sample_offline(records, sampler, output_dir=tmp_path)
+
+
+def test_offline_unclassified_record_is_an_error_by_default_and_named(sampler, tmp_path):
+    records = _records(2)
+    records[1]["controversial"] = None  # what the classifier writes when it failed
+    with pytest.raises(RecordError, match=r"record 'p1': field 'controversial'.*on_unclassified"):
+        sample_offline(records, sampler, output_dir=tmp_path)
+
+
+@pytest.mark.parametrize("policy, family", [("persona", "persona/"), ("attribute", "system_prompt=")])
+def test_offline_unclassified_record_follows_the_chosen_policy(sampler, tmp_path, policy, family):
+    records = _records(2)
+    records[1]["controversial"] = None
+    sample_offline(records, sampler, output_dir=tmp_path, n=1, max_tokens=4, default_prompt=False,
+                   on_unclassified=policy)
+    row = next(r for r in read_output(tmp_path) if r["id"] == "p1")
+    sources = [c["source"] for c in row["completions"]]
+    assert sources and all(family in s for s in sources)
+    if policy == "attribute":
+        assert not any("persona/" in s for s in sources)
