@@ -9,6 +9,7 @@ hour into a run.
 from __future__ import annotations
 
 import dataclasses
+import datetime
 import difflib
 import types
 import typing
@@ -143,6 +144,8 @@ def _coerce(value: Any, annotation: Any, where: str) -> Any:
     if annotation is str:
         if isinstance(value, str):
             return value
+        if isinstance(value, (datetime.date, datetime.datetime)):
+            return value.isoformat()  # YAML reads an unquoted 2025-09-01 as a date
         if isinstance(value, (int, float)) and not isinstance(value, bool):
             return str(value)
         raise ConfigError(f"{where}: expected a string, got {value!r}")

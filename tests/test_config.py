@@ -85,3 +85,15 @@ def test_pipeline_recipe_section_merges_over_defaults(tmp_path):
 def test_to_dict_round_trips():
     config = Outer(tags=["a"], inner=Inner(lr=0.5))
     assert from_dict(Outer, to_dict(config)) == config
+
+
+@dataclass
+class Dated:
+    chat_date: str | None = None
+
+
+def test_unquoted_yaml_dates_become_iso_strings(tmp_path):
+    recipe = tmp_path / "r.yaml"
+    recipe.write_text("chat_date: 2025-09-01\n")
+    assert load_config(Dated, recipe).chat_date == "2025-09-01"
+    assert load_config(Dated, None, ["chat_date=2026-01-01"]).chat_date == "2026-01-01"

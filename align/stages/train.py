@@ -50,5 +50,7 @@ def run(config: Config) -> dict:
     if not trainer.is_world_process_zero():
         return {}
     losses = [log["loss"] for log in trainer.state.log_history if "loss" in log]
-    summary = {"loss_type": config.loss_type, "steps": trainer.state.global_step, "train_loss": losses[-1] if losses else None}
+    summary = {"loss_type": config.loss_type, "steps": trainer.state.global_step,
+               "train_loss": losses[-1] if losses else None, "world_size": trainer.args.world_size,
+               "deepspeed": bool(trainer.is_deepspeed_enabled)}
     return finish("train", config, config.output_dir, summary)

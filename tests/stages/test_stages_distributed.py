@@ -1,0 +1,47 @@
+"""The documented cluster command, run for real with 2 processes on CPU:
+`accelerate launch --config_file ZERO2.yaml -m align train recipes/apertus-8b/qrpo.yaml ...`."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+import yaml
+from stage_helpers import DATE, RECIPES, REPO, subprocess_env
+
+pytestmark = pytest.mark.distributed
+
+
+def cpu_accelerate_config(path) -> str:
+    """The shipped ZeRO-2 config, made to run 2 CPU processes (gloo) on this machine."""
+    config = yaml.safe_load((RECIPES / "accelerate" / "zero2.yaml").read_text())
+    config.update(num_processes=2, use_cpu=True, mixed_precision="no")
+    path.write_text(yaml.safe_dump(config))
+    return str(path)
+
+
+def test_accelerate_launch_of_the_train_stage_runs_two_deepspeed_ranks(tmp_path, sft_run, logprobs_run):
+    out = tmp_path / "qrpo"
+    accelerate = os.path.join(os.path.dirname(sys.executable), "accelerate")
+    command = [
+        accelerate, "launch", "--config_file", cpu_accelerate_config(tmp_path / "zero2_cpu.yaml"),
+        "-m", "align", "train", str(RECIPES / "apertus-8b" / "qrpo.yaml"),
+        f"model_name_or_path={sft_run[0]}", f"dataset={logprobs_run[0]}", f"output_dir={out}",
+        f"chat_date={DATE}", "max_length=256", "bf16=false", "use_cpu=false", "ddp_backend=gloo",
+        "activation_checkpointing=false", "per_device_train_batch_size=2", "gradient_accumulation_steps=1",
+        "num_ref_rewards=4", "max_steps=2", "logging_steps=1", "save_steps=1000",  # the tiny data has n = 4
+    ]
+    done = subprocess.run(command, capture_output=True, text=True, cwd=REPO, timeout=600,
+                          env={**subprocess_env(), "DS_ACCELERATOR": "cpu"})
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    assert done.stdout.count(f"[align train] wrote {out}") == 1  # rank 0 alone marks and reports
+    summary = json.loads((out / "_COMPLETE.json").read_text())["summary"]
+    assert summary["world_size"] == 2 and summary["deepspeed"] is True
+    assert summary["loss_type"] == "qrpo" and summary["steps"] == 2
+
+    from transformers import AutoModelForCausalLM
+
+    assert AutoModelForCausalLM.from_pretrained(out).num_parameters() > 0
