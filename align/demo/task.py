@@ -17,9 +17,9 @@ import re
 from typing import Any
 
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+from transformers import LlamaForCausalLM, PreTrainedTokenizerFast
 
-from align.testing.tiny import APERTUS_SPECIAL_TOKENS, BASE_SPECIAL_TOKENS
+from align.testing.tiny import APERTUS_SPECIAL_TOKENS, BASE_SPECIAL_TOKENS, build_causal_lm, wrap_tokenizer
 
 SYSTEM = "Add the two numbers."
 TOOL_SYSTEM = "Use the calculator."
@@ -135,33 +135,13 @@ def build_demo_tokenizer(texts: list[str], vocab_size: int = 1024) -> PreTrained
     # Train on the text between special tokens, so a constant run merges into one token.
     splitter = re.compile("|".join(re.escape(t) for t in specials))
     tok.train_from_iterator((piece for text in texts for piece in splitter.split(text) if piece), trainer=trainer)
-    fast = PreTrainedTokenizerFast(
-        tokenizer_object=tok,
-        bos_token="<s>",
-        eos_token="</s>",
-        pad_token="<pad>",
-        unk_token="<unk>",
-        additional_special_tokens=specials[4:],
-    )
-    return fast
+    return wrap_tokenizer(tok, specials)
 
 
 def build_demo_model(tokenizer: PreTrainedTokenizerFast, *, seed: int) -> LlamaForCausalLM:
     """0.9M-parameter Llama (hidden 128, 4 layers, 4 heads of 32): the size that worked."""
-    import torch
-
-    torch.manual_seed(seed)
-    config = LlamaConfig(
-        vocab_size=len(tokenizer),
-        hidden_size=128,
-        intermediate_size=384,
-        num_hidden_layers=4,
-        num_attention_heads=4,
-        num_key_value_heads=4,
-        max_position_embeddings=256,
-        tie_word_embeddings=True,
-        bos_token_id=tokenizer.bos_token_id,
-        eos_token_id=tokenizer.eos_token_id,
-        pad_token_id=tokenizer.pad_token_id,
+    model = build_causal_lm(
+        tokenizer, seed=seed, hidden_size=128, intermediate_size=384, num_hidden_layers=4,
+        num_attention_heads=4, num_key_value_heads=4, max_position_embeddings=256,
     )
-    return LlamaForCausalLM(config)
+    return model.train()  # the demo trains it; the tiny builder hands models out in eval mode

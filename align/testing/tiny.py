@@ -64,16 +64,24 @@ def build_tokenizer(
         tok.post_processor = processors.TemplateProcessing(
             single="<s> $A", pair="<s> $A <s> $B", special_tokens=[("<s>", bos_id)]
         )
-    fast = PreTrainedTokenizerFast(
+    fast = wrap_tokenizer(tok, specials)
+    fast.padding_side = "right"
+    return fast
+
+
+def wrap_tokenizer(tok: Tokenizer, specials: list[str]) -> PreTrainedTokenizerFast:
+    """A trained `tokenizers` BPE as a transformers tokenizer with the base special tokens.
+
+    ``specials`` starts with BASE_SPECIAL_TOKENS; the rest become additional special tokens.
+    """
+    return PreTrainedTokenizerFast(
         tokenizer_object=tok,
         bos_token="<s>",
         eos_token="</s>",
         pad_token="<pad>",
         unk_token="<unk>",
-        additional_special_tokens=specials[4:],
+        additional_special_tokens=specials[len(BASE_SPECIAL_TOKENS):],
     )
-    fast.padding_side = "right"
-    return fast
 
 
 def _llama_config(tokenizer: PreTrainedTokenizerFast, **overrides) -> LlamaConfig:
