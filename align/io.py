@@ -52,6 +52,22 @@ def read_records(source: str | Path, *, split: str = "train") -> list[dict[str, 
     return datasets.load_dataset(str(source), split=split).to_list()
 
 
+def rows_to_dataset(rows: Iterable[Mapping[str, Any]]) -> Any:
+    """A `datasets.Dataset` with one column per key found in ANY row (missing: None).
+
+    ``datasets.Dataset.from_list`` takes its columns from the first row only, so a key the
+    first row lacks (``tools``, ``answer``, ...) would be dropped from every row. Every
+    place that turns records into a ``Dataset`` goes through here instead.
+    """
+    import datasets
+
+    rows = [dict(row) for row in rows]
+    names: dict[str, None] = {}
+    for row in rows:
+        names.update(dict.fromkeys(row))
+    return datasets.Dataset.from_dict({name: [row.get(name) for row in rows] for name in names})
+
+
 def _read_jsonl(path: Path) -> Iterable[dict[str, Any]]:
     with path.open() as handle:
         for number, line in enumerate(handle, 1):

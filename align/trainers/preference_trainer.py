@@ -35,6 +35,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, T
 
 from align.data.quantiles import quantile_rewards
 from align.data.records import RecordError, record_id, validate_pair
+from align.io import rows_to_dataset
 from align.logprobs import PAIR_NAMES, completion_logps, encode_record, load_records, unwrap_model
 from align.losses import LossType, dpo_loss, qrpo_terms
 from align.optim import build_optimizer
@@ -133,7 +134,7 @@ def prepare_dataset(dataset: Any, tokenizer: Any, config: PreferenceConfig) -> d
     rows = [prepare_row(dict(row), i, tokenizer, config) for i, row in enumerate(dataset)]
     if not rows:
         raise ValueError("the preference dataset is empty")
-    return datasets.Dataset.from_list(rows)
+    return rows_to_dataset(rows)
 
 
 # --------------------------------------------------------------------------- models

@@ -23,6 +23,7 @@ from datasets import Dataset
 
 from align.chat import encode
 from align.data.records import RecordError, record_id
+from align.io import rows_to_dataset
 
 __all__ = [
     "IGNORE_INDEX",
@@ -220,7 +221,7 @@ def load_sft_dataset(
         kind = "parquet" if source.endswith(".parquet") else "json"
         return load_dataset(kind, data_files=source, split=split)
     if isinstance(source, Sequence):
-        return Dataset.from_list([dict(row) for row in source])
+        return rows_to_dataset(source)
     raise TypeError(
         f"SFT data must be a Dataset, a list of rows or a file path, got {type(source).__name__}"
     )
