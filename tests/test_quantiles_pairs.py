@@ -291,3 +291,115 @@ def test_bad_records_name_the_record_and_field(mutate, kwargs, field):
 def test_duplicate_ids_are_an_error():
     with pytest.raises(RecordError, match="duplicate id"):
         make_pairs([record("x", [0.1, 0.9]), record("x", [0.2, 0.8])], seed=0)
+
+
+# --- truncated completions, dropped references, several pairs per prompt ---------------
+
+
+def truncate(rec, *indices):
+    """Mark completions as cut at the token budget."""
+    for i in indices:
+        rec["completions"][i]["finish_reason"] = "length"
+    return rec
+
+
+def test_pair_rows_carry_the_finish_reasons_of_chosen_and_rejected():
+    pairs, _ = make_pairs([record("a", [0.1 * k for k in range(10)])], seed=0, truncated="train_without_end")
+    assert pairs[0]["chosen_finish_reason"] == pairs[0]["rejected_finish_reason"] == "stop"
+    rec = truncate(record("t", [0.0, 1.0]), 0, 1)
+    pairs, _ = make_pairs([rec], seed=0, truncated="train_without_end")
+    assert pairs[0]["chosen_finish_reason"] == pairs[0]["rejected_finish_reason"] == "length"
+
+
+def test_truncated_completions_are_never_chosen_or_rejected_by_default():
+    for seed in range(20):
+        # the best and the worst completions are truncated: the pair comes from the rest
+        rec = truncate(record("a", [0.1 * k for k in range(10)], offline=[5.0, -5.0]), 10, 11, 9, 0)
+        pairs, skips = make_pairs([rec], seed=seed)
+        assert skips == []
+        row = pairs[0]
+        assert row["chosen"] not in ("a-off0", "a-ref9") and row["rejected"] not in ("a-off1", "a-ref0")
+        assert row["chosen_finish_reason"] == row["rejected_finish_reason"] == "stop"
+
+
+def test_truncated_completions_still_count_as_references_for_quantiles():
+    rec = truncate(record("a", [0.0] * 8 + [1.0, 2.0]), 9)  # the best reference is truncated
+    pairs, _ = make_pairs([rec], seed=0)
+    assert pairs[0]["num_ref_rewards"] == 10
+    assert pairs[0]["chosen"] == "a-ref8" and pairs[0]["chosen_quantile"] == 0.9  # 9 of 10, the cut one counted
+    assert pairs[0]["pair_fallback"].startswith("chosen:middle")
+
+
+def test_a_prompt_left_without_untruncated_candidates_is_a_recorded_skip():
+    rec = truncate(record("a", [0.0, 1.0, 2.0]), 1, 2)
+    pairs, skips = make_pairs([rec], seed=0)
+    assert pairs == [] and skips[0]["id"] == "a"
+    assert "truncated" in skips[0]["reason"] and "1" in skips[0]["reason"]
+    pairs, skips = make_pairs([truncate(record("a", [0.0, 1.0, 2.0]), 1, 2)], seed=0, truncated="train_without_end")
+    assert skips == [] and pairs[0]["chosen_finish_reason"] == "length"
+
+
+def test_untruncated_records_pair_exactly_as_before_the_truncated_setting():
+    records = [record(f"r{i}", [float(k % 4) for k in range(10)], offline=[9.0, -3.0]) for i in range(8)]
+    assert make_pairs(records, seed=2) == make_pairs(records, seed=2, truncated="train_without_end")
+
+
+def test_bad_truncated_and_num_pairs_settings_are_errors():
+    with pytest.raises(ValueError, match="truncated"):
+        make_pairs([record("a", [0.0, 1.0])], seed=0, truncated="keep")
+    with pytest.raises(ValueError, match="num_pairs_per_prompt"):
+        make_pairs([record("a", [0.0, 1.0])], seed=0, num_pairs_per_prompt=0)
+
+
+def test_references_dropped_by_overlong_drop_are_expected_missing():
+    rec = record("a", [0.1 * k for k in range(8)])
+    rec["num_ref_dropped"] = 2  # 10 drawn, 2 dropped as overlong
+    pairs, skips = make_pairs([rec], seed=0, n_ref=10)
+    assert skips == [] and pairs[0]["num_ref_rewards"] == 8 and pairs[0]["num_ref_dropped"] == 2
+    rec["num_ref_dropped"] = 1
+    with pytest.raises(RecordError, match=r"'a'.*completions.*n_ref=10 minus num_ref_dropped=1"):
+        make_pairs([rec], seed=0, n_ref=10)
+    rec["num_ref_dropped"] = -1
+    with pytest.raises(RecordError, match=r"'a'.*num_ref_dropped"):
+        make_pairs([rec], seed=0, n_ref=10)
+
+
+def test_several_pairs_per_prompt_never_reuse_a_completion():
+    rewards = [float(k) for k in range(10)]
+    rec = record("a", rewards, offline=[20.0, 30.0, -1.0, -2.0])
+    pairs, skips = make_pairs([rec], seed=0, num_pairs_per_prompt=3)
+    assert skips == [] and [p["id"] for p in pairs] == ["a", "a#2", "a#3"]
+    texts = [p["chosen"] for p in pairs] + [p["rejected"] for p in pairs]
+    assert len(set(texts)) == len(texts)
+    for p in pairs:
+        assert p["chosen_reward"] > p["rejected_reward"]
+    # the first pair is the single pair num_pairs_per_prompt=1 gives
+    single, _ = make_pairs([record("a", rewards, offline=[20.0, 30.0, -1.0, -2.0])], seed=0)
+    assert pairs[0] == single[0]
+
+
+def test_several_pairs_stop_when_the_buckets_run_out():
+    pairs, skips = make_pairs([record("a", [0.0, 0.0, 1.0, 1.0])], seed=0, num_pairs_per_prompt=5)
+    assert skips == [] and len(pairs) == 2
+    assert {p["chosen"] for p in pairs} == {"a-ref2", "a-ref3"} and {p["rejected"] for p in pairs} == {"a-ref0", "a-ref1"}
+
+
+def test_several_pairs_draw_rejected_uniformly_from_the_low_bucket_and_are_seeded():
+    # 20 references: the low bucket (R_q <= 0.2) holds the four with reward 0..3
+    rewards = [float(k) for k in range(20)]
+    counts: dict[str, int] = {}
+    for seed in range(400):
+        pairs, _ = make_pairs([record("a", rewards, offline=[50.0, 60.0])], seed=seed, num_pairs_per_prompt=2)
+        assert len(pairs) == 2
+        for p in pairs:
+            assert p["rejected_quantile"] <= 0.2 and p["pair_fallback"] is None
+            counts[p["rejected"]] = counts.get(p["rejected"], 0) + 1
+    assert set(counts) == {"a-ref0", "a-ref1", "a-ref2", "a-ref3"}
+    assert all(150 <= c <= 250 for c in counts.values()), counts  # 200 expected each
+    again = make_pairs([record("a", rewards, offline=[50.0, 60.0])], seed=7, num_pairs_per_prompt=2)
+    assert again == make_pairs([record("a", rewards, offline=[50.0, 60.0])], seed=7, num_pairs_per_prompt=2)
+
+
+def test_pair_id_clash_between_prompts_is_an_error():
+    with pytest.raises(RecordError, match="a#2"):
+        make_pairs([record("a#2", [0.0, 1.0]), record("a", [0.0, 1.0, 2.0, 3.0])], seed=0, num_pairs_per_prompt=2)

@@ -16,7 +16,13 @@ and rejected are always different completions with different rewards. An empty b
 falls back to the next (chosen: high → middle → low; rejected: low → middle → high) and
 the fallback is recorded; a prompt with no preference at all is a recorded skip.
 Selection on R_q, not on an interpolated percentile of raw rewards, keeps a correct answer
-from being picked as rejected on binary rewards (DEMO-NOTES).
+from being picked as rejected on binary rewards.
+
+Completions cut at the token budget (``finish_reason`` "length") never ended their turn;
+by default (``truncated="exclude"``) they are neither chosen nor rejected but still count
+as references. ``num_pairs_per_prompt`` > 1 draws further pairs from the completions not
+yet used by the prompt's earlier pairs, by the same rules (rejected uniformly from the
+low bucket, as the Apertus report describes).
 """
 
 from __future__ import annotations
@@ -30,10 +36,12 @@ from typing import Any
 from align.data.quantiles import quantile_rewards
 from align.data.records import RecordError, record_id, validate_rewards
 
-__all__ = ["Pair", "Skip", "make_pairs", "select_pair"]
+__all__ = ["TRUNCATED_POLICIES", "Pair", "Skip", "is_truncated", "make_pairs", "select_pair"]
 
 CHOSEN_ORDER = ("high", "middle", "low")
 REJECTED_ORDER = ("low", "middle", "high")
+TRUNCATED_POLICIES = ("exclude", "train_without_end")
+TRUNCATED_FINISH_REASON = "length"
 
 
 @dataclass(frozen=True)
@@ -135,10 +143,24 @@ def select_pair(
     return Pair(chosen, rejected, ";".join(fallbacks) or None)
 
 
+def _num_ref_dropped(record: Mapping[str, Any], rid: str) -> int:
+    """How many reference samples sampling removed with ``overlong=drop`` (0 when not recorded)."""
+    dropped = record.get("num_ref_dropped")
+    if dropped is None:
+        return 0
+    if isinstance(dropped, bool) or not isinstance(dropped, int) or dropped < 0:
+        raise RecordError(rid, "num_ref_dropped", f"expected a count >= 0, got {dropped!r}")
+    return dropped
+
+
 def _reference_rewards(
     record: Mapping[str, Any], rid: str, n_ref: int | None
 ) -> tuple[list[float], int]:
-    """The scored reference rewards of a record and how many references it has."""
+    """The scored reference rewards of a record and how many references it has.
+
+    ``n_ref`` is the number of references drawn; a row whose sampling dropped some of them
+    (``overlong=drop``, counted in ``num_ref_dropped``) must hold ``n_ref - num_ref_dropped``.
+    """
     refs = [i for i, c in enumerate(record["completions"]) if c["is_reference"]]
     if not refs:
         raise RecordError(
@@ -146,12 +168,32 @@ def _reference_rewards(
             "completions",
             "no completion has is_reference=True; quantile rewards need the reference samples",
         )
-    if n_ref is not None and len(refs) != n_ref:
-        raise RecordError(
-            rid, "completions", f"{len(refs)} reference completions, expected n_ref={n_ref}"
-        )
+    dropped = _num_ref_dropped(record, rid)
+    if n_ref is not None:
+        if dropped > n_ref:
+            raise RecordError(
+                rid, "num_ref_dropped", f"is {dropped}, more than the n_ref={n_ref} references drawn"
+            )
+        if len(refs) != n_ref - dropped:
+            problem = f"{len(refs)} reference completions, expected n_ref={n_ref}"
+            if dropped:
+                problem += (
+                    f" minus num_ref_dropped={dropped} (removed by sampling with overlong=drop) "
+                    f"= {n_ref - dropped}"
+                )
+            raise RecordError(rid, "completions", problem)
     scored = [float(record["rewards"][i]) for i in refs if record["rewards"][i] is not None]
     return scored, len(refs)
+
+
+def is_truncated(completion: Mapping[str, Any]) -> bool:
+    """A completion cut at the token budget (``finish_reason`` "length"): it never ended its turn."""
+    return completion.get("finish_reason") == TRUNCATED_FINISH_REASON
+
+
+def pair_row_id(rid: str, k: int) -> str:
+    """The id of a prompt's k-th pair (0-based): the prompt id for the first, ``id#2``... after."""
+    return rid if k == 0 else f"{rid}#{k + 1}"
 
 
 def _pair_or_skip(
@@ -162,43 +204,67 @@ def _pair_or_skip(
     low_threshold: float,
     n_ref: int | None,
     min_ref_rewards: int | None,
-) -> dict[str, Any]:
-    """One record's pair row, or its skip row ``{"id", "reason"}``."""
+    truncated: str = "exclude",
+    num_pairs_per_prompt: int = 1,
+) -> list[dict[str, Any]]:
+    """One record's pair rows (up to ``num_pairs_per_prompt``), or its one skip row ``{"id", "reason"}``."""
+    dropped = _num_ref_dropped(record, rid)
+    if dropped and not any(c["is_reference"] for c in record["completions"]):
+        return [{"id": rid, "reason": f"all {dropped} reference samples were dropped as overlong "
+                 "(sampling overlong=drop, num_ref_dropped)"}]
     ref_rewards, num_refs = _reference_rewards(record, rid, n_ref)
     needed = num_refs if min_ref_rewards is None else min_ref_rewards
     if len(ref_rewards) < max(needed, 1):
-        return {
+        return [{
             "id": rid,
             "reason": f"only {len(ref_rewards)} of {num_refs} reference rewards scored "
             f"(min_ref_rewards={needed})",
-        }
+        }]
     rewards = record["rewards"]
+    completions = record["completions"]
     scored = [i for i, r in enumerate(rewards) if r is not None]
     quantiles: list[float | None] = [None] * len(rewards)
     for i, q in zip(scored, quantile_rewards([rewards[i] for i in scored], ref_rewards)):
         quantiles[i] = q
-    choice = select_pair(
-        rewards,
-        quantiles,
-        n_ref=len(ref_rewards),
-        rng=random.Random(f"{seed}:{rid}"),
-        low_threshold=low_threshold,
-    )
-    if isinstance(choice, Skip):
-        return {"id": rid, "reason": choice.reason}
-    completions = record["completions"]
-    return {
-        "id": rid,
-        "messages": record["messages"],
-        "chosen": completions[choice.chosen]["text"],
-        "rejected": completions[choice.rejected]["text"],
-        "chosen_reward": float(rewards[choice.chosen]),
-        "rejected_reward": float(rewards[choice.rejected]),
-        "chosen_quantile": quantiles[choice.chosen],
-        "rejected_quantile": quantiles[choice.rejected],
-        "num_ref_rewards": len(ref_rewards),
-        "pair_fallback": choice.fallback,
-    }
+    # Truncated completions still count as references above (their rewards shape the
+    # quantiles); with truncated="exclude" they are never chosen or rejected.
+    excluded = {i for i in scored if truncated == "exclude" and is_truncated(completions[i])}
+    rng = random.Random(f"{seed}:{rid}")
+    used: set[int] = set()
+    rows: list[dict[str, Any]] = []
+    for k in range(num_pairs_per_prompt):
+        off = excluded | used
+        choice = select_pair(
+            [None if i in off else r for i, r in enumerate(rewards)],
+            [None if i in off else q for i, q in enumerate(quantiles)],
+            n_ref=len(ref_rewards),
+            rng=rng,
+            low_threshold=low_threshold,
+        )
+        if isinstance(choice, Skip):
+            if k > 0:  # the buckets hold no further pair without reusing a completion
+                break
+            reason = choice.reason
+            if excluded:
+                reason += f" ({len(excluded)} truncated completions excluded, truncated=exclude)"
+            return [{"id": rid, "reason": reason}]
+        used |= {choice.chosen, choice.rejected}
+        rows.append({
+            "id": pair_row_id(rid, k),
+            "messages": record["messages"],
+            "chosen": completions[choice.chosen]["text"],
+            "rejected": completions[choice.rejected]["text"],
+            "chosen_reward": float(rewards[choice.chosen]),
+            "rejected_reward": float(rewards[choice.rejected]),
+            "chosen_quantile": quantiles[choice.chosen],
+            "rejected_quantile": quantiles[choice.rejected],
+            "num_ref_rewards": len(ref_rewards),
+            "pair_fallback": choice.fallback,
+            "chosen_finish_reason": completions[choice.chosen]["finish_reason"],
+            "rejected_finish_reason": completions[choice.rejected]["finish_reason"],
+            "num_ref_dropped": dropped,
+        })
+    return rows
 
 
 def make_pairs(
@@ -208,6 +274,8 @@ def make_pairs(
     low_threshold: float = 0.2,
     n_ref: int | None = None,
     min_ref_rewards: int | None = None,
+    truncated: str = "exclude",
+    num_pairs_per_prompt: int = 1,
 ) -> tuple[list[dict[str, Any]], list[dict[str, str]]]:
     """Pair rows (``records.PAIR_FIELDS``) and skip rows ``{"id", "reason"}`` for prompt records.
 
@@ -217,7 +285,28 @@ def make_pairs(
     scored (default: all), else the record is skipped with the reason. Each record draws
     from its own RNG seeded by (seed, id), so the result does not depend on record order or
     sharding. A malformed record raises ``RecordError`` naming the record and the field.
+
+    ``n_ref`` counts the references drawn: a record whose sampling dropped overlong
+    references (``num_ref_dropped``) must hold ``n_ref - num_ref_dropped`` of them.
+    ``truncated``: what to do with completions cut at the token budget (``finish_reason``
+    "length"): ``"exclude"`` (default) never picks them as chosen or rejected, though their
+    rewards still count as references for the quantiles; ``"train_without_end"`` lets them
+    be picked, and the trainer then scores them without an end-of-turn token (its own
+    ``truncated`` setting). Pair rows carry ``chosen_finish_reason`` and
+    ``rejected_finish_reason`` either way.
+    ``num_pairs_per_prompt``: up to this many pairs per prompt, each drawn as the first
+    from the completions no earlier pair of the prompt used (a completion is never reused
+    within a prompt); pair k > 1 gets the id ``<id>#k``. The first pair is the one
+    ``num_pairs_per_prompt=1`` gives.
     """
+    if truncated not in TRUNCATED_POLICIES:
+        raise ValueError(f"truncated must be one of {list(TRUNCATED_POLICIES)}, got {truncated!r}")
+    if (
+        isinstance(num_pairs_per_prompt, bool)
+        or not isinstance(num_pairs_per_prompt, int)
+        or num_pairs_per_prompt < 1
+    ):
+        raise ValueError(f"num_pairs_per_prompt must be a positive int, got {num_pairs_per_prompt!r}")
     if min_ref_rewards is not None and (
         isinstance(min_ref_rewards, bool)
         or not isinstance(min_ref_rewards, int)
@@ -227,19 +316,30 @@ def make_pairs(
     pairs: list[dict[str, Any]] = []
     skips: list[dict[str, str]] = []
     seen: dict[str, int] = {}
+    pair_ids: set[str] = set()
     for index, record in enumerate(records):
         validate_rewards(record, index)
         rid = record_id(record, index)
         if rid in seen:
             raise RecordError(rid, "id", f"duplicate id (rows {seen[rid]} and {index})")
         seen[rid] = index
-        row = _pair_or_skip(
+        rows = _pair_or_skip(
             record,
             rid,
             seed=seed,
             low_threshold=low_threshold,
             n_ref=n_ref,
             min_ref_rewards=min_ref_rewards,
+            truncated=truncated,
+            num_pairs_per_prompt=num_pairs_per_prompt,
         )
-        (skips if "reason" in row else pairs).append(row)
+        if "reason" in rows[0]:
+            skips.extend(rows)
+            continue
+        for row in rows:
+            if row["id"] in pair_ids:
+                raise RecordError(rid, "id", f"pair id {row['id']!r} is taken by another prompt's pair: "
+                                  "rename the prompt or set num_pairs_per_prompt=1")
+            pair_ids.add(row["id"])
+        pairs.extend(rows)
     return pairs, skips

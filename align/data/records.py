@@ -13,11 +13,18 @@ Prompt record (sampling adds ``completions``; annotation adds ``rewards``)::
                   "is_reference": bool, "source": str}
     rewards:      list of float | None, one per completion
     reward_skips: list of str | None, why a reward is None
+    num_ref_dropped: int (optional), reference samples that sampling with
+                  ``overlong=drop`` removed; the pairs stage expects n - num_ref_dropped
+
+A completion with ``finish_reason`` "length" was cut at the token budget: it never ended
+its turn, so it must not be trained with an end-of-turn token (see ``truncated`` in the
+pairs stage and the trainer).
 
 Pair record (``align pairs`` output, what the preference trainer reads)::
 
     id, messages, chosen, rejected, chosen_reward, rejected_reward,
-    chosen_quantile, rejected_quantile, num_ref_rewards, pair_fallback
+    chosen_quantile, rejected_quantile, num_ref_rewards, pair_fallback,
+    chosen_finish_reason, rejected_finish_reason, num_ref_dropped
 
 The reference log-prob pass adds ``ref_chosen_logps``, ``ref_rejected_logps``,
 ``chosen_length`` and ``rejected_length``.
@@ -48,6 +55,9 @@ PAIR_FIELDS = (
     "rejected_quantile",
     "num_ref_rewards",
     "pair_fallback",
+    "chosen_finish_reason",
+    "rejected_finish_reason",
+    "num_ref_dropped",
 )
 
 REF_LOGP_FIELDS = ("ref_chosen_logps", "ref_rejected_logps", "chosen_length", "rejected_length")
@@ -132,6 +142,9 @@ def validate_pair(record: Mapping[str, Any], index: int | None = None, *, need_r
     for name in ("chosen", "rejected"):
         if not isinstance(record.get(name), str):
             raise RecordError(rid, name, f"expected a completion string, got {record.get(name)!r}")
+        reason = record.get(f"{name}_finish_reason")
+        if reason is not None and not isinstance(reason, str):
+            raise RecordError(rid, f"{name}_finish_reason", f"expected a string or null, got {reason!r}")
     if need_ref_logps:
         for name in REF_LOGP_FIELDS:
             value = record.get(name)

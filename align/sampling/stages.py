@@ -9,6 +9,9 @@ Output rows are the input prompt records plus:
     completions:   the existing completions (if any) followed by the new ones
     num_overlong:  how many new completions hit the token budget (finish_reason "length");
                    with overlong="drop" they are not in `completions`, only counted here
+    num_ref_dropped: (reference sampling) how many of the n reference samples overlong="drop"
+                   removed, so the pairs stage expects n - num_ref_dropped references; the
+                   offline stage passes it through unchanged
     skip_reason:   set (and no completions added) when the prompt alone fills the model's
                    context, so nothing can be generated; such a record is not lost
 """
@@ -100,11 +103,13 @@ def sample_references(
         by_id = dict(zip((r["id"] for r in todo), drawn))
         out = []
         for record in batch:
-            row = {**record, "completions": _existing_completions(record), "num_overlong": 0}
+            row = {**record, "completions": _existing_completions(record), "num_overlong": 0,
+                   "num_ref_dropped": record.get("num_ref_dropped") or 0}
             if skips[record["id"]] is not None:
                 row["skip_reason"] = skips[record["id"]]
             else:
                 kept, row["num_overlong"] = _keep(by_id[record["id"]], overlong)
+                row["num_ref_dropped"] += len(by_id[record["id"]]) - len(kept)
                 row["completions"] += [c.to_record(is_reference=True, seed=seed) for c in kept]
             out.append(row)
         return out

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Literal
 
 from align.io import read_records, write_jsonl
 from align.stages.common import already_done, check_stage_input, finish
@@ -26,25 +27,39 @@ class Config:
         default=0.2, metadata={"help": "rejected pool: R_q <= max(low_threshold, 1/n) (SPEC §7)"}
     )
     num_ref_rewards: int | None = field(
-        default=None, metadata={"help": "expected n reference rewards per prompt (None: no check)"}
+        default=None,
+        metadata={"help": "n references drawn per prompt (None: no check); a row expects n - its num_ref_dropped"},
+    )
+    truncated: Literal["exclude", "train_without_end"] = field(
+        default="exclude",
+        metadata={"help": "completions cut at the token budget: exclude (never chosen/rejected, still "
+                  "references) | train_without_end (pairable; train with truncated=train_without_end)"},
+    )
+    num_pairs_per_prompt: int = field(
+        default=1, metadata={"help": "up to this many pairs per prompt, no completion reused within a prompt"}
     )
     overwrite: bool = field(default=False, metadata={"help": "redo even if the output is complete"})
 
 
 def run(config: Config) -> dict:
     """Select pairs for every annotated prompt; record why a prompt gave none."""
-    from align.data.pairs import make_pairs
+    from align.data.pairs import is_truncated, make_pairs
 
     if already_done(config.output_dir, "pairs", overwrite=config.overwrite):
         return {}
     check_stage_input(config.input, "pairs", "input")
     records = read_records(config.input)
     pairs, skips = make_pairs(
-        records, seed=config.seed, low_threshold=config.low_threshold, n_ref=config.num_ref_rewards
+        records, seed=config.seed, low_threshold=config.low_threshold, n_ref=config.num_ref_rewards,
+        truncated=config.truncated, num_pairs_per_prompt=config.num_pairs_per_prompt,
     )
     out = Path(config.output_dir)
     write_jsonl(out / "pairs.jsonl", pairs)
     write_jsonl(out / "skipped.jsonl", skips)
     fallbacks = sum(1 for p in pairs if p.get("pair_fallback"))
-    summary = {"prompts": len(records), "pairs": len(pairs), "skipped": len(skips), "fallbacks": fallbacks}
+    truncated = sum(is_truncated(c) for r in records for c in r.get("completions") or [])
+    paired_truncated = sum((p["chosen_finish_reason"] == "length") + (p["rejected_finish_reason"] == "length")
+                           for p in pairs)
+    summary = {"prompts": len(records), "pairs": len(pairs), "skipped": len(skips), "fallbacks": fallbacks,
+               "truncated_completions": truncated, "truncated_in_pairs": paired_truncated}
     return finish("pairs", config, out, summary)

@@ -50,6 +50,20 @@ def test_overlong_completions_are_dropped_and_counted(sampler, tmp_path):
     assert summary["completions"] + summary["overlong"] == 16
 
 
+def test_reference_rows_record_how_many_references_overlong_drop_removed(sampler, tmp_path):
+    sample_references(_records(4), sampler, output_dir=tmp_path / "drop", n=4, max_tokens=2, overlong="drop")
+    dropped = read_output(tmp_path / "drop")
+    assert sum(r["num_ref_dropped"] for r in dropped) > 0
+    for row in dropped:
+        assert row["num_ref_dropped"] == row["num_overlong"] == 4 - len(row["completions"])
+    sample_references(_records(4), sampler, output_dir=tmp_path / "flag", n=4, max_tokens=2, overlong="flag")
+    assert all(r["num_ref_dropped"] == 0 for r in read_output(tmp_path / "flag"))
+    # offline sampling passes the reference count through
+    sample_offline(dropped, sampler, output_dir=tmp_path / "offline", max_tokens=2, overlong="drop")
+    offline = {r["id"]: r for r in read_output(tmp_path / "offline")}
+    assert all(offline[r["id"]]["num_ref_dropped"] == r["num_ref_dropped"] for r in dropped)
+
+
 def test_resumed_sampling_equals_an_uninterrupted_run(sampler, tmp_path):
     whole, resumed = tmp_path / "whole", tmp_path / "resumed"
     kwargs = {"n": 2, "max_tokens": 10, "seed": 1, "batch_size": 4}
