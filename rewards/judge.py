@@ -12,8 +12,12 @@ those in the top-20 with vLLM/OpenAI). No scale token visible → a recorded ski
 
 Pairwise (optional, default top 5): the top-k completions of a prompt by pointwise score
 are sorted by odd–even transposition with comparisons asked in both orders and averaged
-(see `rewards.pairwise`); an empty completion always loses without asking. The final
-ranking is the top-k in pairwise order, then the rest by pointwise score. Rewards must
+(see `rewards.pairwise`). Empty completions never enter the top-k: they are ranked last,
+below every non-empty completion (an empty completion compared directly still loses
+without asking). When only one of the two orders gives a readable answer the comparison
+records `orders_used: 1`; `single_order="score"` uses that order alone, `"skip"` treats
+the pair as undecided (it keeps its pointwise order). The final ranking is the top-k in
+pairwise order, then the rest by pointwise score. Rewards must
 stay numbers for the quantile stage, so the top-k's own pointwise values are re-dealt in
 pairwise order (the best pairwise completion gets the highest of their pointwise scores):
 values stay on the judge's scale and sort into exactly the final ranking. The original
@@ -51,7 +55,9 @@ class JudgeConfig:
 
     scale:          inclusive integer range of the rating (default (1, 9), 9 best, as in the
                     report; the published judge code defaults to 1–8, an off-by-one). Every
-                    label must be a single token of the judge's tokenizer.
+                    label must be spelled by a single token of the judge's tokenizer (with
+                    or without a leading space or marker; all such tokens are summed);
+                    checked when the judge is built.
     top_k_pairwise: how many of a prompt's best pointwise completions to rank pairwise
                     (default 5; 0 or 1 turns pairwise ranking off).
     max_phases:     limit on odd–even phases (default None = top_k, enough for any order).
@@ -59,6 +65,8 @@ class JudgeConfig:
                     ($charter, $question, $response / $response_a, $response_b,
                     $scale_min, $scale_max).
     pairwise_labels: the two answer tokens for "first shown is better" / "second is".
+    single_order:   a pairwise comparison where only one order was readable: "score" (use
+                    that order alone, recorded as orders_used 1) or "skip" (undecided).
     """
 
     scale: tuple[int, int] = (1, 9)
@@ -67,6 +75,7 @@ class JudgeConfig:
     pointwise_template: str = "judge_pointwise"
     pairwise_template: str = "judge_pairwise"
     pairwise_labels: tuple[str, str] = ("A", "B")
+    single_order: str = "score"
 
     def __post_init__(self) -> None:
         low, high = self.scale
@@ -78,6 +87,8 @@ class JudgeConfig:
             raise ValueError(f"max_phases must be >= 1 or None, got {self.max_phases}")
         if len(set(self.pairwise_labels)) != 2:
             raise ValueError(f"pairwise_labels must be two different labels, got {self.pairwise_labels}")
+        if self.single_order not in ("score", "skip"):
+            raise ValueError(f"single_order must be 'score' or 'skip', got {self.single_order!r}")
 
     @property
     def labels(self) -> list[str]:
@@ -111,11 +122,14 @@ class ConstitutionalJudge(RewardProvider):
         pointwise_template: str = "judge_pointwise",
         pairwise_template: str = "judge_pairwise",
         pairwise_labels: tuple[str, str] = ("A", "B"),
+        single_order: str = "score",
     ):
         """`charter`: a Charter, a charter file path, or None for the default charter."""
         self.config = JudgeConfig(tuple(scale), top_k_pairwise, max_phases, pointwise_template, pairwise_template,
-                                  tuple(pairwise_labels))
+                                  tuple(pairwise_labels), single_order)
         self.backend = backend
+        backend.check_labels(self.config.labels)  # a label no single token spells fails here, not mid-run
+        backend.check_labels(list(self.config.pairwise_labels))
         self.charter = charter if isinstance(charter, Charter) else load_charter(charter)
         self.pointwise_template = _checked_template(pointwise_template, {"charter", "question", "response"})
         self.pairwise_template = _checked_template(pairwise_template, {"charter", "question", "response_a", "response_b"})
@@ -185,12 +199,13 @@ class ConstitutionalJudge(RewardProvider):
         pointwise = super().score_groups(conversations, completion_groups)
         if self.config.top_k_pairwise < 2:
             return pointwise
-        candidates = [_top_k(group, self.config.top_k_pairwise) for group in pointwise]
+        candidates = [_top_k(group, self.config.top_k_pairwise, texts) for group, texts in zip(pointwise, completion_groups)]
         compare = lambda pairs: self.compare_pairs(
             [(conversations[g], completion_groups[g][a], completion_groups[g][b]) for g, a, b in pairs]
         )
         rankings = odd_even_rank(candidates, compare, max_phases=self.config.max_phases)
-        return [_apply_ranking(scores, ranking) for scores, ranking in zip(pointwise, rankings)]
+        ranked = [_apply_ranking(scores, ranking) for scores, ranking in zip(pointwise, rankings)]
+        return [_empty_last(scores, texts, self.config.scale[0]) for scores, texts in zip(ranked, completion_groups)]
 
     def compare_pairs(self, pairs: Sequence[tuple[Conversation, str, str]]) -> list[Comparison]:
         """P(first better) for each (conversation, first, second), asked in both orders."""
@@ -210,7 +225,7 @@ class ConstitutionalJudge(RewardProvider):
                 p_as_a = preference_from_logprobs(ab.get(label_a), ab.get(label_b))
                 p_b_first = preference_from_logprobs(ba.get(label_a), ba.get(label_b))
                 p_as_b = None if p_b_first is None else 1.0 - p_b_first
-                results[i] = combine_orders(p_as_a, p_as_b)
+                results[i] = combine_orders(p_as_a, p_as_b, single_order=self.config.single_order)
         return results  # type: ignore[return-value]
 
     def fingerprint(self) -> dict[str, Any]:
@@ -224,6 +239,7 @@ class ConstitutionalJudge(RewardProvider):
             "scale": list(self.config.scale),
             "top_k_pairwise": self.config.top_k_pairwise,
             "max_phases": self.config.max_phases,
+            "single_order": self.config.single_order,
         }
 
 
@@ -237,10 +253,22 @@ def _checked_template(name: str, required: set[str]) -> Template:
     return template
 
 
-def _top_k(scores: Sequence[Score], k: int) -> list[int]:
-    """Indices of the k best scored completions, best first (ties: input order)."""
-    scored = [i for i, s in enumerate(scores) if s.value is not None]
+def _top_k(scores: Sequence[Score], k: int, texts: Sequence[str]) -> list[int]:
+    """Indices of the k best scored non-empty completions, best first (ties: input order)."""
+    scored = [i for i, s in enumerate(scores) if s.value is not None and not is_empty(texts[i])]
     return sorted(scored, key=lambda i: -scores[i].value)[:k]
+
+
+def _empty_last(scores: list[Score], texts: Sequence[str], floor: float) -> list[Score]:
+    """Rank empty completions below every non-empty one: a value above the lowest non-empty
+    value (or above the scale minimum) is lowered to the lower of the two."""
+    values = [s.value for s, t in zip(scores, texts) if s.value is not None and not is_empty(t)]
+    lowest = min([floor, *values])
+    out = list(scores)
+    for i, (score, text) in enumerate(zip(scores, texts)):
+        if is_empty(text) and score.value is not None and score.value > lowest:
+            out[i] = Score(lowest, None, {**score.details, "empty_ranked_last": True})
+    return out
 
 
 def _empty_comparison(first: str, second: str) -> Comparison:
@@ -266,6 +294,7 @@ def _apply_ranking(scores: list[Score], ranking: GroupRanking) -> list[Score]:
             "pairwise_wins": sum(c.first_wins > 0.5 for c in mine),
             "pairwise_orders_agree": sum(agreed),
             "pairwise_orders_read": len(agreed),
+            "pairwise_single_order": sum(c.orders_used == 1 for c in mine),
             "pairwise_phases": ranking.phases,
         }
         out[index] = Score(value, None, details)

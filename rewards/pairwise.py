@@ -30,6 +30,8 @@ class Comparison:
     p_first_as_b: P(first better) when shown as B
     orders_agree: whether both orders preferred the same completion (None: not both read)
     note:         why the judge was not asked or could not answer ("empty completion", ...)
+    orders_used:  how many orders `first_wins` rests on: 2, 1 (only one order readable,
+                  recorded instead of silently used) or 0 (not asked, or undecided)
     """
 
     first_wins: float
@@ -37,22 +39,36 @@ class Comparison:
     p_first_as_b: float | None = None
     orders_agree: bool | None = None
     note: str | None = None
+    orders_used: int = 0
 
     def flipped(self) -> Comparison:
         """The same comparison seen from the other completion's side."""
         flip = lambda p: None if p is None else 1.0 - p
-        return Comparison(1.0 - self.first_wins, flip(self.p_first_as_b), flip(self.p_first_as_a), self.orders_agree, self.note)
+        return Comparison(1.0 - self.first_wins, flip(self.p_first_as_b), flip(self.p_first_as_a), self.orders_agree,
+                          self.note, self.orders_used)
 
 
-def combine_orders(p_first_as_a: float | None, p_first_as_b: float | None) -> Comparison:
-    """Average the two presentation orders into one comparison."""
+def combine_orders(p_first_as_a: float | None, p_first_as_b: float | None, *, single_order: str = "score") -> Comparison:
+    """Average the two presentation orders into one comparison.
+
+    When only one order is readable the result says so (`orders_used=1` and a note):
+    `single_order="score"` uses that order alone, `"skip"` leaves the pair undecided
+    (first_wins 0.5, so the sort keeps the pointwise order).
+    """
+    if single_order not in ("score", "skip"):
+        raise ValueError(f"single_order must be 'score' or 'skip', got {single_order!r}")
     readable = [p for p in (p_first_as_a, p_first_as_b) if p is not None]
     if not readable:
         return Comparison(0.5, None, None, None, "judge gave neither label in either order")
-    agree = None
-    if len(readable) == 2:
-        agree = (p_first_as_a > 0.5) == (p_first_as_b > 0.5) if 0.5 not in readable else None
-    return Comparison(sum(readable) / len(readable), p_first_as_a, p_first_as_b, agree)
+    if len(readable) == 1:
+        which = "A" if p_first_as_a is not None else "B"
+        if single_order == "skip":
+            return Comparison(0.5, p_first_as_a, p_first_as_b, None,
+                              f"only one order readable (first shown as {which}); skipped", 0)
+        return Comparison(readable[0], p_first_as_a, p_first_as_b, None,
+                          f"only one order readable (first shown as {which})", 1)
+    agree = (p_first_as_a > 0.5) == (p_first_as_b > 0.5) if 0.5 not in readable else None
+    return Comparison(sum(readable) / 2, p_first_as_a, p_first_as_b, agree, None, 2)
 
 
 def preference_from_logprobs(a: float | None, b: float | None) -> float | None:

@@ -9,7 +9,13 @@ give each answer label (`"1"` ... `"9"`, or `"A"` / `"B"`) as its first answer t
 - `OpenAIJudgeBackend`: any OpenAI-compatible `completions` endpoint (`vllm serve`).
 """
 
-from rewards.judge_backends.base import JudgeBackend, LabelLogprobs, single_token_ids
+from rewards.judge_backends.base import (
+    JudgeBackend,
+    LabelLogprobs,
+    label_text,
+    label_token_ids,
+    single_token_ids,
+)
 from rewards.judge_backends.hf import TransformersJudgeBackend
 from rewards.judge_backends.openai import OpenAIJudgeBackend
 from rewards.judge_backends.vllm_backend import VLLMJudgeBackend
@@ -20,5 +26,7 @@ __all__ = [
     "OpenAIJudgeBackend",
     "TransformersJudgeBackend",
     "VLLMJudgeBackend",
+    "label_text",
+    "label_token_ids",
     "single_token_ids",
 ]

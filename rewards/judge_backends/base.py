@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from abc import ABC, abstractmethod
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -46,17 +47,77 @@ class JudgeBackend(ABC):
         backend may compute it once and reuse it. It must not change the result.
         """
 
+    def check_labels(self, labels: Sequence[str]) -> dict[str, list[int]]:
+        """The token ids each label is read from; raises (naming the label) if a label is not
+        one token. The judge calls this when it is built, so a bad scale fails at once."""
+        key = tuple(labels)
+        cache = self.__dict__.setdefault("_label_ids", {})
+        if key not in cache:
+            cache[key] = label_token_ids(self.tokenizer, labels)
+        return cache[key]
+
     def describe(self) -> dict[str, Any]:
         """Identity of the judge model, for the annotation job's fingerprint."""
         return {"backend": self.name, "model": str(getattr(self.tokenizer, "name_or_path", ""))}
 
 
-def single_token_ids(tokenizer: Any, labels: Sequence[str]) -> dict[str, int]:
-    """Token id of each label; raises if a label is not exactly one token.
+SPACE_MARKERS = "\u2581"
+"""SentencePiece's word-boundary marker; byte-level BPE markers (Ġ) vanish when a token is decoded."""
 
-    The judge reads a single next-token distribution, so a label spelled with two tokens
-    ("10" in many tokenizers) cannot be scored from it; say so instead of reading half a
-    label.
+
+def label_text(token_text: str) -> str:
+    """What a decoded token says as an answer label: whitespace and SentencePiece markers stripped."""
+    for marker in SPACE_MARKERS:
+        token_text = token_text.replace(marker, " ")
+    return token_text.strip()
+
+
+def label_token_ids(tokenizer: Any, labels: Sequence[str]) -> dict[str, list[int]]:
+    """Every token id that decodes to each label, e.g. "9", " 9" and "▁9" for the label "9".
+
+    A label's probability is the sum over all of these tokens (Appendix E.4.5 of the Apertus
+    report rates with single answer tokens; tokenizers spell a digit with and without a
+    leading space or marker, and the judge may put its mass on either). Special tokens
+    never count. A label that no single token spells (e.g. "10" where the vocabulary has
+    only "1" and "0") is refused with an error when the judge is built: the judge reads
+    one next-token distribution, and half a label is not an answer.
+    """
+    wanted: dict[str, str] = {}
+    for label in labels:
+        key = label_text(label)
+        if not key:
+            raise ValueError(f"answer label {label!r} is empty once whitespace is stripped")
+        if key in wanted:
+            raise ValueError(f"answer labels {wanted[key]!r} and {label!r} are the same once whitespace is stripped")
+        wanted[key] = label
+    special = set(getattr(tokenizer, "all_special_ids", []) or [])
+    quick = all(key.isascii() for key in wanted)  # ASCII label characters appear verbatim in raw tokens
+    groups: dict[str, list[int]] = {label: [] for label in labels}
+    for token, token_id in sorted(tokenizer.get_vocab().items(), key=lambda item: item[1]):
+        if token_id in special:
+            continue
+        if quick and not token.startswith("<0x") and not any(key in token for key in wanted):
+            continue
+        key = label_text(tokenizer.decode([token_id]))
+        if key in wanted:
+            groups[wanted[key]].append(token_id)
+    missing = [label for label, ids in groups.items() if not ids]
+    if missing:
+        spelled = {
+            label: tokenizer.convert_ids_to_tokens(tokenizer(label, add_special_tokens=False)["input_ids"]) for label in missing
+        }
+        raise ValueError(
+            f"answer labels {missing} are not a single token in this tokenizer (spelled {spelled}); the judge reads "
+            "one answer token, so every label must be one token, with or without a leading space (e.g. use the scale 1-9)"
+        )
+    return groups
+
+
+def single_token_ids(tokenizer: Any, labels: Sequence[str]) -> dict[str, int]:
+    """Token id of each label as written (no variants); raises if a label is not exactly one token.
+
+    Kept for callers that need the plain spelling; the backends read every variant
+    through `label_token_ids`.
     """
     ids: dict[str, int] = {}
     for label in labels:
@@ -71,3 +132,12 @@ def single_token_ids(tokenizer: Any, labels: Sequence[str]) -> dict[str, int]:
     if len(set(ids.values())) != len(ids):
         raise ValueError(f"answer labels {list(labels)} do not map to distinct tokens: {ids}")
     return ids
+
+
+def logsumexp(values: Sequence[float]) -> float:
+    """log Σ exp(v), stable; -inf for no values."""
+    finite = [v for v in values if v != float("-inf")]
+    if not finite:
+        return float("-inf")
+    top = max(finite)
+    return top + math.log(sum(math.exp(v - top) for v in finite))

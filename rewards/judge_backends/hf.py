@@ -22,7 +22,7 @@ from typing import Any
 import torch
 from tqdm.auto import tqdm
 
-from rewards.judge_backends.base import JudgeBackend, LabelLogprobs, single_token_ids
+from rewards.judge_backends.base import JudgeBackend, LabelLogprobs
 from rewards.reward_model import resolve_device, resolve_dtype
 from rewards.text import encode_rendered, sorted_batches
 
@@ -71,7 +71,7 @@ class TransformersJudgeBackend(JudgeBackend):
     def label_logprobs(
         self, prompts: Sequence[str], labels: Sequence[str], *, shared_prefix: str | None = None
     ) -> list[LabelLogprobs]:
-        label_ids = single_token_ids(self.tokenizer, labels)
+        label_ids = self.check_labels(labels)
         sequences = [encode_rendered(self.tokenizer, p) for p in prompts]
         prefix = self._usable_prefix(shared_prefix)
         with_prefix = [i for i, s in enumerate(sequences) if prefix and len(s) > len(prefix) and s[: len(prefix)] == prefix]
@@ -112,7 +112,7 @@ class TransformersJudgeBackend(JudgeBackend):
         return kv
 
     def _run(
-        self, sequences: list[list[int]], label_ids: dict[str, int], kv: PrefixKV | None, offset: int
+        self, sequences: list[list[int]], label_ids: dict[str, list[int]], kv: PrefixKV | None, offset: int
     ) -> list[LabelLogprobs]:
         """Label logprobs at the last token of each sequence, in length-sorted batches."""
         out: list[LabelLogprobs] = [{} for _ in sequences]
@@ -120,10 +120,10 @@ class TransformersJudgeBackend(JudgeBackend):
         show = self.show_progress and len(batches) > 1
         for batch in tqdm(batches, desc=f"judge ({self.name})", unit="batch", disable=not show, leave=False):
             logprobs = self._forward([sequences[i] for i in batch], kv, offset)
-            ids = torch.tensor(list(label_ids.values()))
-            picked = logprobs[:, ids].tolist()
+            # a label's logprob: log Σ p over every token that spells it ("9", " 9", "▁9")
+            picked = {label: torch.logsumexp(logprobs[:, ids], dim=-1).tolist() for label, ids in label_ids.items()}
             for row, index in enumerate(batch):
-                out[index] = dict(zip(label_ids, picked[row]))
+                out[index] = {label: values[row] for label, values in picked.items()}
         return out
 
     @torch.inference_mode()

@@ -2,8 +2,9 @@
 
 One POST to `{base_url}/completions` per batch of prompts, with `max_tokens=1`,
 `temperature=0` and `logprobs=20`; each choice's `logprobs.top_logprobs[0]` maps token
-strings to logprobs. A label counts when a top token's text equals it exactly, the same
-token the local backends read by id.
+strings to logprobs. A label's logprob sums every top token whose text is the label once
+whitespace and SentencePiece markers are stripped ("9", " 9", "▁9"), as the local backends
+sum every token id that decodes to it. Top tokens that spell no label are ignored.
 
 Prompts are rendered locally with the judge's chat template (pass its tokenizer), and a
 leading BOS is removed from the text: the server tokenizes with its special tokens and
@@ -20,7 +21,7 @@ import urllib.request
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from rewards.judge_backends.base import JudgeBackend, LabelLogprobs
+from rewards.judge_backends.base import JudgeBackend, LabelLogprobs, label_text, logsumexp
 
 
 class OpenAIJudgeBackend(JudgeBackend):
@@ -63,7 +64,7 @@ class OpenAIJudgeBackend(JudgeBackend):
         for start in range(0, len(prompts), self.batch_size):
             batch = [self._strip_bos(p) for p in prompts[start : start + self.batch_size]]
             for top in self._top_logprobs(batch):
-                results.append({label: float(top[label]) for label in labels if label in top})
+                results.append(labels_from_top(top, labels))
         return results
 
     def _strip_bos(self, text: str) -> str:
@@ -123,3 +124,14 @@ class OpenAIJudgeBackend(JudgeBackend):
                     raise RuntimeError(f"{self.url}: request failed after {attempt + 1} tries: {error}") from None
             time.sleep(0.5 * 2**attempt)
         raise AssertionError("unreachable")
+
+
+def labels_from_top(top: Mapping[str, float], labels: Sequence[str]) -> LabelLogprobs:
+    """Sum a top-k {token text: logprob} mapping into label logprobs (variants added up)."""
+    by_key = {label_text(label): label for label in labels}
+    seen: dict[str, list[float]] = {}
+    for token, logprob in top.items():
+        label = by_key.get(label_text(token))
+        if label is not None:
+            seen.setdefault(label, []).append(float(logprob))
+    return {label: logsumexp(values) for label, values in seen.items()}

@@ -18,13 +18,15 @@ def make_judge(lm, tok, charter, *, reuse_prefix=True, batch_size=3, **kwargs) -
 
 
 def reference_score(lm, tok, text: str, scale=(1, 9)) -> float:
-    """Σ k·p(k) / Σ p(k) straight from the model's logits over the unpadded prompt."""
+    """Σ k·p(k) / Σ p(k) straight from the model's logits over the unpadded prompt, p(k) the
+    sum over the label's spellings in the tiny byte-level vocabulary: "k" and "Ġk" (" k")."""
     ids = tok(text, add_special_tokens=False)["input_ids"]  # the template wrote the one BOS
     assert ids.count(tok.bos_token_id) == 1
     with torch.no_grad():
         probs = torch.softmax(lm(input_ids=torch.tensor([ids])).logits[0, -1].double(), dim=-1)
     ks = range(scale[0], scale[1] + 1)
-    p = [probs[tok.convert_tokens_to_ids(str(k))].item() for k in ks]
+    vocab = tok.get_vocab()
+    p = [sum(probs[vocab[s]].item() for s in (str(k), "Ġ" + str(k)) if s in vocab) for k in ks]
     return sum(k * pk for k, pk in zip(ks, p)) / sum(p)
 
 
@@ -100,11 +102,10 @@ def test_scale_is_a_setting(judge_lm, chat_tokenizer, short_charter):
     assert 1 <= score.value <= 5
 
 
-def test_multi_token_scale_labels_are_refused(judge_lm, chat_tokenizer, short_charter):
+def test_multi_token_scale_labels_are_refused_when_the_judge_is_built(judge_lm, chat_tokenizer, short_charter):
     assert len(chat_tokenizer("1000", add_special_tokens=False)["input_ids"]) > 1
-    judge = make_judge(judge_lm, chat_tokenizer, short_charter, scale=(998, 1002))
-    with pytest.raises(ValueError, match=r"answer label '\d+' is 2 tokens .* must be a single token"):
-        judge.score([prompt("Hi?")], ["Hello."])
+    with pytest.raises(ValueError, match=r"answer labels \['998', '999', '1000', '1001', '1002'\] are not a single token"):
+        make_judge(judge_lm, chat_tokenizer, short_charter, scale=(998, 1002))
 
 
 def test_expected_score_uses_only_visible_labels():
@@ -164,13 +165,14 @@ def test_pairwise_ranking_reorders_the_top_k_only(judge_lm, chat_tokenizer, shor
         assert 0 <= details["pairwise_orders_agree"] <= details["pairwise_orders_read"]
 
 
-def test_empty_completion_always_loses_pairwise(judge_lm, chat_tokenizer, short_charter):
+def test_empty_completion_never_enters_the_pairwise_top_k(judge_lm, chat_tokenizer, short_charter):
     judge = make_judge(judge_lm, chat_tokenizer, short_charter, top_k_pairwise=4)
     group = ["", "Paris.", "Lyon.", "It is Paris, of course."]
     final = judge.score_groups([prompt(QUESTIONS[0])], [group])[0]
-    assert final[0].value is not None  # rated pointwise like any response
-    assert final[0].details["pairwise_rank"] == 4
-    assert final[0].value == min(s.value for s in final)
+    assert final[0].value is not None
+    assert "pairwise_rank" not in final[0].details  # never compared
+    assert sorted(final[i].details["pairwise_rank"] for i in (1, 2, 3)) == [1, 2, 3]
+    assert final[0].value < min(s.value for s in final[1:])  # ranked last
 
 
 def test_pairwise_off_keeps_pointwise(judge_lm, chat_tokenizer, short_charter):

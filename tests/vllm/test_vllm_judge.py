@@ -49,6 +49,9 @@ CONVERSATIONS = [
 RESPONSES = ["Paris.", "Fewer cars in the centre, more buses and bike lanes.", "7", "It depends on the harm a lie prevents."]
 TARGET_LOGITS = {"1": 8.0, "2": 9.5, "3": 10.0, "4": 9.0, "5": 8.5, "A": 8.8, "B": 9.2}
 HIDDEN_LOGITS = {str(k): -10.0 for k in range(6, 10)}
+# the tiny vocabulary also spells each digit " k" ("Ġk"); the judge adds those up, so keep
+# them far below (tests/vllm/test_vllm_judge_labels.py gives them mass on purpose)
+HIDDEN_LOGITS |= {f"\u0120{k}": -10.0 for k in range(1, 10)}
 
 
 @pytest.fixture(scope="module")
