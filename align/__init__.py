@@ -10,6 +10,8 @@ The pipeline's stages as Python functions over lists of records or `datasets.Dat
     pairs, skipped = align.make_pairs(annotated, seed=0)             # quantiles + pairs
     align.compute_ref_logprobs(pairs, model, tokenizer, output_dir=..., ...)
     align.train(align.PreferenceConfig(loss_type="qrpo", ...), rows)  # QRPO / DPO
+    align.evaluate(held_out, [align.EvalPolicy("sft", sampler=...), ...], provider,
+                   output_dir, baseline="sft")                     # win rates, KL, CIs
 
 Names load on first use, so `import align` stays light.
 """
@@ -36,6 +38,9 @@ _LAZY: dict[str, tuple[str, str]] = {
     "load_ref_logprobs": ("align.logprobs", "load_ref_logprobs"),
     "PreferenceConfig": ("align.trainers.preference_config", "PreferenceConfig"),
     "train": ("align.trainers.preference_trainer", "train"),
+    "evaluate": ("align.eval.evaluate", "evaluate"),
+    "EvalPolicy": ("align.eval.evaluate", "EvalPolicy"),
+    "EvalSettings": ("align.eval.evaluate", "EvalSettings"),
     "decontaminate": ("align.data.decontaminate", "decontaminate"),
     "read_records": ("align.io", "read_records"),
     "read_output": ("align.jobs", "read_output"),

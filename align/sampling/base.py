@@ -38,7 +38,9 @@ class Completion:
     model generated, special ones included (tool-call markers, thoughts). ``num_tokens``
     counts the generated tokens including the end-of-turn token when one was emitted, as
     the length-normalised losses count |y|. ``finish_reason`` is "stop" (a stop token was
-    generated) or "length" (the token budget ran out).
+    generated) or "length" (the token budget ran out). ``token_ids`` are the ``num_tokens``
+    generated ids themselves (what log-prob estimates score, with no re-tokenization); they
+    stay out of the stage records.
     """
 
     text: str
@@ -46,6 +48,7 @@ class Completion:
     finish_reason: str
     model: str
     params: Mapping[str, Any] = field(default_factory=dict)
+    token_ids: tuple[int, ...] = ()
 
     def source(self, **extra: Any) -> str:
         """The record's ``source``: model and sampling parameters, as ``key=value`` pairs."""
@@ -176,7 +179,7 @@ class PromptEncoder:
         else:
             kept, num_tokens, reason = ids, len(ids), "length"
         text = self.tokenizer.decode(kept, skip_special_tokens=False, clean_up_tokenization_spaces=False)
-        return Completion(text, num_tokens, reason, model, dict(params))
+        return Completion(text, num_tokens, reason, model, dict(params), tuple(ids[:num_tokens]))
 
 
 def _unique(ids: Sequence[int]) -> list[int]:

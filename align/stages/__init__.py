@@ -18,6 +18,7 @@ STAGES: dict[str, tuple[str, str]] = {
     "pairs": ("align.stages.pairs", "quantile rewards against the references, then chosen/rejected pairs"),
     "logprobs": ("align.stages.logprobs", "one offline pass of reference log-probs for the pairs"),
     "train": ("align.stages.train", "QRPO or DPO preference training"),
+    "evaluate": ("align.stages.evaluate", "rewards, win rates against a baseline and KL, with confidence intervals"),
     "decontaminate": ("align.stages.decontaminate", "remove training prompts that overlap benchmarks"),
     "pipeline": ("align.stages.pipeline", "every stage from one recipe, skipping finished ones"),
     "demo": ("align.stages.demo", "the whole method on a tiny model on CPU, in minutes"),

@@ -1,0 +1,636 @@
+"""`evaluate`: several policies on the same prompts, scored, compared to a baseline, with CIs.
+
+The steps, each a resumable job (``align.jobs``) under ``output_dir`` so that a killed
+evaluation restarts where it stopped and ends exactly as an uninterrupted one:
+
+1. ``generations/<policy>``: per prompt, a greedy completion and ``n`` samples at
+   ``temperature`` from each policy's sampler (or completions given in its place);
+2. ``scores/<policy>``: every completion scored by one reward provider (reward model,
+   judge pointwise, verifiable answers);
+3. ``pairwise/<policy>``: with the constitutional judge, each policy's completions
+   against the baseline's, asked in both orders;
+4. ``kl/<policy>``: log π − log π_ref of each sample (see `align.eval.kl`).
+
+Then ``eval.jsonl`` (one row per prompt: completions, scores, comparisons), ``report.json``,
+``report.md`` and the plots are written from the job outputs, so they are the same after
+any number of restarts.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from align.data.records import RecordError, record_id, validate_prompt
+from align.eval import stats
+from align.jobs import is_complete as all_written
+from align.jobs import read_output, run_job
+from align.sampling.base import Sampler, derive_seed
+
+BREAKDOWN_COLUMNS = ("language", "category")
+# Completion length relative to the baseline's, for win rates within length buckets.
+LENGTH_BUCKETS = ("shorter", "same", "longer")
+
+
+@dataclass
+class EvalPolicy:
+    """One policy: a sampler to generate with, or completions generated before.
+
+    name:        the label in every table (unique).
+    sampler:     generates greedy and sampled completions (transformers or vLLM).
+    completions: records with ``id`` and ``completions`` (a ``sample`` stage output, a
+                 list, or a path), used in place of a sampler: their first ``n``
+                 completions are the samples; there is no greedy completion.
+    model:       the causal LM for KL estimates; default the sampler's model when it has
+                 one in memory (transformers backend).
+    """
+
+    name: str
+    sampler: Sampler | None = None
+    completions: Sequence[Mapping[str, Any]] | str | Path | None = None
+    model: Any = None
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.name, str) or not self.name or "/" in self.name:
+            raise ValueError(f"policy name {self.name!r}: a non-empty name without '/'")
+        if (self.sampler is None) == (self.completions is None):
+            raise ValueError(f"policy {self.name!r}: give exactly one of sampler and completions")
+        if self.model is None and self.sampler is not None:
+            self.model = getattr(self.sampler, "model", None)
+
+
+@dataclass
+class EvalSettings:
+    """How completions are drawn, compared and summarised.
+
+    greedy / n / temperature / top_p / max_tokens / seed: generation. Each prompt's draws
+        are seeded by (seed, prompt id), so every policy gets the same random streams.
+    judge_pairwise: with the constitutional judge, also compare each policy's completions
+        with the baseline's head to head (both orders); ``pairwise_samples`` sampled pairs
+        per prompt besides the greedy pair.
+    kl: estimate KL(π‖π_ref) for each policy with a model, against ``kl_reference``
+        (default: the baseline); needs temperature 1 and top_p 1.
+    tie_margin: judge preferences within this distance of 0.5 count as ties.
+    resamples / confidence: the bootstrap.
+    batch_size: prompts per job batch; kl_batch_size: sequences per forward pass.
+    shard_index / num_shards: this task's share of the prompts (SLURM arrays, ranks); the
+        task that finishes last writes the report.
+    """
+
+    greedy: bool = True
+    n: int = 4
+    temperature: float = 1.0
+    top_p: float = 1.0
+    max_tokens: int = 512
+    seed: int = 0
+    judge_pairwise: bool = True
+    pairwise_samples: int = 1
+    kl: bool = True
+    kl_reference: str | None = None
+    tie_margin: float = 0.0
+    resamples: int = stats.DEFAULT_RESAMPLES
+    confidence: float = stats.DEFAULT_CONFIDENCE
+    batch_size: int = 16
+    kl_batch_size: int = 32
+    plots: bool = True
+    shard_index: int = 0
+    num_shards: int = 1
+
+    def __post_init__(self) -> None:
+        if self.n < 0 or (self.n == 0 and not self.greedy):
+            raise ValueError(f"n: at least one completion per prompt is needed (n={self.n}, greedy={self.greedy})")
+        if self.pairwise_samples < 0:
+            raise ValueError(f"pairwise_samples: must be >= 0, got {self.pairwise_samples}")
+        if not 0 <= self.tie_margin < 0.5:
+            raise ValueError(f"tie_margin: must be in [0, 0.5), got {self.tie_margin}")
+
+
+# --------------------------------------------------------------------------- inputs
+
+
+def check_prompts(prompts: Sequence[Mapping[str, Any]], source: str, reference_field: str | None) -> None:
+    """Every prompt has an id, ends in a user turn and (if needed) has its reference answer."""
+    if not prompts:
+        raise ValueError(f"{source}: no prompts to evaluate")
+    seen: dict[str, int] = {}
+    for index, record in enumerate(prompts):
+        try:
+            validate_prompt(record, index)
+            if reference_field is not None and record.get(reference_field) in (None, ""):
+                raise RecordError(record_id(record, index), reference_field,
+                                  "missing: the verifiable reward compares completions with it")
+        except RecordError as error:
+            raise RecordError(error.record_id, error.field, f"{error.problem} ({source}, row {index})") from None
+        if record["id"] in seen:
+            raise RecordError(record["id"], "id", f"appears twice ({source}, rows {seen[record['id']]} and {index})")
+        seen[record["id"]] = index
+
+
+def check_policies(names: Sequence[str], baseline: str) -> None:
+    """Unique names, at least two policies, and the baseline among them."""
+    names = list(names)
+    duplicates = sorted({n for n in names if names.count(n) > 1})
+    if duplicates:
+        raise ValueError(f"policies: the name {duplicates[0]!r} is used twice; each policy needs its own name")
+    if len(names) < 2:
+        raise ValueError("policies: give at least two (a baseline and a policy to compare with it)")
+    if baseline not in names:
+        raise ValueError(f"baseline: {baseline!r} is not one of the policies {names}")
+
+
+def _completion(c: Mapping[str, Any], token_ids: Sequence[int] | None = None) -> dict[str, Any]:
+    out = {"text": c["text"], "num_tokens": int(c.get("num_tokens") or 0), "finish_reason": c.get("finish_reason", "stop")}
+    if token_ids is not None:
+        out["token_ids"] = list(token_ids)
+    return out
+
+
+def _generated(completion: Any) -> dict[str, Any]:
+    """A sampler's Completion as an eval record, with its token ids (for KL)."""
+    return _completion(completion.to_record(is_reference=False), completion.token_ids)
+
+
+def given_generations(policy: EvalPolicy, prompts: Sequence[Mapping[str, Any]], n: int) -> dict[str, dict]:
+    """Generation rows from completions given in place of a sampler, checked against the prompts."""
+    from align.io import read_records
+
+    source = policy.completions
+    records = read_records(source) if isinstance(source, (str, Path)) else list(source)  # type: ignore[arg-type]
+    where = str(source) if isinstance(source, (str, Path)) else f"policy {policy.name!r} completions"
+    by_id: dict[str, Mapping[str, Any]] = {}
+    for index, record in enumerate(records):
+        rid = record.get("id") if isinstance(record, Mapping) else None
+        if not isinstance(rid, str):
+            raise RecordError(f"<row {index}>", "id", f"missing ({where})")
+        by_id[rid] = record
+    rows = {}
+    for prompt in prompts:
+        record = by_id.get(prompt["id"])
+        if record is None:
+            raise RecordError(prompt["id"], "completions", f"no completions for this prompt in {where}")
+        completions = record.get("completions")
+        if not isinstance(completions, list) or not completions:
+            raise RecordError(prompt["id"], "completions", f"missing or empty in {where}")
+        for i, c in enumerate(completions):
+            if not isinstance(c, Mapping) or not isinstance(c.get("text"), str):
+                raise RecordError(prompt["id"], f"completions[{i}].text", f"expected a string ({where})")
+        rows[prompt["id"]] = {"id": prompt["id"], "greedy": None,
+                              "samples": [_completion(c) for c in completions[: max(n, 1)]]}
+    return rows
+
+
+# --------------------------------------------------------------------------- jobs
+
+
+def _generate_job(policy: EvalPolicy, prompts: list[dict], out: Path, settings: EvalSettings) -> None:
+    sampler = policy.sampler
+    assert sampler is not None
+
+    def process(batch: list[dict]) -> list[dict]:
+        convs, tools = [r["messages"] for r in batch], [r.get("tools") for r in batch]
+        seeds = [derive_seed(settings.seed, r["id"]) for r in batch]
+        greedy = sampler.sample(convs, 1, temperature=0.0, max_tokens=settings.max_tokens, seed=seeds,
+                                tools=tools) if settings.greedy else [[None]] * len(batch)
+        samples = sampler.sample(convs, settings.n, temperature=settings.temperature, top_p=settings.top_p,
+                                 max_tokens=settings.max_tokens, seed=seeds, tools=tools) if settings.n else \
+            [[] for _ in batch]
+        return [{"id": r["id"], "prompt_ids": sampler.encoder.prompt_ids(r["messages"], r.get("tools")),
+                 "greedy": None if g[0] is None else _generated(g[0]),
+                 "samples": [_generated(c) for c in s]}
+                for r, g, s in zip(batch, greedy, samples)]
+
+    run_job(prompts, process, out, batch_size=settings.batch_size, desc=f"generate ({policy.name})",
+            shard_index=settings.shard_index, num_shards=settings.num_shards,
+            fingerprint={"stage": "eval_generate", "model": sampler.model_name, "backend": sampler.backend,
+                         "greedy": settings.greedy, "n": settings.n, "temperature": settings.temperature,
+                         "top_p": settings.top_p, "max_tokens": settings.max_tokens, "seed": settings.seed})
+
+
+def _texts(gen: Mapping[str, Any]) -> list[str]:
+    """A generation row's completions in scoring order: greedy first (if any), then samples."""
+    return ([gen["greedy"]["text"]] if gen.get("greedy") else []) + [s["text"] for s in gen["samples"]]
+
+
+def _score_job(provider: Any, prompts: dict[str, dict], generations: list[dict], out: Path, settings: EvalSettings,
+               name: str) -> None:
+    field_name = getattr(provider, "reference_field", None)
+
+    def process(batch: list[dict]) -> list[dict]:
+        convs = [prompts[g["id"]]["messages"] for g in batch]
+        refs = [prompts[g["id"]][field_name] for g in batch] if field_name else None
+        groups = provider.score_groups(convs, [_texts(g) for g in batch], references=refs)
+        rows = []
+        for gen, scores in zip(batch, groups):
+            entries = [{"value": s.value, "skip": s.reason} for s in scores]
+            greedy = entries.pop(0) if gen.get("greedy") else None
+            rows.append({"id": gen["id"], "greedy": greedy, "samples": entries})
+        return rows
+
+    run_job(generations, process, out, batch_size=settings.batch_size, desc=f"score ({name})",
+            shard_index=settings.shard_index, num_shards=settings.num_shards,
+            fingerprint={"stage": "eval_score", **provider.fingerprint()})
+
+
+def _pairwise_job(judge: Any, prompts: dict[str, dict], gens: list[dict], base: dict[str, dict], out: Path,
+                  settings: EvalSettings, name: str) -> None:
+    def pairs_of(gen: Mapping[str, Any]) -> list[tuple[str, str, str]]:
+        other = base[gen["id"]]
+        out_pairs = []
+        if gen.get("greedy") and other.get("greedy"):
+            out_pairs.append(("greedy", gen["greedy"]["text"], other["greedy"]["text"]))
+        for i in range(min(settings.pairwise_samples, len(gen["samples"]), len(other["samples"]))):
+            out_pairs.append((f"sample{i}", gen["samples"][i]["text"], other["samples"][i]["text"]))
+        return out_pairs
+
+    def process(batch: list[dict]) -> list[dict]:
+        asked = [(g["id"], kind, mine, theirs) for g in batch for kind, mine, theirs in pairs_of(g)]
+        results = judge.compare_pairs([(prompts[rid]["messages"], mine, theirs) for rid, _, mine, theirs in asked])
+        rows = {g["id"]: {"id": g["id"], "greedy": None, "samples": []} for g in batch}
+        for (rid, kind, _, _), comparison in zip(asked, results):
+            entry = {"p_win": comparison.first_wins, "orders_agree": comparison.orders_agree,
+                     "note": comparison.note}
+            if kind == "greedy":
+                rows[rid]["greedy"] = entry
+            else:
+                rows[rid]["samples"].append(entry)
+        return list(rows.values())
+
+    run_job(gens, process, out, batch_size=settings.batch_size, desc=f"judge pairwise ({name})",
+            shard_index=settings.shard_index, num_shards=settings.num_shards,
+            fingerprint={"stage": "eval_pairwise", "pairwise_samples": settings.pairwise_samples,
+                         **judge.fingerprint()})
+
+
+def _kl_job(policy: EvalPolicy, reference: EvalPolicy, prompts: dict[str, dict], gens: list[dict], out: Path,
+            settings: EvalSettings) -> None:
+    from align.eval.kl import sequence_logratios
+    from align.logprobs import weights_fingerprint
+
+    tokenizer = policy.sampler.encoder.tokenizer
+    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+
+    def process(batch: list[dict]) -> list[dict]:
+        sequences = [(gen["prompt_ids"], sample["token_ids"]) for gen in batch for sample in gen["samples"]]
+        owners = [gen["id"] for gen in batch for _ in gen["samples"]]
+        ratios = sequence_logratios(policy.model, reference.model, sequences, pad_token_id=pad,
+                                    batch_size=settings.kl_batch_size) if sequences else []
+        rows = {g["id"]: {"id": g["id"], "logratios": []} for g in batch}
+        for rid, value in zip(owners, ratios):
+            rows[rid]["logratios"].append(value)
+        return list(rows.values())
+
+    run_job(gens, process, out, batch_size=settings.batch_size, desc=f"KL ({policy.name})",
+            shard_index=settings.shard_index, num_shards=settings.num_shards,
+            fingerprint={"stage": "eval_kl", "policy": weights_fingerprint(policy.model),
+                         "reference": weights_fingerprint(reference.model)})
+
+
+# --------------------------------------------------------------------------- the whole evaluation
+
+
+def evaluate(
+    prompts: Sequence[Mapping[str, Any]] | Any,
+    policies: Sequence[EvalPolicy],
+    provider: Any,
+    output_dir: str | Path,
+    *,
+    baseline: str,
+    settings: EvalSettings | None = None,
+    source: str = "prompts",
+) -> dict[str, Any]:
+    """Generate, score and compare; write eval.jsonl, report.json, report.md and plots.
+
+    ``prompts`` are records with ``id`` and ``messages`` (ending in a user turn), and
+    optionally ``answer`` (for the verifiable reward), ``language`` and ``category``
+    (every figure is then broken down by them). Returns the report.
+    """
+    from align.eval.report import write_outputs
+
+    settings = settings or EvalSettings()
+    prompts = [dict(p) for p in prompts]
+    check_prompts(prompts, source, getattr(provider, "reference_field", None))
+    check_policies([p.name for p in policies], baseline)
+    out = Path(output_dir)
+    by_id = {p["id"]: p for p in prompts}
+    ids = [p["id"] for p in prompts]
+
+    jobs: list[Path] = []  # every job directory, to tell when all shards are in
+
+    generations: dict[str, list[dict]] = {}
+    for policy in policies:
+        if policy.sampler is not None:
+            path = out / "generations" / policy.name
+            _generate_job(policy, prompts, path, settings)
+            jobs.append(path)
+            generations[policy.name] = read_output(path)
+        else:
+            rows = given_generations(policy, prompts, settings.n)
+            generations[policy.name] = [rows[i] for i in ids]
+
+    scores = {}
+    for policy in policies:
+        path = out / "scores" / policy.name
+        _score_job(provider, by_id, generations[policy.name], path, settings, policy.name)
+        jobs.append(path)
+        scores[policy.name] = read_output(path)
+
+    pairwise: dict[str, list[dict]] = {}
+    if settings.judge_pairwise and hasattr(provider, "compare_pairs"):
+        base = {g["id"]: g for g in generations[baseline]}
+        for policy in policies:
+            if policy.name == baseline:
+                continue
+            path = out / "pairwise" / policy.name
+            _pairwise_job(provider, by_id, generations[policy.name], base, path, settings, policy.name)
+            jobs.append(path)
+            pairwise[policy.name] = read_output(path)
+
+    kl: dict[str, list[dict]] = {}
+    kl_notes: dict[str, str] = {}
+    if settings.kl:
+        kl, kl_notes = _kl_all(policies, baseline, by_id, generations, out, settings)
+        jobs += [out / "kl" / name for name in kl]
+
+    unfinished = [str(p.relative_to(out)) for p in jobs if not all_written(p, ids, settings.num_shards)]
+    if unfinished:
+        print(f"[align evaluate] shard {settings.shard_index} of {settings.num_shards} done; waiting for other "
+              f"shards of {', '.join(unfinished)}")
+        return {"complete": False, "unfinished": unfinished}
+    generations = {k: _in_order(v, ids, out / "generations" / k) for k, v in generations.items()}
+    scores = {k: _in_order(v, ids, out / "scores" / k) for k, v in scores.items()}
+    pairwise = {k: _in_order(v, ids, out / "pairwise" / k) for k, v in pairwise.items()}
+    kl = {k: _in_order(v, ids, out / "kl" / k) for k, v in kl.items()}
+
+    rows = assemble_rows(prompts, policies, generations, scores, pairwise, kl)
+    report = build_report(rows, [p.name for p in policies], baseline, settings, provider_name=provider.name,
+                          kl_notes=kl_notes)
+    write_outputs(out, rows, report, plots=settings.plots)
+    return report
+
+
+def _in_order(rows: list[dict], ids: list[str], where: Path) -> list[dict]:
+    """A job's rows in prompt order, every prompt exactly once."""
+    by_id = {r["id"]: r for r in rows}
+    missing = [i for i in ids if i not in by_id]
+    if missing or len(by_id) != len(ids):
+        raise ValueError(f"{where}: {len(missing)} prompts missing ({missing[:5]}) or unexpected ids present")
+    return [by_id[i] for i in ids]
+
+
+def _kl_all(policies: Sequence[EvalPolicy], baseline: str, by_id: dict[str, dict], generations: dict[str, list],
+            out: Path, settings: EvalSettings) -> tuple[dict[str, list[dict]], dict[str, str]]:
+    from align.eval.kl import check_kl_sampling
+    from align.logprobs import tokenizer_fingerprint
+
+    reference_name = settings.kl_reference or baseline
+    reference = next((p for p in policies if p.name == reference_name), None)
+    if reference is None:
+        raise ValueError(f"kl_reference: {reference_name!r} is not one of the policies")
+    notes: dict[str, str] = {}
+    results: dict[str, list[dict]] = {}
+    why_not = check_kl_sampling(settings.temperature, settings.top_p)
+    for policy in policies:
+        if policy.name == reference_name:
+            continue
+        if why_not:
+            notes[policy.name] = why_not
+        elif policy.model is None or policy.sampler is None:
+            notes[policy.name] = "no model in memory for this policy (completions given, or a vLLM sampler)"
+        elif reference.model is None or reference.sampler is None:
+            notes[policy.name] = f"no model in memory for the KL reference {reference_name!r}"
+        elif tokenizer_fingerprint(policy.sampler.encoder.tokenizer) != \
+                tokenizer_fingerprint(reference.sampler.encoder.tokenizer):
+            notes[policy.name] = f"its tokenizer differs from the KL reference {reference_name!r}'s"
+        elif settings.n == 0:
+            notes[policy.name] = "no samples (n = 0)"
+        else:
+            path = out / "kl" / policy.name
+            _kl_job(policy, reference, by_id, generations[policy.name], path, settings)
+            results[policy.name] = read_output(path)
+    return results, notes
+
+
+def _public(completion: Mapping[str, Any]) -> dict[str, Any]:
+    """A completion as eval.jsonl shows it: text, length, finish reason (token ids stay in the job)."""
+    return {k: v for k, v in completion.items() if k != "token_ids"}
+
+
+def assemble_rows(prompts: list[dict], policies: Sequence[EvalPolicy], generations: dict[str, list[dict]],
+                  scores: dict[str, list[dict]], pairwise: dict[str, list[dict]],
+                  kl: dict[str, list[dict]]) -> list[dict]:
+    """One eval.jsonl row per prompt: each policy's completions with their scores and comparisons."""
+    rows = []
+    for k, prompt in enumerate(prompts):
+        row: dict[str, Any] = {"id": prompt["id"]}
+        for column in BREAKDOWN_COLUMNS:
+            if prompt.get(column) is not None:
+                row[column] = prompt[column]
+        row["policies"] = {}
+        for policy in policies:
+            gen, score = generations[policy.name][k], scores[policy.name][k]
+            entry: dict[str, Any] = {}
+            if gen.get("greedy"):
+                entry["greedy"] = {**_public(gen["greedy"]), "score": score["greedy"]["value"],
+                                   "skip": score["greedy"]["skip"]}
+            entry["samples"] = [{**_public(s), "score": sc["value"], "skip": sc["skip"]}
+                                for s, sc in zip(gen["samples"], score["samples"])]
+            if policy.name in pairwise:
+                entry["judge_vs_baseline"] = {key: pairwise[policy.name][k][key] for key in ("greedy", "samples")}
+            if policy.name in kl:
+                entry["kl_logratios"] = kl[policy.name][k]["logratios"]
+            row["policies"][policy.name] = entry
+        rows.append(row)
+    return rows
+
+
+# --------------------------------------------------------------------------- the report
+
+
+def _mean(values: Sequence[float]) -> float | None:
+    return sum(values) / len(values) if values else None
+
+
+def _length_bucket(mine: int, theirs: int) -> str:
+    return LENGTH_BUCKETS[(mine > theirs) - (mine < theirs) + 1]
+
+
+def _reward_outcomes(a: Mapping[str, Any], b: Mapping[str, Any], kind: str) -> list[tuple[float | None, str]]:
+    """(outcome, length bucket) of a policy's completions against the baseline's, pairwise by position."""
+    if kind == "greedy":
+        pairs = [(a["greedy"], b["greedy"])] if a.get("greedy") and b.get("greedy") else []
+    else:
+        pairs = list(zip(a["samples"], b["samples"]))
+    return [(stats.outcome(x["score"], y["score"]), _length_bucket(x["num_tokens"], y["num_tokens"]))
+            for x, y in pairs]
+
+
+def _judge_outcomes(a: Mapping[str, Any], b: Mapping[str, Any], kind: str, margin: float) -> list[tuple]:
+    judged = a.get("judge_vs_baseline") or {}
+    if kind == "greedy":
+        entries = [(judged.get("greedy"), a.get("greedy"), b.get("greedy"))] if judged.get("greedy") else []
+    else:
+        entries = list(zip(judged.get("samples", []), a["samples"], b["samples"]))
+    return [(stats.preference_outcome(e["p_win"], tie_margin=margin), e["orders_agree"],
+             _length_bucket(x["num_tokens"], y["num_tokens"])) for e, x, y in entries]
+
+
+def _win(outcomes_per_prompt: list[list[float | None]], settings: EvalSettings) -> dict[str, Any] | None:
+    result = stats.win_rate(outcomes_per_prompt, resamples=settings.resamples, confidence=settings.confidence,
+                            seed=settings.seed)
+    return None if result is None else result.to_dict()
+
+
+def _interval(values: list[float], settings: EvalSettings) -> dict[str, Any] | None:
+    if not values:
+        return None
+    return stats.bootstrap_mean(values, resamples=settings.resamples, confidence=settings.confidence,
+                                seed=settings.seed).to_dict()
+
+
+def policy_summary(rows: list[dict], name: str, settings: EvalSettings) -> dict[str, Any]:
+    """Mean reward (greedy, sampled), length, skips and KL of one policy, with CIs over prompts."""
+    greedy, sampled, lengths, kls = [], [], [], []
+    skipped = total = 0
+    for row in rows:
+        entry = row["policies"][name]
+        if entry.get("greedy"):
+            total += 1
+            if entry["greedy"]["score"] is None:
+                skipped += 1
+            else:
+                greedy.append(entry["greedy"]["score"])
+        values = [s["score"] for s in entry["samples"] if s["score"] is not None]
+        total += len(entry["samples"])
+        skipped += len(entry["samples"]) - len(values)
+        if values:
+            sampled.append(sum(values) / len(values))
+        if entry["samples"]:
+            lengths.append(_mean([s["num_tokens"] for s in entry["samples"]]))
+        elif entry.get("greedy"):
+            lengths.append(entry["greedy"]["num_tokens"])
+        if entry.get("kl_logratios"):
+            kls.append(sum(entry["kl_logratios"]) / len(entry["kl_logratios"]))
+    out = {
+        "prompts": len(rows),
+        "reward_greedy": _interval(greedy, settings),
+        "reward_sampled": _interval(sampled, settings),
+        "length": _interval(lengths, settings),
+        "scored": total - skipped,
+        "skipped": skipped,
+    }
+    if kls:
+        out["kl"] = _interval(kls, settings)
+    return out
+
+
+def comparison_summary(rows: list[dict], name: str, baseline: str, settings: EvalSettings) -> dict[str, Any]:
+    """Win rates (reward and judge), paired reward differences and length buckets against the baseline."""
+    out: dict[str, Any] = {"policy": name, "baseline": baseline}
+    for kind in ("greedy", "sampled"):
+        reward_outcomes = [_reward_outcomes(r["policies"][name], r["policies"][baseline], kind) for r in rows]
+        out[f"win_rate_reward_{kind}"] = _win([[o for o, _ in per] for per in reward_outcomes], settings)
+        deltas = _paired_deltas(rows, name, baseline, kind)
+        out[f"reward_difference_{kind}"] = None if not deltas else stats.paired_difference(
+            [a for a, _ in deltas], [b for _, b in deltas], resamples=settings.resamples,
+            confidence=settings.confidence, seed=settings.seed).to_dict()
+        if kind == "sampled":
+            out["win_rate_reward_by_length"] = {
+                bucket: _win([[o for o, b in per if b == bucket] for per in reward_outcomes], settings)
+                for bucket in LENGTH_BUCKETS}
+        judged = [_judge_outcomes(r["policies"][name], r["policies"][baseline], kind, settings.tie_margin)
+                  for r in rows]
+        if any(judged):
+            out[f"win_rate_judge_{kind}"] = _win([[o for o, _, _ in per] for per in judged], settings)
+            agreements = [a for per in judged for _, a, _ in per if a is not None]
+            out[f"judge_orders_agree_{kind}"] = _mean([float(a) for a in agreements])
+            if kind == "sampled":
+                out["win_rate_judge_by_length"] = {
+                    bucket: _win([[o for o, _, b in per if b == bucket] for per in judged], settings)
+                    for bucket in LENGTH_BUCKETS}
+    out["verdicts"] = _verdicts(out, name, baseline)
+    return out
+
+
+def _paired_deltas(rows: list[dict], name: str, baseline: str, kind: str) -> list[tuple[float, float]]:
+    """Per prompt (policy value, baseline value) where both were scored: greedy score or sample mean."""
+    pairs = []
+    for row in rows:
+        a, b = row["policies"][name], row["policies"][baseline]
+        if kind == "greedy":
+            if a.get("greedy") and b.get("greedy") and None not in (a["greedy"]["score"], b["greedy"]["score"]):
+                pairs.append((a["greedy"]["score"], b["greedy"]["score"]))
+            continue
+        mine = [s["score"] for s in a["samples"] if s["score"] is not None]
+        theirs = [s["score"] for s in b["samples"] if s["score"] is not None]
+        if mine and theirs:
+            pairs.append((sum(mine) / len(mine), sum(theirs) / len(theirs)))
+    return pairs
+
+
+def _verdicts(comparison: Mapping[str, Any], name: str, baseline: str) -> list[str]:
+    sentences = []
+    for kind in ("sampled", "greedy"):
+        delta = comparison.get(f"reward_difference_{kind}")
+        if delta:
+            sentences.append(stats.verdict(f"{name} − {baseline}, mean {kind} reward",
+                                           stats.Interval(**delta), null=0.0))
+        for source in ("reward", "judge"):
+            win = comparison.get(f"win_rate_{source}_{kind}")
+            if win:
+                sentences.append(stats.verdict(f"{name} vs {baseline}, win rate by {source} ({kind})",
+                                               stats.Interval(**win["rate"]), null=0.5))
+    return sentences
+
+
+def _groups(rows: list[dict], column: str) -> dict[str, list[dict]]:
+    groups: dict[str, list[dict]] = {}
+    for row in rows:
+        if column in row:
+            groups.setdefault(str(row[column]), []).append(row)
+    return groups
+
+
+def build_report(rows: list[dict], names: Sequence[str], baseline: str, settings: EvalSettings, *,
+                 provider_name: str, kl_notes: Mapping[str, str] | None = None) -> dict[str, Any]:
+    """Every figure of the evaluation, overall and per ``language`` / ``category``."""
+
+    def section(subset: list[dict]) -> dict[str, Any]:
+        return {
+            "policies": {n: policy_summary(subset, n, settings) for n in names},
+            "comparisons": {n: comparison_summary(subset, n, baseline, settings) for n in names if n != baseline},
+        }
+
+    report: dict[str, Any] = {
+        "provider": provider_name,
+        "baseline": baseline,
+        "prompts": len(rows),
+        "settings": {k: getattr(settings, k) for k in settings.__dataclass_fields__},
+        "overall": section(rows),
+        "kl_notes": dict(kl_notes or {}),
+        "breakdowns": {},
+    }
+    for column in BREAKDOWN_COLUMNS:
+        groups = _groups(rows, column)
+        if groups:
+            report["breakdowns"][column] = {value: section(subset) for value, subset in sorted(groups.items())}
+    _check_finite(report)
+    return report
+
+
+def _check_finite(value: Any, where: str = "report") -> None:
+    """A NaN in a report is a bug upstream: fail here rather than write it."""
+    if isinstance(value, float) and not math.isfinite(value):
+        raise ValueError(f"{where} is {value}")
+    if isinstance(value, Mapping):
+        for key, item in value.items():
+            _check_finite(item, f"{where}.{key}")
+    elif isinstance(value, list):
+        for i, item in enumerate(value):
+            _check_finite(item, f"{where}[{i}]")
+
+
+__all__ = ["EvalPolicy", "EvalSettings", "evaluate", "build_report", "assemble_rows", "check_prompts",
+           "check_policies"]

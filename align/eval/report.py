@@ -1,0 +1,206 @@
+"""An evaluation's outputs: ``eval.jsonl``, ``report.json``, ``report.md`` and three plots.
+
+``report.md`` is meant to be pasted into a model card: one table of the policies (mean
+reward greedy and sampled, length, KL), one of the comparisons with the baseline (win rates
+and reward differences, with 95% intervals), a sentence per comparison saying whether its
+interval excludes no change, and the same tables per language and category.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from align.io import write_json, write_jsonl
+
+PLOTS = ("rewards.png", "win_rates.png", "reward_vs_length.png")
+
+
+def _ci(value: Mapping[str, Any] | None, scale: float = 1.0, digits: int = 3) -> str:
+    if not value:
+        return "–"
+    f = lambda v: f"{v * scale:.{digits}f}"  # noqa: E731
+    return f"{f(value['estimate'])} [{f(value['low'])}, {f(value['high'])}]"
+
+
+def _win_cell(win: Mapping[str, Any] | None) -> str:
+    if not win:
+        return "–"
+    return f"{_ci(win['rate'])} ({win['wins']}/{win['ties']}/{win['losses']})"
+
+
+def _tables(section: Mapping[str, Any], baseline: str) -> list[str]:
+    lines = ["| policy | reward, greedy | reward, sampled | length (tokens) | KL(π‖π_ref) | scored / skipped |",
+             "|---|---|---|---|---|---|"]
+    for name, p in section["policies"].items():
+        label = f"{name} (baseline)" if name == baseline else name
+        lines.append(f"| {label} | {_ci(p['reward_greedy'])} | {_ci(p['reward_sampled'])} | "
+                     f"{_ci(p['length'], digits=1)} | {_ci(p.get('kl'))} | {p['scored']} / {p['skipped']} |")
+    if section["comparisons"]:
+        lines += ["", f"Against {baseline} (win rate [95% CI] (wins/ties/losses); ties count half):", "",
+                  "| policy | win rate by reward, sampled | by reward, greedy | by judge, sampled | by judge, greedy "
+                  "| judge orders agree | reward difference, sampled | reward difference, greedy |",
+                  "|---|---|---|---|---|---|---|---|"]
+        for name, c in section["comparisons"].items():
+            agree = c.get("judge_orders_agree_sampled")
+            lines.append(
+                f"| {name} | {_win_cell(c['win_rate_reward_sampled'])} | {_win_cell(c['win_rate_reward_greedy'])} | "
+                f"{_win_cell(c.get('win_rate_judge_sampled'))} | {_win_cell(c.get('win_rate_judge_greedy'))} | "
+                f"{'–' if agree is None else f'{agree:.2f}'} | {_ci(c['reward_difference_sampled'])} | "
+                f"{_ci(c['reward_difference_greedy'])} |")
+        lines += ["", "Win rate by reward within length buckets (the policy's sample shorter than, as long as, "
+                  "or longer than the baseline's):", "", "| policy | shorter | same | longer |", "|---|---|---|---|"]
+        for name, c in section["comparisons"].items():
+            buckets = c["win_rate_reward_by_length"]
+            lines.append(f"| {name} | " + " | ".join(_win_cell(buckets[b]) for b in ("shorter", "same", "longer"))
+                         + " |")
+    return lines
+
+
+def markdown(report: Mapping[str, Any]) -> str:
+    """The report as Markdown tables and sentences."""
+    baseline = report["baseline"]
+    s = report["settings"]
+    lines = [
+        "# Evaluation report", "",
+        f"{report['prompts']} prompts; reward: `{report['provider']}`; baseline: `{baseline}`. "
+        f"Greedy: {'yes' if s['greedy'] else 'no'}; {s['n']} samples per prompt at temperature {s['temperature']}"
+        f" (top_p {s['top_p']}, at most {s['max_tokens']} tokens). Intervals are {int(s['confidence'] * 100)}% "
+        f"bootstrap intervals over prompts ({s['resamples']} resamples; paired where two policies answered "
+        "the same prompts).", "",
+        "## Overall", "",
+    ]
+    lines += _tables(report["overall"], baseline)
+    verdicts = [v for c in report["overall"]["comparisons"].values() for v in c["verdicts"]]
+    if verdicts:
+        lines += ["", "### What the intervals say", ""] + [f"- {v}" for v in verdicts]
+    if report.get("kl_notes"):
+        lines += ["", "KL not estimated for: " + "; ".join(f"{k}: {v}" for k, v in report["kl_notes"].items()) + "."]
+    for column, groups in report.get("breakdowns", {}).items():
+        for value, section in groups.items():
+            lines += ["", f"## {column}: {value}", ""] + _tables(section, baseline)
+    return "\n".join(lines) + "\n"
+
+
+def write_outputs(out: Path, rows: Sequence[Mapping[str, Any]], report: dict[str, Any], *, plots: bool = True) -> None:
+    """eval.jsonl, report.json, report.md and (optionally) the plots, each written atomically."""
+    write_jsonl(out / "eval.jsonl", rows)
+    if plots:
+        report["plots"] = [p.name for p in write_plots(out, rows, report)]
+    write_json(out / "report.json", report)
+    (out / ".report.md.tmp").write_text(markdown(report))
+    (out / ".report.md.tmp").replace(out / "report.md")
+
+
+def _pyplot():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def write_plots(out: Path, rows: Sequence[Mapping[str, Any]], report: Mapping[str, Any]) -> list[Path]:
+    """Reward distribution per policy, win/tie/loss bars with CIs per language, reward vs length."""
+    return [plot_rewards(out / PLOTS[0], rows, report), plot_win_rates(out / PLOTS[1], report),
+            plot_reward_vs_length(out / PLOTS[2], rows, report)]
+
+
+def _sample_means(rows: Sequence[Mapping[str, Any]], name: str) -> list[float]:
+    means = []
+    for row in rows:
+        values = [s["score"] for s in row["policies"][name]["samples"] if s["score"] is not None]
+        if not values and row["policies"][name].get("greedy", {}).get("score") is not None:
+            values = [row["policies"][name]["greedy"]["score"]]
+        if values:
+            means.append(sum(values) / len(values))
+    return means
+
+
+def plot_rewards(path: Path, rows: Sequence[Mapping[str, Any]], report: Mapping[str, Any]) -> Path:
+    """Histogram of each prompt's mean sampled reward, one series per policy."""
+    plt = _pyplot()
+    names = list(report["overall"]["policies"])
+    series = {n: _sample_means(rows, n) for n in names}
+    values = [v for s in series.values() for v in s]
+    fig, ax = plt.subplots(figsize=(6.5, 4))
+    if values:
+        low, high = min(values), max(values)
+        bins = 11 if high > low else 1
+        for name, s in series.items():
+            if s:
+                ax.hist(s, bins=bins, range=(low, high if high > low else low + 1), alpha=0.5,
+                        label=f"{name} (mean {sum(s) / len(s):.3f})")
+        ax.legend()
+    ax.set_xlabel("mean reward of a prompt's samples")
+    ax.set_ylabel("prompts")
+    ax.set_title("Reward per prompt, by policy")
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return path
+
+
+def plot_win_rates(path: Path, report: Mapping[str, Any]) -> Path:
+    """Stacked win/tie/loss bars per comparison (and per language), the win rate's CI as an error bar."""
+    plt = _pyplot()
+    sections = [("all", report["overall"])]
+    sections += [(f"{value}", s) for value, s in report.get("breakdowns", {}).get("language", {}).items()]
+    bars = []  # (label, wins, ties, losses, rate interval)
+    for label, section in sections:
+        for name, c in section["comparisons"].items():
+            for source in ("judge", "reward"):
+                win = c.get(f"win_rate_{source}_sampled") or c.get(f"win_rate_{source}_greedy")
+                if win:
+                    bars.append((f"{name}\n{source}, {label}", win))
+                    break
+    fig, ax = plt.subplots(figsize=(max(5.0, 1.3 * len(bars) + 2), 4))
+    for i, (label, win) in enumerate(bars):
+        total = max(win["wins"] + win["ties"] + win["losses"], 1)
+        w, t = win["wins"] / total, win["ties"] / total
+        ax.bar(i, w, color="tab:green", label="win" if i == 0 else None)
+        ax.bar(i, t, bottom=w, color="tab:gray", label="tie" if i == 0 else None)
+        ax.bar(i, 1 - w - t, bottom=w + t, color="tab:red", alpha=0.7, label="loss" if i == 0 else None)
+        rate = win["rate"]
+        ax.errorbar(i, rate["estimate"], yerr=[[rate["estimate"] - rate["low"]], [rate["high"] - rate["estimate"]]],
+                    fmt="o", color="black", capsize=4, label="win rate, 95% CI" if i == 0 else None)
+    ax.axhline(0.5, color="black", linewidth=0.8, linestyle="--")
+    ax.set_xticks(range(len(bars)), [b[0] for b in bars], fontsize=8)
+    ax.set_ylim(0, 1)
+    ax.set_ylabel("share of comparisons")
+    ax.set_title(f"Against {report['baseline']}: wins, ties, losses")
+    if bars:
+        ax.legend(fontsize=8, loc="upper right")
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return path
+
+
+def plot_reward_vs_length(path: Path, rows: Sequence[Mapping[str, Any]], report: Mapping[str, Any]) -> Path:
+    """Each sample's reward against its length (faint), with the mean reward per length (line)."""
+    plt = _pyplot()
+    fig, ax = plt.subplots(figsize=(6.5, 4))
+    for name in report["overall"]["policies"]:
+        points = [(s["num_tokens"], s["score"]) for row in rows for s in row["policies"][name]["samples"]
+                  if s["score"] is not None]
+        if not points:
+            continue
+        xs, ys = zip(*points)
+        line = ax.scatter(xs, ys, s=6, alpha=0.08)
+        by_length: dict[int, list[float]] = {}
+        for x, y in points:
+            by_length.setdefault(x, []).append(y)
+        lengths = sorted(by_length)
+        ax.plot(lengths, [sum(by_length[x]) / len(by_length[x]) for x in lengths], marker=".",
+                color=line.get_facecolor()[0][:3], label=name)
+    ax.set_xlabel("completion length (tokens)")
+    ax.set_ylabel("reward")
+    ax.set_title("Reward against length")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return path
