@@ -20,7 +20,7 @@ PLOTS = ("rewards.png", "win_rates.png", "reward_vs_length.png")
 def _ci(value: Mapping[str, Any] | None, scale: float = 1.0, digits: int = 3) -> str:
     if not value:
         return "–"
-    f = lambda v: f"{v * scale:.{digits}f}"  # noqa: E731
+    f = lambda v: f"{v * scale:.{digits}f}"
     return f"{f(value['estimate'])} [{f(value['low'])}, {f(value['high'])}]"
 
 
@@ -39,8 +39,8 @@ def _tables(section: Mapping[str, Any], baseline: str) -> list[str]:
                      f"{_ci(p['length'], digits=1)} | {_ci(p.get('kl'))} | {p['scored']} / {p['skipped']} |")
     if section["comparisons"]:
         lines += ["", f"Against {baseline} (win rate [95% CI] (wins/ties/losses); ties count half):", "",
-                  "| policy | win rate by reward, sampled | by reward, greedy | by judge, sampled | by judge, greedy "
-                  "| judge orders agree | reward difference, sampled | reward difference, greedy |",
+                  ("| policy | win rate by reward, sampled | by reward, greedy | by judge, sampled | by judge, greedy "
+                  "| judge orders agree | reward difference, sampled | reward difference, greedy |"),
                   "|---|---|---|---|---|---|---|---|"]
         for name, c in section["comparisons"].items():
             agree = c.get("judge_orders_agree_sampled")
@@ -49,8 +49,8 @@ def _tables(section: Mapping[str, Any], baseline: str) -> list[str]:
                 f"{_win_cell(c.get('win_rate_judge_sampled'))} | {_win_cell(c.get('win_rate_judge_greedy'))} | "
                 f"{'–' if agree is None else f'{agree:.2f}'} | {_ci(c['reward_difference_sampled'])} | "
                 f"{_ci(c['reward_difference_greedy'])} |")
-        lines += ["", "Win rate by reward within length buckets (the policy's sample shorter than, as long as, "
-                  "or longer than the baseline's):", "", "| policy | shorter | same | longer |", "|---|---|---|---|"]
+        lines += ["", ("Win rate by reward within length buckets (the policy's sample shorter than, as long as, "
+                  "or longer than the baseline's):"), "", "| policy | shorter | same | longer |", "|---|---|---|---|"]
         for name, c in section["comparisons"].items():
             buckets = c["win_rate_reward_by_length"]
             lines.append(f"| {name} | " + " | ".join(_win_cell(buckets[b]) for b in ("shorter", "same", "longer"))
@@ -64,11 +64,11 @@ def markdown(report: Mapping[str, Any]) -> str:
     s = report["settings"]
     lines = [
         "# Evaluation report", "",
-        f"{report['prompts']} prompts; reward: `{report['provider']}`; baseline: `{baseline}`. "
+        (f"{report['prompts']} prompts; reward: `{report['provider']}`; baseline: `{baseline}`. "
         f"Greedy: {'yes' if s['greedy'] else 'no'}; {s['n']} samples per prompt at temperature {s['temperature']}"
         f" (top_p {s['top_p']}, at most {s['max_tokens']} tokens). Intervals are {int(s['confidence'] * 100)}% "
         f"bootstrap intervals over prompts ({s['resamples']} resamples; paired where two policies answered "
-        "the same prompts).", "",
+        "the same prompts)."), "",
         "## Overall", "",
     ]
     lines += _tables(report["overall"], baseline)

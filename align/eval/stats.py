@@ -44,7 +44,7 @@ class Interval:
 
     def format(self, scale: float = 1.0, digits: int = 3) -> str:
         """``0.512 [0.480, 0.544]`` (values multiplied by ``scale``, e.g. 100 for points)."""
-        f = lambda v: f"{v * scale:.{digits}f}"  # noqa: E731
+        f = lambda v: f"{v * scale:.{digits}f}"
         return f"{f(self.estimate)} [{f(self.low)}, {f(self.high)}]"
 
 
@@ -229,8 +229,8 @@ def verdict(name: str, interval: Interval, *, null: float, unit: str = "", scale
     by ``scale`` (100 for points); a difference (``null`` 0) is printed with its sign.
     """
     sign = "+" if null == 0 else ""
-    f = lambda v: f"{v * scale:{sign}.3g}{unit}"  # noqa: E731
-    pct = int(round(interval.confidence * 100))
+    f = lambda v: f"{v * scale:{sign}.3g}{unit}"
+    pct = round(interval.confidence * 100)
     text = f"{name}: {f(interval.estimate)} ({pct}% CI {f(interval.low)} to {f(interval.high)})"
     if interval.low > null:
         return f"{text}; the interval lies above {null * scale:g}{unit}: a real improvement."
