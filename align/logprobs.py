@@ -95,6 +95,29 @@ def fit_to_max_length(
     return prompt_ids, completion_ids[:room]
 
 
+TRUNCATED_POLICIES = ("exclude", "train_without_end")
+
+
+def check_truncated_policy(truncated: str) -> None:
+    if truncated not in TRUNCATED_POLICIES:
+        raise ValueError(f"truncated={truncated!r}: choose one of {list(TRUNCATED_POLICIES)}")
+
+
+def is_truncated_completion(record: Mapping[str, Any], name: str, index: int | None = None) -> bool:
+    """Whether completion ``name`` of a row was cut at the token budget (``<name>_finish_reason`` "length")."""
+    reason = record.get(f"{name}_finish_reason")
+    if reason is not None and not isinstance(reason, str):
+        raise RecordError(record_id(record, index), f"{name}_finish_reason",
+                          f"expected a string or null, got {reason!r}")
+    return reason == "length"
+
+
+def count_truncated(records: Sequence[Mapping[str, Any]] | Any) -> int:
+    """Completions of pair (or single-completion) rows that were cut at the token budget."""
+    return sum(is_truncated_completion(row, name, i) for i, row in enumerate(map(dict, records))
+               for name in PAIR_NAMES + SINGLE_NAMES if name in row)
+
+
 def encode_record(
     tokenizer: Any,
     record: Mapping[str, Any],
@@ -104,25 +127,39 @@ def encode_record(
     enable_thinking: bool = False,
     chat_date: str | None = None,
     index: int | None = None,
+    truncated: str = "exclude",
 ) -> dict[str, list[int]]:
     """``prompt_ids`` and ``<name>_ids`` per completion of a row: THE tokenization of training.
 
-    Bad rows raise ``RecordError`` naming the row and the field.
+    A completion whose ``<name>_finish_reason`` is "length" was cut at the sampling budget
+    and never ended its turn: with ``truncated="train_without_end"`` it is encoded without
+    the end-of-turn token; with ``"exclude"`` (default) such a row is an error (the pairs
+    stage's default never pairs one). Bad rows raise ``RecordError`` naming the row and the field.
     """
     from align.chat import encode_completion
 
+    check_truncated_policy(truncated)
     rid = record_id(record, index)
     out: dict[str, list[int]] = {}
     for name in completion_names(record, index):
+        cut = is_truncated_completion(record, name, index)
+        if cut and truncated == "exclude":
+            raise RecordError(rid, f"{name}_finish_reason", "is 'length': the completion was cut at the token "
+                              "budget, and truncated='exclude' does not train on it. Make pairs with "
+                              "truncated=exclude (the default), or set truncated=train_without_end here and in "
+                              "the trainer to score it without an end-of-turn token")
         try:
             prompt_ids, completion_ids = encode_completion(
                 tokenizer, record["messages"], record[name], format=chat_format,
                 tools=record.get("tools"), enable_thinking=enable_thinking, date=chat_date,
+                end_of_turn=not cut,
             )
         except RecordError:
             raise
         except ValueError as error:
             raise RecordError(rid, name, f"cannot be encoded: {error}") from error
+        if not completion_ids:
+            raise RecordError(rid, name, "is empty and truncated: no token to score (without an end-of-turn token)")
         prompt_ids, completion_ids = fit_to_max_length(list(prompt_ids), list(completion_ids), max_length,
                                                        rid=rid, name=name)
         if out.setdefault("prompt_ids", prompt_ids) != prompt_ids:
@@ -294,7 +331,12 @@ def ref_cache_key(fields: Mapping[str, Any]) -> str:
 def dataset_fingerprint(records: Sequence[Mapping[str, Any]] | Any) -> str:
     """Hash of what the pass reads from each row (id, prompt, tools, completions), order-free."""
     used = ("id", "messages", "tools", "chosen", "rejected", "completion")
-    digests = sorted(_sha256({k: row.get(k) for k in used}) for row in map(dict, records))
+    # a cut completion is tokenized without its end of turn: hashed only then, so rows whose
+    # completions ended (or that carry no finish reason) keep the fingerprint they always had
+    optional = ("chosen_finish_reason", "rejected_finish_reason", "completion_finish_reason")
+    digests = sorted(_sha256({**{k: row.get(k) for k in used},
+                              **{k: row[k] for k in optional if row.get(k) == "length"}})
+                     for row in map(dict, records))
     return _sha256(digests)
 
 
@@ -449,6 +491,7 @@ def compute_ref_logprobs(
     max_row_tokens: int | None = None,
     model_fingerprint: str | None = None,
     cache_fields: Mapping[str, Any] | None = None,
+    truncated: str = "exclude",
 ) -> LogprobsResult:
     """Score shard ``shard_index`` of ``num_shards`` of ``records`` into ``output_dir`` (resumable).
 
@@ -456,6 +499,7 @@ def compute_ref_logprobs(
     time; each output row is the input row plus the reference columns. Read the merged
     result with ``load_ref_logprobs(output_dir, records)``. ``cache_fields`` (from
     ``cache_fields_for``) saves recomputing the fingerprints when the caller has them.
+    ``truncated``: as in ``encode_record`` (and the trainer's ``truncated``, which must match).
     """
     from align.jobs import run_job
     from align.trainers.collators import SequenceCollator
@@ -472,8 +516,14 @@ def compute_ref_logprobs(
         mask_dtype=next(model.parameters()).dtype if attn == "eager" else None,
         max_row_tokens=max_row_tokens,
     )
+    check_truncated_policy(truncated)
+    num_cut = count_truncated(records) if truncated == "train_without_end" else 0
+    if num_cut:
+        logger.warning("reference log-probs: %d truncated completions (finish_reason 'length') are scored "
+                       "without an end-of-turn token (truncated=train_without_end)", num_cut)
     scorer = _BatchScorer(model, tokenizer, collator, {
-        "chat_format": format, "max_length": max_length, "enable_thinking": enable_thinking, "chat_date": chat_date})
+        "chat_format": format, "max_length": max_length, "enable_thinking": enable_thinking, "chat_date": chat_date,
+        "truncated": truncated})
     was_training = model.training
     model.eval()
     try:
@@ -543,6 +593,9 @@ class LogprobsConfig:
     padding_free / max_row_tokens: batch layout (does not change results).
     device: ``cuda``, ``cpu``...; None: this process's accelerator (``LOCAL_RANK``) or CPU.
     full_weight_hash: hash every weight byte for the key (slow) instead of samples.
+    truncated: ``exclude`` (default): a row whose chosen/rejected was cut at the token budget
+        (``*_finish_reason`` "length") is an error; ``train_without_end``: score it without
+        an end-of-turn token. Must match the trainer's ``truncated``.
     """
 
     model_name_or_path: str
@@ -560,8 +613,10 @@ class LogprobsConfig:
     max_row_tokens: int | None = None
     device: str | None = None
     full_weight_hash: bool = False
+    truncated: str = "exclude"
 
     def __post_init__(self) -> None:
+        check_truncated_policy(self.truncated)
         if self.output_dir is None and self.cache_dir is None:
             raise ValueError("set output_dir, or cache_dir to keep outputs under their cache key")
         if self.batch_size < 1:
@@ -642,7 +697,8 @@ def run(config: LogprobsConfig) -> Path:
             records, model, tokenizer, format=config.chat_format, batch_size=config.batch_size,
             max_length=config.max_length, output_dir=output_dir, enable_thinking=config.enable_thinking,
             chat_date=config.chat_date, shard_index=shard_index, num_shards=num_shards,
-            padding_free=config.padding_free, max_row_tokens=config.max_row_tokens, cache_fields=fields)
+            padding_free=config.padding_free, max_row_tokens=config.max_row_tokens, cache_fields=fields,
+            truncated=config.truncated)
     _wait_for_other_shards()
     if shard_index == 0 or num_shards == 1:
         missing = missing_ids(output_dir, records)

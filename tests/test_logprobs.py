@@ -291,3 +291,60 @@ def test_tiles_smaller_than_the_batch_give_the_same_values(rows, model, tiny_tok
     (grad_whole,) = torch.autograd.grad(whole.sum(), hidden)
     (grad_tiles,) = torch.autograd.grad(tiles.sum(), hidden)
     torch.testing.assert_close(grad_whole, grad_tiles)
+
+
+# --------------------------------------------------------------------------- truncated completions
+
+
+def cut_row() -> dict:
+    row = make_rows(1, seed=3)[0]
+    return {**row, "id": "cut", "chosen_finish_reason": "length", "rejected_finish_reason": "stop"}
+
+
+def test_truncated_completion_is_encoded_without_the_end_of_turn_token(tiny_tokenizer):
+    row = cut_row()
+    whole = encode_record(tiny_tokenizer, {**row, "chosen_finish_reason": "stop"}, chat_date=DATE)
+    cut = encode_record(tiny_tokenizer, row, chat_date=DATE, truncated="train_without_end")
+    end = tiny_tokenizer.convert_tokens_to_ids("<|assistant_end|>")
+    assert whole["chosen_ids"][-1] == end and cut["chosen_ids"] == whole["chosen_ids"][:-1]
+    assert cut["rejected_ids"] == whole["rejected_ids"] and cut["rejected_ids"][-1] == end
+    assert cut["prompt_ids"] == whole["prompt_ids"]
+
+
+def test_truncated_completion_is_refused_unless_told_to_train_it_without_end(tiny_tokenizer):
+    with pytest.raises(RecordError, match=r"record 'cut': field 'chosen_finish_reason'.*train_without_end"):
+        encode_record(tiny_tokenizer, cut_row(), chat_date=DATE)
+    with pytest.raises(ValueError, match="truncated"):
+        encode_record(tiny_tokenizer, cut_row(), chat_date=DATE, truncated="keep")
+    with pytest.raises(ValueError, match="truncated"):
+        LogprobsConfig(model_name_or_path="m", dataset="d", output_dir="o", truncated="keep")
+
+
+def test_empty_truncated_completion_is_an_error_naming_the_field(tiny_tokenizer):
+    row = {**cut_row(), "chosen": ""}
+    with pytest.raises(RecordError, match=r"record 'cut': field 'chosen'.*empty"):
+        encode_record(tiny_tokenizer, row, chat_date=DATE, truncated="train_without_end")
+
+
+def test_pass_scores_truncated_completions_without_end_and_warns_once(model, tiny_tokenizer, tmp_path, caplog):
+    rows = [cut_row(), *make_rows(2)]
+    with caplog.at_level("WARNING", logger="align.logprobs"):
+        out = compute(rows, model, tiny_tokenizer, tmp_path / "cut", truncated="train_without_end")
+    warnings = [r.getMessage() for r in caplog.records if "truncated" in r.getMessage()]
+    assert len(warnings) == 1 and "1 truncated completions" in warnings[0]
+    whole = encode_record(tiny_tokenizer, {**rows[0], "chosen_finish_reason": "stop"}, max_length=256, chat_date=DATE)
+    assert out[0]["chosen_length"] == len(whole["chosen_ids"]) - 1
+    cut = encode_record(tiny_tokenizer, rows[0], max_length=256, chat_date=DATE, truncated="train_without_end")
+    ids = torch.tensor([cut["prompt_ids"] + cut["chosen_ids"]])
+    with torch.no_grad():
+        logps = torch.log_softmax(model(ids).logits[0].double(), -1)
+    expected = sum(logps[len(cut["prompt_ids"]) - 1 + t, tok].item() for t, tok in enumerate(cut["chosen_ids"]))
+    assert out[0]["ref_chosen_logps"] == pytest.approx(expected, abs=1e-4)
+
+
+def test_a_truncated_completion_changes_the_dataset_fingerprint_an_ended_one_does_not(rows):
+    from align.logprobs import dataset_fingerprint
+
+    stop = [{**r, "chosen_finish_reason": "stop", "rejected_finish_reason": "stop"} for r in rows]
+    cut = [{**r, "chosen_finish_reason": "length"} for r in rows]
+    assert dataset_fingerprint(rows) == dataset_fingerprint(stop) != dataset_fingerprint(cut)

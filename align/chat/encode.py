@@ -164,12 +164,14 @@ def encode_completion(
     tools: Sequence[Any] | None = None,
     enable_thinking: bool = False,
     date: _dt.date | str | None = None,
+    end_of_turn: bool = True,
 ) -> tuple[list[int], list[int]]:
     """Prompt ids and completion ids: the one tokenization of a (prompt, completion) pair.
 
     The prompt is rendered with the generation prompt; the completion is the raw text the
     model generated (it may hold tool-call or thought markers), followed by the format's
-    end of turn. ``prompt + completion + end`` is tokenized as one string and split at the
+    end of turn unless ``end_of_turn`` is False (a completion cut at the token budget never
+    ended its turn; training it with the end token would teach the model to stop mid-text). ``prompt + completion + end`` is tokenized as one string and split at the
     prompt's length, after checking that the prompt's own tokens are a prefix of it; if
     the tokenizer merges across the boundary the split would be wrong, so that raises.
     """
@@ -187,7 +189,7 @@ def encode_completion(
     prompt = render(prompt_messages, format=fmt.name, tools=tools, add_generation_prompt=True,
                     enable_thinking=enable_thinking, date=date)
     prompt_ids, _ = tokenize(tokenizer, prompt)
-    full_ids, _ = tokenize(tokenizer, prompt + completion + fmt.turn_end)
+    full_ids, _ = tokenize(tokenizer, prompt + completion + (fmt.turn_end if end_of_turn else ""))
     _check_single_bos(full_ids, tokenizer, fmt)
     if full_ids[: len(prompt_ids)] != prompt_ids:
         k = next((k for k, (a, b) in enumerate(zip(prompt_ids, full_ids)) if a != b),

@@ -61,6 +61,13 @@ class PreferenceConfig(TrainingArguments):
     chat_date (`str` or `None`, defaults to `None`):
         Date in the default Apertus system text (rows without a system message). `None` is
         today's date: pin it to the value the log-prob pass used, or prompts differ.
+    truncated (`str`, defaults to `"exclude"`):
+        Pair rows whose chosen or rejected completion was cut at the sampling token budget
+        (`chosen_finish_reason` / `rejected_finish_reason` "length"). `"exclude"`: such a
+        row is an error (the pairs stage's default `truncated: exclude` never makes one).
+        `"train_without_end"`: train it with no end-of-turn token after the cut text, so the
+        model is not taught to end its turn mid-sentence; the count is logged as a warning.
+        The reference log-prob pass must use the same setting.
     num_ref_rewards (`int` or `None`, defaults to `None`):
         n, the number of reference rewards per prompt (10 in Apertus). With it, rows may
         carry `chosen_reward`, `rejected_reward` and `ref_rewards` instead of precomputed
@@ -131,6 +138,7 @@ class PreferenceConfig(TrainingArguments):
     enable_thinking: bool = field(default=False, metadata={"help": "deliberation enabled in the developer block"})
     chat_date: str | None = field(default=None, metadata={"help": "date in the default system text"})
     num_ref_rewards: int | None = field(default=None, metadata={"help": "n reference rewards per prompt"})
+    truncated: str = field(default="exclude", metadata={"help": "exclude | train_without_end (cut completions)"})
     # Reference
     reference: str = field(default="precomputed", metadata={"help": "precomputed | model | adapter"})
     # Batching
@@ -198,6 +206,8 @@ class PreferenceConfig(TrainingArguments):
             raise ValueError(f"max_row_tokens={self.max_row_tokens}: must be >= 2, or None")
         if self.pad_to_multiple_of is not None and self.pad_to_multiple_of < 1:
             raise ValueError(f"pad_to_multiple_of={self.pad_to_multiple_of}: must be >= 1, or None")
+        if self.truncated not in ("exclude", "train_without_end"):
+            raise ValueError(f"truncated={self.truncated!r}: choose 'exclude' or 'train_without_end'")
 
     def _check_reference(self) -> None:
         if self.reference not in REFERENCE_MODES:

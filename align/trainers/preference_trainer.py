@@ -4,7 +4,8 @@ Stages, each a small function:
 
 1. ``prepare_dataset``: validate pair rows (errors name the row and field), attach
    quantile rewards (QRPO), tokenize with ``align.logprobs.encode_record`` — the same
-   tokenization the reference log-prob pass used — and check the pass's lengths agree.
+   tokenization the reference log-prob pass used, a completion cut at the sampling budget
+   included (``truncated``) — and check the pass's lengths agree.
 2. ``PreferenceCollator``: chosen and rejected of a batch in one padded or padding-free
    batch (``align.trainers.collators``).
 3. ``PreferenceTrainer.compute_loss``: one policy forward scores all 2B completions; the
@@ -36,7 +37,14 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, T
 from align.data.quantiles import quantile_rewards
 from align.data.records import RecordError, record_id, validate_pair
 from align.io import rows_to_dataset
-from align.logprobs import PAIR_NAMES, completion_logps, encode_record, load_records, unwrap_model
+from align.logprobs import (
+    PAIR_NAMES,
+    completion_logps,
+    count_truncated,
+    encode_record,
+    load_records,
+    unwrap_model,
+)
 from align.losses import LossType, dpo_loss, qrpo_terms
 from align.optim import build_optimizer
 from align.trainers.collators import PreferenceCollator, is_flash_attention
@@ -61,10 +69,18 @@ def _number(row: Mapping[str, Any], name: str, rid: str) -> float:
 
 
 def _num_ref_rewards(row: Mapping[str, Any], configured: int | None, rid: str) -> int | None:
-    """n from the config, checked against the row's own ``num_ref_rewards`` when it has one."""
+    """n from the config, checked against the row's own ``num_ref_rewards`` when it has one.
+
+    A row whose sampling dropped overlong references (``num_ref_dropped``, from the pairs
+    stage) has ``num_ref_rewards = n - num_ref_dropped``, its own grid.
+    """
     found = row.get("num_ref_rewards")
     if found is not None and configured is not None and found != configured:
-        raise RecordError(rid, "num_ref_rewards", f"is {found}, but the config says num_ref_rewards={configured}")
+        dropped = row.get("num_ref_dropped") or 0
+        if dropped and found == configured - dropped:
+            return found
+        extra = f" minus num_ref_dropped={dropped}" if dropped else ""
+        raise RecordError(rid, "num_ref_rewards", f"is {found}, but the config says num_ref_rewards={configured}{extra}")
     return configured if configured is not None else found
 
 
@@ -109,7 +125,8 @@ def prepare_row(row: Mapping[str, Any], index: int, tokenizer: Any, config: Pref
     validate_pair(row, index, need_ref_logps=need_ref)
     rid = record_id(row, index)
     encoded = encode_record(tokenizer, row, chat_format=config.chat_format, max_length=config.max_length,
-                            enable_thinking=config.enable_thinking, chat_date=config.chat_date, index=index)
+                            enable_thinking=config.enable_thinking, chat_date=config.chat_date, index=index,
+                            truncated=config.truncated)
     out: dict[str, Any] = {"id": rid, **encoded}
     if need_ref:
         _check_ref_lengths(row, encoded, rid)
@@ -134,6 +151,10 @@ def prepare_dataset(dataset: Any, tokenizer: Any, config: PreferenceConfig) -> d
     rows = [prepare_row(dict(row), i, tokenizer, config) for i, row in enumerate(dataset)]
     if not rows:
         raise ValueError("the preference dataset is empty")
+    num_cut = count_truncated(dataset) if config.truncated == "train_without_end" else 0
+    if num_cut:
+        logger.warning("preference data: %d truncated completions (finish_reason 'length') are trained without "
+                       "an end-of-turn token (truncated=train_without_end)", num_cut)
     return rows_to_dataset(rows)
 
 

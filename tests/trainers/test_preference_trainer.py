@@ -369,3 +369,54 @@ def test_reference_settings_that_cannot_work_name_the_fix(base, data, tiny_token
     with pytest.raises(ValueError, match="set reference='model'"):
         PreferenceTrainer(base, config(tmp_path), train_dataset=data, processing_class=tiny_tokenizer,
                           ref_model=base)
+
+
+# --------------------------------------------------------------------------- truncated completions, dropped refs
+
+
+def truncated_rows(count: int = 4) -> list[dict]:
+    """Pair rows whose first row's chosen completion was cut at the sampling budget."""
+    rows = make_rows(count, seed=5)
+    for row in rows:
+        row.update(chosen_finish_reason="stop", rejected_finish_reason="stop")
+    rows[0]["chosen_finish_reason"] = "length"
+    return rows
+
+
+def test_truncated_completion_is_trained_without_end_of_turn_and_matches_the_pass(base, tiny_tokenizer, tmp_path,
+                                                                                   caplog):
+    rows = truncated_rows()
+    compute_ref_logprobs(rows, base, tiny_tokenizer, format="apertus", batch_size=4, max_length=MAX_LENGTH,
+                         output_dir=tmp_path / "ref", chat_date=DATE, truncated="train_without_end")
+    scored = load_ref_logprobs(tmp_path / "ref", rows)
+    with caplog.at_level("WARNING", logger="align.trainers.preference_trainer"):
+        trainer = PreferenceTrainer(base, config(tmp_path, truncated="train_without_end"), train_dataset=scored,
+                                    processing_class=tiny_tokenizer)
+    warnings = [r.getMessage() for r in caplog.records
+                if r.name == "align.trainers.preference_trainer" and "without an end-of-turn" in r.getMessage()]
+    assert len(warnings) == 1 and warnings[0].startswith("preference data: 1 truncated")
+    end = tiny_tokenizer.convert_tokens_to_ids("<|assistant_end|>")
+    prepared = trainer.train_dataset
+    assert prepared[0]["chosen_ids"][-1] != end and prepared[0]["rejected_ids"][-1] == end
+    assert all(prepared[i]["chosen_ids"][-1] == end for i in range(1, len(rows)))
+    assert len(prepared[0]["chosen_ids"]) == scored[0]["chosen_length"]
+
+
+def test_trainer_refuses_a_truncated_completion_by_default(base, tiny_tokenizer, tmp_path):
+    with pytest.raises(RecordError, match=r"record 'p0': field 'chosen_finish_reason'.*train_without_end"):
+        PreferenceTrainer(base, config(tmp_path, reference="model"), train_dataset=truncated_rows(),
+                          processing_class=tiny_tokenizer, ref_model=base)
+    with pytest.raises(ValueError, match="truncated"):
+        config(tmp_path, truncated="keep")
+
+
+def test_rows_with_references_dropped_as_overlong_use_their_own_grid(base, tiny_tokenizer, tmp_path):
+    rows = make_rows(1)
+    rows[0].update(num_ref_rewards=8, num_ref_dropped=2, rejected_quantile=0.125)  # 1 of 8 references
+    trainer = PreferenceTrainer(base, config(tmp_path, reference="model", num_ref_rewards=10), train_dataset=rows,
+                                processing_class=tiny_tokenizer, ref_model=base)
+    assert trainer.train_dataset[0]["rejected_quantile"] == 0.125
+    rows[0].update(num_ref_dropped=1)
+    with pytest.raises(RecordError, match=r"num_ref_rewards.*is 8.*num_ref_rewards=10 minus num_ref_dropped=1"):
+        PreferenceTrainer(base, config(tmp_path, reference="model", num_ref_rewards=10), train_dataset=rows,
+                          processing_class=tiny_tokenizer, ref_model=base)
