@@ -1,5 +1,11 @@
 """Charters (articles of clauses with ids like ``[10.1]``) and the judge's prompt templates.
 
+Both live in the top-level ``charter/`` folder, next to ``align/`` and ``rewards/``: the
+default charter (``default.md``), example charters of users' own (``example_de.md``), and
+the prompt templates of the judge, the controversy classifier and the degrader (``*.txt``).
+A wheel installs the folder next to the packages (``site-packages/charter``), so a
+non-editable install finds it the same way as a source checkout: ``charter_dir()``.
+
 A charter file is markdown in this shape::
 
     # Optional title
@@ -16,15 +22,16 @@ A charter file is markdown in this shape::
 Articles are numbered 1, 2, 3, ... in order; the clauses of article N are numbered N.1,
 N.2, ... in order. The loader rejects anything else (a gap, a duplicate id, a clause
 filed under the wrong article, an empty clause, an article without clauses, a stray
-line) with an error naming the file and line, because the judge quotes clause ids and a
-mis-numbered charter would make those quotes point at the wrong text.
+line, a clause whose text itself holds a clause tag like ``[2.1]``) with an error naming
+the file and line, because the judge quotes clause ids: each id must be unique, numbered
+within its article, and appear exactly once in the rendered charter, so that a quoted id
+points at one clause.
 """
 
 from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from importlib import resources
 from pathlib import Path
 from string import Template
 
@@ -33,6 +40,12 @@ DEFAULT_CHARTER = "default.md"
 _TITLE = re.compile(r"^#\s+(?P<title>\S.*)$")
 _ARTICLE = re.compile(r"^##\s+(?P<num>\d+)\.\s*(?P<title>.*)$")
 _CLAUSE = re.compile(r"^\[(?P<article>\d+)\.(?P<clause>\d+)\]\s*(?P<text>.*)$")
+_TAG = re.compile(r"\[\d+\.\d+\]")
+
+
+def charter_dir() -> Path:
+    """The ``charter/`` folder: next to the ``rewards`` package, in a checkout and in an install."""
+    return Path(__file__).resolve().parent.parent / "charter"
 
 
 class CharterError(ValueError):
@@ -150,6 +163,9 @@ class _Builder:
             for line, clause_number, text in clauses:
                 if not text:
                     raise self.error(line, f"clause [{number}.{clause_number}] is empty")
+                if tag := _TAG.search(text):
+                    raise self.error(line, f"clause [{number}.{clause_number}] contains the clause tag {tag.group(0)}; "
+                                     "write 'clause 2.1' instead, so every tag in the charter marks one clause")
             built = tuple(Clause(number, n, text) for _, n, text in clauses)
             articles.append(Article(number, title, built))
         return Charter(self.title, " ".join(self.preamble), tuple(articles), self.source)
@@ -179,17 +195,34 @@ def parse_charter(text: str, source: str = "<string>") -> Charter:
     return builder.build(len(lines))
 
 
+def find_charter(name_or_path: str | Path | None = None) -> Path:
+    """The charter file meant by a path, or by a name in ``charter/`` (``default``,
+    ``example_de.md``, ``charter/example_de.md``); None is the default charter."""
+    if name_or_path is None:
+        return charter_dir() / DEFAULT_CHARTER
+    path = Path(name_or_path)
+    if path.is_file():
+        return path
+    for candidate in (path, Path(path.name)):
+        for name in (candidate, candidate.with_suffix(".md")):
+            if len(name.parts) == 1 or name.parts[0] == "charter":
+                bundled = charter_dir() / name.name
+                if bundled.is_file():
+                    return bundled
+    raise FileNotFoundError(f"no charter {str(name_or_path)!r}: not a file, and not one of "
+                            f"{sorted(p.name for p in charter_dir().glob('*.md'))} in {charter_dir()}")
+
+
 def load_charter(path: str | Path | None = None) -> Charter:
-    """Load a charter file; None loads the project's default charter (package data)."""
-    if path is None:
-        resource = resources.files("rewards").joinpath(f"charters/{DEFAULT_CHARTER}")
-        return parse_charter(resource.read_text(encoding="utf-8"), f"rewards/charters/{DEFAULT_CHARTER}")
-    path = Path(path)
-    return parse_charter(path.read_text(encoding="utf-8"), str(path))
+    """Load and validate a charter file (a path, or a name in ``charter/``); None loads the
+    project's default charter."""
+    file = find_charter(path)
+    source = f"charter/{file.name}" if file.parent == charter_dir() else str(path)
+    return parse_charter(file.read_text(encoding="utf-8"), source)
 
 
 def load_template(name_or_path: str | Path) -> Template:
-    """A prompt template: a packaged name (`judge_pointwise`) or a file path.
+    """A prompt template: a name in ``charter/`` (`judge_pointwise`) or a file path.
 
     Templates use `$name` placeholders (string.Template), so braces in JSON examples and
     in user text need no escaping.
@@ -197,9 +230,9 @@ def load_template(name_or_path: str | Path) -> Template:
     candidate = Path(name_or_path)
     if candidate.suffix and candidate.exists():
         return Template(candidate.read_text(encoding="utf-8").strip())
-    resource = resources.files("rewards").joinpath(f"templates/{name_or_path}.txt")
+    resource = charter_dir() / f"{name_or_path}.txt"
     if not resource.is_file():
-        raise FileNotFoundError(f"no prompt template {name_or_path!r} (neither a file nor a packaged template)")
+        raise FileNotFoundError(f"no prompt template {name_or_path!r} (neither a file nor a template in {charter_dir()})")
     return Template(resource.read_text(encoding="utf-8").strip())
 
 
