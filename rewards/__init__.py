@@ -16,7 +16,7 @@ from typing import Any
 
 from rewards.annotate import annotate, score_records  # eager: the name must not resolve to the submodule
 from rewards.base import RewardProvider, Score, checked
-from rewards.charter import Charter, CharterError, load_charter, load_template, parse_charter
+from rewards.charter import Charter, CharterError, charter_dir, load_charter, load_template, parse_charter
 from rewards.verifiable import VerifiableReward, answers_match, normalize_answer
 
 _LAZY = {
@@ -29,11 +29,19 @@ _LAZY = {
     "ControversyClassifier": "rewards.classifier",
     "classify_records": "rewards.classifier",
     "transformers_generate": "rewards.generation",
+    "validate_judge": "rewards.validation",
+    "build_ladders": "rewards.degrade",
+    "RuleDegrader": "rewards.degrade",
+    "LLMDegrader": "rewards.degrade",
     "vllm_generate": "rewards.generation",
 }
 
 __all__ = [
     "Charter",
+    "LLMDegrader",
+    "RuleDegrader",
+    "build_ladders",
+    "validate_judge",
     "CharterError",
     "ConstitutionalJudge",
     "ControversyClassifier",
@@ -47,6 +55,7 @@ __all__ = [
     "VerifiableReward",
     "annotate",
     "answers_match",
+    "charter_dir",
     "checked",
     "classify_records",
     "load_charter",
