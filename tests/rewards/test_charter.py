@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from rewards.charter import (
@@ -74,6 +76,7 @@ def test_continuation_lines_join_the_clause(tmp_path):
         ("# Only a title\n", 1, "no articles found"),
         ("## 1.   \n[1.1] x\n", 1, "article 1 has no title"),
         ("## 1. A\n[1.1] x\n# Late title\n", 3, "may appear once"),
+        ("## 1. A\n[1.1] x\n[1.2] as [1.1] says\n", 3, "contains the clause tag [1.1]"),
     ],
 )
 def test_malformed_charters_name_the_line(text, line, fragment):
@@ -89,6 +92,37 @@ def test_packaged_templates_have_their_placeholders():
     assert template_fields(load_template("judge_pairwise")) == {"charter", "question", "response_a", "response_b"}
     assert template_fields(load_template("controversy_user")) == {"system_prompt", "first_user_message"}
     assert template_fields(load_template("controversy_system")) == set()
+    assert template_fields(load_template("degrade")) == {"question", "response", "flaw", "flaw_description"}
+
+
+def test_charter_folder_sits_next_to_the_packages():
+    import rewards
+    from rewards.charter import charter_dir
+
+    assert charter_dir() == Path(rewards.__file__).resolve().parent.parent / "charter"
+    assert {"default.md", "example_de.md", "judge_pointwise.txt", "judge_pairwise.txt", "controversy_system.txt",
+            "controversy_user.txt", "degrade.txt"} <= {p.name for p in charter_dir().iterdir()}
+    assert load_charter().source == "charter/default.md"
+
+
+@pytest.mark.parametrize("name", ["charter/example_de.md", "example_de.md", "example_de"])
+def test_bundled_charters_by_name_from_any_directory(name, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    charter = load_charter(name)
+    assert charter.source == "charter/example_de.md"
+    assert [a.number for a in charter.articles] == [1, 2, 3]
+    text = charter.text()
+    for clause in charter.clauses:  # every id quotable: it heads exactly one line
+        assert text.count(f"\n[{clause.id}] ") == 1
+    with pytest.raises(FileNotFoundError, match="no charter 'charter/nope.md'"):
+        load_charter("charter/nope.md")
+
+
+def test_every_bundled_charter_is_valid():
+    from rewards.charter import charter_dir
+
+    for path in sorted(charter_dir().glob("*.md")):
+        assert load_charter(path).clauses, path
 
 
 def test_template_from_a_file_and_unknown_names(tmp_path):
