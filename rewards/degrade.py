@@ -30,8 +30,7 @@ import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from string import Template
-from typing import Any
+from typing import Any, ClassVar
 
 from rewards.base import Conversation
 from rewards.text import transcript
@@ -72,7 +71,7 @@ class Degrader:
 _SENTENCE_END = re.compile(r"(?<=[.!?])\s+(?=\S)")
 _NUMBER = re.compile(r"(?<![\w.])(\d+)(\.\d+)?(?![\w])")
 _FORMAT_LINE = re.compile(r"^\s*(?:[-*+•]\s+|\d+[.)]\s+|#{1,6}\s+|>\s+)")
-_AUXILIARY = re.compile(r"\b(is|are|was|were|can|will|should|does|do|has|have|must)\b(?! not\b)", re.I)
+_AUXILIARY = re.compile(r"\b(is|are|was|were|can|will|should|does|do|has|have|must)\b(?! not\b)", re.IGNORECASE)
 _LOWER_STARTS = {"The", "A", "An", "It", "This", "That", "There", "They", "We", "You", "These", "Those", "Its"}
 _WORD = re.compile(r"[A-Za-zÀ-ÿ]{4,}")
 _HEDGES = [
@@ -212,7 +211,7 @@ class RuleDegrader(Degrader):
     """
 
     name = "rules"
-    TRANSFORMS: dict[str, Callable[[str, random.Random], str | None]] = {
+    TRANSFORMS: ClassVar[dict[str, Callable[[str, random.Random], str | None]]] = {
         "ignored_format": _flaw_ignored_format,
         "incompleteness": _flaw_incompleteness,
         "organisation": _flaw_organisation,
@@ -224,7 +223,7 @@ class RuleDegrader(Degrader):
     }
     ORDER = tuple(TRANSFORMS)
     kinds = tuple(TRANSFORMS)
-    cannot = {
+    cannot: ClassVar[dict[str, str]] = {
         "factual_accuracy": "needs knowledge of which statements are true; changing numbers is `wrong_answer`",
         "skipped_instructions": "needs to know which instructions the question gave",
         "faulty_reasoning": "needs to follow the argument to break one step of it while keeping it fluent",
@@ -291,7 +290,7 @@ class LLMDegrader(Degrader):
 def _clean_reply(reply: str) -> str:
     """Strip whitespace and a label line such as "Rewritten response:" a model may put first."""
     reply = (reply or "").strip()
-    reply = re.sub(r"^(?:rewritten|degraded|new)?\s*response\s*:\s*", "", reply, flags=re.I)
+    reply = re.sub(r"^(?:rewritten|degraded|new)?\s*response\s*:\s*", "", reply, flags=re.IGNORECASE)
     return reply.strip()
 
 

@@ -402,9 +402,9 @@ def markdown(report: Mapping[str, Any]) -> str:
     lines = [
         "# Judge validation",
         "",
-        f"Method: {report['method']}. {report['ladders']} ladders of {settings['steps']} flaws "
-        f"({report['degrader']['degrader']} degrader), {len(report['skipped'])} prompts skipped. "
-        f"Intervals: {int(settings['confidence'] * 100)}% bootstrap over prompts.",
+        (f"Method: {report['method']}. {report['ladders']} ladders of {settings['steps']} flaws "
+         f"({report['degrader']['degrader']} degrader), {len(report['skipped'])} prompts skipped. "
+         f"Intervals: {int(settings['confidence'] * 100)}% bootstrap over prompts."),
         "",
         "## Verdicts",
         "",
@@ -412,10 +412,9 @@ def markdown(report: Mapping[str, Any]) -> str:
     for lang, v in report["verdicts"].items():
         lines.append(f"- **{lang}**: {'qualified' if v['qualified'] else 'not qualified'}: {v['reason']}.")
     sections = [("all", report["all"])] + list(report["languages"].items())
-    lines += ["", "## Metrics", "",
-              "| group | prompts | τ pointwise | τ pairwise | ρ pointwise | ρ pairwise | adjacent pointwise | "
-              "adjacent pairwise | P(first shown wins) | orders agree | one order |",
-              "|---|---|---|---|---|---|---|---|---|---|---|"]
+    header = ("| group | prompts | τ pointwise | τ pairwise | ρ pointwise | ρ pairwise | adjacent pointwise | "
+              "adjacent pairwise | P(first shown wins) | orders agree | one order |")
+    lines += ["", "## Metrics", "", header, "|---|---|---|---|---|---|---|---|---|---|---|"]
     for name, m in sections:
         lines.append(
             f"| {name} | {m['prompts']} | {_fmt(m['kendall_tau'].get('pointwise'))} | {_fmt(m['kendall_tau'].get('pairwise'))} | "
@@ -427,9 +426,9 @@ def markdown(report: Mapping[str, Any]) -> str:
     bias = report["all"].get("position_bias")
     if bias:
         side = "above" if bias["low"] > 0.5 else "below" if bias["high"] < 0.5 else None
-        lines += ["", f"Position bias: P(first shown wins) {_fmt(bias)}; "
-                  + (f"the interval lies {side} 0.5: the judge favours the {'first' if side == 'above' else 'second'} position."
-                     if side else "the interval includes 0.5: no position bias shown.")]
+        said = (f"the interval lies {side} 0.5: the judge favours the {'first' if side == 'above' else 'second'} position."
+                if side else "the interval includes 0.5: no position bias shown.")
+        lines += ["", f"Position bias: P(first shown wins) {_fmt(bias)}; {said}"]
     lines += ["", "## Pointwise scores", "", "| group | step | mean score |", "|---|---|---|"]
     for name, m in sections:
         for step, interval in enumerate(m["pointwise_scores"]["mean_by_step"]):

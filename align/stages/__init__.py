@@ -20,6 +20,7 @@ STAGES: dict[str, tuple[str, str]] = {
     "train": ("align.stages.train", "QRPO or DPO preference training"),
     "evaluate": ("align.stages.evaluate", "rewards, win rates against a baseline and KL, with confidence intervals"),
     "decontaminate": ("align.stages.decontaminate", "remove training prompts that overlap benchmarks"),
+    "judge-validate": ("align.stages.judge_validate", "qualify a judge on degradation ladders (rank correlation, bias)"),
     "pipeline": ("align.stages.pipeline", "every stage from one recipe, skipping finished ones"),
     "demo": ("align.stages.demo", "the whole method on a tiny model on CPU, in minutes"),
 }

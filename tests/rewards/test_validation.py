@@ -12,7 +12,7 @@ from validation_cases import records
 
 from rewards.degrade import Ladder, RuleDegrader, build_ladders
 from rewards.judge import ConstitutionalJudge
-from rewards.pairwise import Comparison, combine_orders
+from rewards.pairwise import combine_orders
 from rewards.validation import (
     LadderResult,
     kendall_tau,

@@ -1,0 +1,142 @@
+"""Qualify a judge before trusting its rewards: synthetic degradation ladders (Apertus report, Appendix E.4.5).
+
+Reads prompts with good completions (``messages`` plus ``completion``, or the first of
+``completions``, or ``chosen``; an optional ``language`` column), builds ladders of
+``steps`` flaws each (rule-based degrader, or an LLM one through transformers or vLLM),
+scores every ladder item with the constitutional judge the recipe describes (the same
+keys as ``align annotate provider=judge``: model, backend, charter, scale, ...) and
+measures how well the judge's scores follow the ladder order: Kendall τ and Spearman ρ
+(pointwise and pairwise), adjacent-step accuracy, position bias, order agreement, with 95%
+bootstrap intervals over prompts, per language. A language qualifies when its τ reaches
+``min_kendall_tau`` (and, with ``require_significant``, its interval lies above 0).
+
+Writes ``report.json``, ``report.md``, ``ladders.jsonl`` and ``score_by_step.png``.
+
+Example: ``align judge-validate recipes/tiny/judge_validate.yaml model=path/to/judge
+charter=charter/example_de.md``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from types import SimpleNamespace
+from typing import Any, Literal
+
+from align.stages.common import already_done, check_stage_input, finish
+
+
+@dataclass
+class Config:
+    input: str = field(default="", metadata={"help": "prompts with good completions (file or stage dir)"})
+    output_dir: str = field(default="runs/judge_validate", metadata={"help": "where the report and plot go"})
+    completion_field: str = field(default="completion", metadata={
+        "help": "field holding the good completion (else the first of completions, else chosen)"})
+    language_field: str = field(default="language", metadata={"help": "column to break results down by, if present"})
+    max_prompts: int = field(default=0, metadata={"help": "use at most this many prompts (0: all)"})
+    model: str = field(default="", metadata={"help": "judge model path or name"})
+    backend: Literal["transformers", "vllm", "openai"] = field(
+        default="transformers", metadata={"help": "judge backend: transformers | vllm | openai"})
+    base_url: str | None = field(default=None, metadata={"help": "openai backend: the endpoint (http://host:8000/v1)"})
+    tokenizer: str | None = field(default=None, metadata={"help": "openai backend: tokenizer of the served model"})
+    charter: str | None = field(default=None, metadata={
+        "help": "charter file, or a name in charter/ (default: charter/default.md)"})
+    scale: list[int] = field(default_factory=lambda: [1, 9], metadata={"help": "judge rating scale (paper: 1-9)"})
+    single_order: Literal["score", "skip"] = field(default="score", metadata={
+        "help": "a comparison with only one readable order: score it from that order, or skip it"})
+    model_batch_size: int = field(default=8, metadata={"help": "sequences per forward (judge and degrader)"})
+    dtype: str | None = field(default=None, metadata={"help": "weights dtype (default: bf16 on GPU, fp32 on CPU)"})
+    device: str | None = field(default=None, metadata={"help": "cuda / cpu (default: cuda when available)"})
+    engine_kwargs: dict = field(default_factory=dict, metadata={"help": "vllm: extra vllm.LLM arguments (judge)"})
+    degrader: Literal["rules", "llm"] = field(default="rules", metadata={
+        "help": "rules (text transforms, no model) | llm (a model rewrites with charter/degrade.txt)"})
+    degrader_model: str = field(default="", metadata={"help": "llm degrader: generation model path or name"})
+    degrader_backend: Literal["transformers", "vllm"] = field(default="transformers", metadata={
+        "help": "llm degrader: transformers | vllm"})
+    degrader_template: str = field(default="degrade", metadata={
+        "help": "llm degrader: prompt template (name in charter/ or a file)"})
+    degrader_max_new_tokens: int = field(default=1024, metadata={"help": "llm degrader: rewrite length budget in tokens"})
+    degrader_temperature: float = field(default=0.0, metadata={"help": "llm degrader: sampling temperature (0: greedy)"})
+    degrader_engine_kwargs: dict = field(default_factory=dict, metadata={"help": "llm degrader on vllm: vllm.LLM arguments"})
+    steps: int = field(default=4, metadata={"help": "flaws per ladder (each step adds one new flaw)"})
+    kinds: list[str] = field(default_factory=list, metadata={
+        "help": "flaw kinds to draw from (empty: every kind the degrader can imitate)"})
+    pairwise: bool = field(default=True, metadata={"help": "also compare every pair of a ladder, in both orders"})
+    min_kendall_tau: float = field(default=0.5, metadata={"help": "qualification threshold on Kendall tau"})
+    qualify_on: Literal["pointwise", "pairwise"] = field(default="pointwise", metadata={
+        "help": "which tau the verdict uses"})
+    require_significant: bool = field(default=True, metadata={"help": "the tau interval must also lie above 0"})
+    resamples: int = field(default=2000, metadata={"help": "bootstrap resamples for the 95% intervals"})
+    seed: int = field(default=0, metadata={"help": "seed of the ladders and the bootstrap"})
+    overwrite: bool = field(default=False, metadata={"help": "redo a complete output"})
+
+    def __post_init__(self) -> None:
+        if self.backend == "openai" and not self.base_url:
+            raise ValueError("base_url: the openai backend needs the endpoint URL")
+        if len(self.scale) != 2:
+            raise ValueError(f"scale: expected [low, high], got {self.scale}")
+        if self.steps < 1:
+            raise ValueError(f"steps: must be >= 1, got {self.steps}")
+        if self.degrader == "llm" and not self.degrader_model:
+            raise ValueError("degrader_model: the llm degrader needs a generation model")
+        if self.qualify_on == "pairwise" and not self.pairwise:
+            raise ValueError("qualify_on: pairwise needs pairwise=true")
+
+
+def build_degrader(config: Config) -> Any:
+    """The rule-based degrader, or an LLM one on the recipe's generation model."""
+    from rewards.degrade import LLMDegrader, RuleDegrader
+
+    if config.degrader == "rules":
+        return RuleDegrader()
+    from align.stages.annotate import _generate
+
+    settings = SimpleNamespace(model=config.degrader_model, backend=config.degrader_backend,
+                               engine_kwargs=config.degrader_engine_kwargs, max_new_tokens=config.degrader_max_new_tokens,
+                               temperature=config.degrader_temperature, model_batch_size=config.model_batch_size,
+                               device=config.device, dtype=config.dtype)
+    return LLMDegrader(_generate(settings), template=config.degrader_template, model=config.degrader_model)
+
+
+def build_judge(config: Config) -> Any:
+    """The constitutional judge, built as `align annotate provider=judge` builds it."""
+    from align.stages.annotate import _judge_backend
+    from rewards.judge import ConstitutionalJudge
+
+    if not config.model:
+        raise ValueError("model: the judge to validate (a model path or name)")
+    return ConstitutionalJudge(_judge_backend(config), config.charter, scale=tuple(config.scale),
+                               single_order=config.single_order)
+
+
+def run(config: Config) -> dict:
+    """Build ladders, score them with the judge, write the report and the verdicts."""
+    from align.io import read_records
+    from rewards.validation import validate_judge
+
+    if not config.input:
+        raise ValueError("judge-validate: set input (prompts with good completions)")
+    if already_done(config.output_dir, "judge-validate", overwrite=config.overwrite):
+        return {}
+    check_stage_input(config.input, "judge-validate", "input")
+    records = read_records(config.input)
+    if config.max_prompts:
+        records = records[: config.max_prompts]
+    judge = build_judge(config)
+    report = validate_judge(
+        records, judge, degrader=build_degrader(config), steps=config.steps, kinds=config.kinds or None,
+        pairwise=config.pairwise, min_kendall_tau=config.min_kendall_tau, qualify_on=config.qualify_on,
+        require_significant=config.require_significant, completion_field=config.completion_field,
+        language_field=config.language_field, output_dir=config.output_dir, resamples=config.resamples,
+        seed=config.seed,
+    )
+    for group, verdict in report["verdicts"].items():
+        word = "qualified" if verdict["qualified"] else "NOT qualified"
+        print(f"[align judge-validate] {group}: {word}: {verdict['reason']}")
+    tau = report["all"]["kendall_tau"]
+    summary = {
+        "ladders": report["ladders"],
+        "skipped": len(report["skipped"]),
+        "kendall_tau": {mode: round(iv["estimate"], 4) for mode, iv in tau.items() if iv},
+        "qualified": {group: v["qualified"] for group, v in report["verdicts"].items()},
+    }
+    return finish("judge-validate", config, config.output_dir, summary)

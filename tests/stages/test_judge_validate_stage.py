@@ -1,0 +1,71 @@
+"""`align judge-validate`: ladders, judge, report and verdicts from the command line."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+from stage_helpers import run_cli
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "rewards"))
+from validation_cases import records
+
+from align.io import completion_info
+
+
+@pytest.fixture(scope="module")
+def judge_dir(tmp_path_factory):
+    """A tiny random-weight judge with the Apertus chat template, saved."""
+    from align.chat import install_format
+    from align.testing.tiny import build_causal_lm, build_tokenizer
+
+    tok = build_tokenizer()
+    install_format(tok, format="apertus")
+    path = tmp_path_factory.mktemp("judge")
+    build_causal_lm(tok, seed=3).save_pretrained(path)
+    tok.save_pretrained(path)
+    return path
+
+
+def test_judge_validate_stage_writes_report_plot_and_verdicts(judge_dir, tmp_path):
+    data = tmp_path / "prompts.jsonl"
+    data.write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in records()))
+    out = tmp_path / "validate"
+    printed = run_cli(["judge-validate", f"input={data}", f"output_dir={out}", f"model={judge_dir}",
+                       "charter=charter/example_de.md", "steps=2", "resamples=200", "device=cpu",
+                       "model_batch_size=16", "min_kendall_tau=0.5", "single_order=skip"])
+    assert f"[align judge-validate] wrote {out}" in printed
+    assert "[align judge-validate] en: NOT qualified" in printed and "[align judge-validate] de: NOT qualified" in printed
+    info = completion_info(out)
+    assert info["stage"] == "judge-validate" and info["summary"]["ladders"] == len(records())
+    assert info["summary"]["qualified"] == {"en": False, "de": False, "all": False}
+    report = json.loads((out / "report.json").read_text())
+    assert report["settings"]["steps"] == 2 and report["judge"]["single_order"] == "skip"
+    assert report["degrader"]["degrader"] == "rules"
+    assert {"en", "de"} == set(report["languages"])
+    assert (out / "score_by_step.png").stat().st_size > 1000 and (out / "report.md").exists()
+    again = run_cli(["judge-validate", f"input={data}", f"output_dir={out}", f"model={judge_dir}"])
+    assert "already complete" in again
+
+
+def test_judge_validate_with_an_llm_degrader(judge_dir, tmp_path):
+    """The LLM degrader through the transformers generation backend (a random tiny model
+    writes nonsense, but every rewrite that differs is a step)."""
+    data = tmp_path / "prompts.jsonl"
+    import torch
+
+    data.write_text("".join(json.dumps(r) + "\n" for r in records(("en",))[:3]))
+    out = tmp_path / "validate_llm"
+    torch.manual_seed(0)  # sampled rewrites (greedy ones from a random model are all end-of-turn)
+    run_cli(["judge-validate", f"input={data}", f"output_dir={out}", f"model={judge_dir}", "degrader=llm",
+             f"degrader_model={judge_dir}", "degrader_max_new_tokens=12", "degrader_temperature=1.0", "steps=2", "kinds=[factual_accuracy,faulty_reasoning]",
+             "pairwise=false", "resamples=100", "device=cpu", "require_significant=false"])
+    report = json.loads((out / "report.json").read_text())
+    assert report["degrader"]["degrader"] == "llm" and report["degrader"]["model"] == str(judge_dir)
+    assert report["ladders"] + len(report["skipped"]) == 3
+    rows = [json.loads(line) for line in (out / "ladders.jsonl").read_text().splitlines()]
+    for row in rows:
+        assert sorted(row["flaws"]) == ["factual_accuracy", "faulty_reasoning"] and len(set(row["texts"])) == 3
+    assert "pairwise" not in report["all"]["kendall_tau"]
