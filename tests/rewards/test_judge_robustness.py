@@ -149,3 +149,46 @@ def test_ready_made_vllm_engine_without_prefix_caching_warns(chat_tokenizer):
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         VLLMJudgeBackend(llm=_fake_llm(chat_tokenizer, True))
+
+
+@pytest.fixture(scope="module")
+def metaspace_tokenizer():
+    """A SentencePiece-style tokenizer (Metaspace "▁" word marker): "A" encodes as ["▁", "A"]."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    from align.testing.tiny import corpus_text
+
+    tok = Tokenizer(models.BPE(unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.Metaspace(replacement="\u2581", prepend_scheme="always")
+    tok.decoder = decoders.Metaspace(replacement="\u2581", prepend_scheme="always")
+    trainer = trainers.BpeTrainer(vocab_size=300, special_tokens=["<unk>", "<s>", "</s>", "<pad>"], show_progress=False)
+    tok.train_from_iterator(corpus_text().splitlines(), trainer=trainer)
+    return PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<s>", eos_token="</s>", pad_token="<pad>",
+                                   unk_token="<unk>")
+
+
+def test_sentencepiece_split_labels_are_read_from_their_tokens(metaspace_tokenizer):
+    from align.testing.tiny import build_causal_lm
+    from rewards.judge_backends import single_token_ids
+
+    tok = metaspace_tokenizer
+    assert tok.convert_ids_to_tokens(tok("A", add_special_tokens=False)["input_ids"]) == ["\u2581", "A"]
+    with pytest.raises(ValueError, match="is 2 tokens"):  # the plain spelling check refuses it
+        single_token_ids(tok, ["A", "B"])
+    labels = ["A", "B", *LABELS]
+    groups = label_token_ids(tok, labels)
+    for label in labels:
+        spellings = set(tok.convert_ids_to_tokens(groups[label]))
+        assert label in spellings and spellings <= {label, "\u2581" + label}
+    model = build_causal_lm(tok, seed=2)
+    backend = TransformersJudgeBackend(model, tok, show_progress=False)
+    text = "Rate this answer from 1 to 9: Paris is the capital of France."
+    got = backend.label_logprobs([text], labels)[0]
+    ids = tok(text, add_special_tokens=True)["input_ids"]
+    with torch.no_grad():
+        probs = torch.softmax(model(input_ids=torch.tensor([ids])).logits[0, -1].double(), dim=-1)
+    vocab = tok.get_vocab()
+    for label in labels:
+        by_hand = sum(probs[vocab[s]].item() for s in (label, "\u2581" + label) if s in vocab)
+        assert math.exp(got[label]) == pytest.approx(by_hand, rel=1e-4)
