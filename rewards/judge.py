@@ -171,20 +171,29 @@ class ConstitutionalJudge(RewardProvider):
         *,
         references: Sequence[Any] | None = None,
     ) -> list[Score]:
-        """Pointwise scores (no pairwise ranking: that needs a prompt's whole group)."""
+        """Pointwise scores (no pairwise ranking: that needs a prompt's whole group).
+
+        An empty completion is not shown to the judge: it gets the scale minimum (the score
+        of an answer that does nothing the charter asks), with the reason in its details, so
+        a prompt is not lost because one of its references came back empty.
+        """
         if len(conversations) != len(completions):
             raise ValueError(f"{len(conversations)} conversations for {len(completions)} completions")
-        prompts = [self.pointwise_prompt(c, r) for c, r in zip(conversations, completions)]
+        asked = [i for i, completion in enumerate(completions) if not is_empty(completion)]
+        prompts = [self.pointwise_prompt(conversations[i], completions[i]) for i in asked]
         labels = self.config.labels
-        answers = self.backend.label_logprobs(prompts, labels, shared_prefix=self.shared_prefix("pointwise"))
-        scores = []
-        for logprobs in answers:
+        answers = self.backend.label_logprobs(prompts, labels, shared_prefix=self.shared_prefix("pointwise")) \
+            if prompts else []
+        low = float(self.config.scale[0])
+        scores = [Score(low, None, {"empty_completion": f"empty completion: given the scale minimum {low:g}"})
+                  for _ in completions]  # replaced below for every completion the judge is asked about
+        for i, logprobs in zip(asked, answers, strict=True):
             result = expected_score(logprobs, labels)
             if result is None:
-                scores.append(Score.skip(f"no scale token ({labels[0]}-{labels[-1]}) among the judge's top tokens"))
+                scores[i] = Score.skip(f"no scale token ({labels[0]}-{labels[-1]}) among the judge's top tokens")
                 continue
             value, mass = result
-            scores.append(checked(value, pointwise=value, scale_mass=mass))
+            scores[i] = checked(value, pointwise=value, scale_mass=mass)
         return scores
 
     # -- pairwise --------------------------------------------------------------------------

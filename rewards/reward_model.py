@@ -14,12 +14,20 @@ Choices made here:
   error (see `check_padding`).
 - Batches are formed from inputs sorted by length (longest first), which removes most
   padding; scores come back in input order and do not depend on the batching.
-- Over-long inputs are truncated on the right to `max_length` and flagged
-  (`details["truncated"]`), never silently.
+- Over-long inputs are flagged (`details["truncated"]`), never silently: by default
+  (`on_truncation="skip"`) they get no reward, with the reason, because a score of the
+  first `max_length` tokens is not a score of the answer; `on_truncation="score"` scores
+  the input truncated on the right.
+- Empty completions get a defined reward, so a prompt is not lost because one reference
+  came back empty: by default the lowest score among the same prompt's scored non-empty
+  completions (an empty answer is no better than the worst real one), or a fixed
+  `empty_score`. `details["empty_completion"]` says which rule gave the value.
 """
 
 from __future__ import annotations
 
+import json
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -30,6 +38,8 @@ from tqdm.auto import tqdm
 
 from rewards.base import Conversation, RewardProvider, Score, checked, is_empty
 from rewards.text import encode_rendered, fixed_batches, plain_messages, sorted_batches
+
+ON_TRUNCATION = ("skip", "score")
 
 
 @dataclass
@@ -44,6 +54,10 @@ class RewardModelConfig:
     dtype:        "bfloat16", "float32", ...; None means bf16 on GPU, fp32 on CPU.
     sort_by_length: batch inputs of similar length together (default True; False keeps
                   input order, the baseline of bench/annotation_throughput.py).
+    on_truncation: "skip" (default): an input longer than max_length gets no reward, with
+                  the reason; "score": score its first max_length tokens (flagged).
+    empty_score:  reward of an empty (whitespace-only) completion; None (default): the
+                  lowest score among the same prompt's scored non-empty completions.
     """
 
     model_name_or_path: str
@@ -52,12 +66,21 @@ class RewardModelConfig:
     device: str | None = None
     dtype: str | None = None
     sort_by_length: bool = True
+    on_truncation: str = "skip"
+    empty_score: float | None = None
 
     def __post_init__(self) -> None:
         if self.batch_size < 1:
             raise ValueError(f"batch_size must be >= 1, got {self.batch_size}")
         if self.max_length < 2:
             raise ValueError(f"max_length must be >= 2, got {self.max_length}")
+        if self.on_truncation not in ON_TRUNCATION:
+            raise ValueError(f"on_truncation must be one of {list(ON_TRUNCATION)}, got {self.on_truncation!r}")
+        if self.empty_score is not None and (
+            isinstance(self.empty_score, bool) or not isinstance(self.empty_score, (int, float))
+            or not math.isfinite(self.empty_score)
+        ):
+            raise ValueError(f"empty_score must be a finite number or None, got {self.empty_score!r}")
 
 
 def resolve_device(device: str | None) -> torch.device:
@@ -125,6 +148,8 @@ class RewardModel(RewardProvider):
         device: str | None = None,
         dtype: str | torch.dtype | None = None,
         sort_by_length: bool = True,
+        on_truncation: str = "skip",
+        empty_score: float | None = None,
         model: Any = None,
         tokenizer: Any = None,
     ):
@@ -132,7 +157,7 @@ class RewardModel(RewardProvider):
         self.config = RewardModelConfig(
             str(model_name_or_path), batch_size, max_length, device,
             dtype if not isinstance(dtype, torch.dtype) else str(dtype).removeprefix("torch."),
-            sort_by_length,
+            sort_by_length, on_truncation, empty_score,
         )
         self.device = resolve_device(device)
         self.dtype = resolve_dtype(dtype, self.device)
@@ -170,27 +195,81 @@ class RewardModel(RewardProvider):
         *,
         references: Sequence[Any] | None = None,
     ) -> list[Score]:
-        """Raw logits for every pair; empty completions are recorded skips."""
+        """Raw logits for every pair; an empty completion gets the empty-completion rule, over
+        the pairs that share its conversation (the same prompt)."""
         if len(conversations) != len(completions):
             raise ValueError(f"{len(conversations)} conversations for {len(completions)} completions")
+        scores = self._score_non_empty(conversations, completions)
+        prompts: dict[str, list[int]] = {}
+        for i, conversation in enumerate(conversations):
+            key = json.dumps(plain_messages(conversation), sort_keys=True, ensure_ascii=False)
+            prompts.setdefault(key, []).append(i)
+        for group in prompts.values():
+            self._score_empty(scores, group)
+        return scores  # type: ignore[return-value]
+
+    def score_groups(
+        self,
+        conversations: Sequence[Conversation],
+        completion_groups: Sequence[Sequence[str]],
+        *,
+        references: Sequence[Any] | None = None,
+    ) -> list[list[Score]]:
+        """Scores of each prompt's completions; an empty one gets the rule over its own group."""
+        flat_conv = [c for c, group in zip(conversations, completion_groups, strict=True) for _ in group]
+        flat_comp = [text for group in completion_groups for text in group]
+        scores = self._score_non_empty(flat_conv, flat_comp)
+        grouped, start = [], 0
+        for group in completion_groups:
+            indices = list(range(start, start + len(group)))
+            self._score_empty(scores, indices)
+            grouped.append([scores[i] for i in indices])
+            start += len(group)
+        return grouped  # type: ignore[return-value]
+
+    def _score_non_empty(self, conversations: Sequence[Conversation], completions: Sequence[str]) -> list[Score | None]:
+        """Scores of the non-empty completions (or recorded skips); None where the text is empty."""
         scores: list[Score | None] = [None] * len(completions)
         todo: list[int] = []
         encoded: list[tuple[list[int], dict[str, Any]]] = []
         for i, (conversation, completion) in enumerate(zip(conversations, completions)):
             if is_empty(completion):
-                scores[i] = Score.skip("empty completion")
                 continue
             ids, details = self.encode(conversation, completion)
             if self.pad_id in ids:
                 # the model would take this token for padding and pool before it
                 scores[i] = Score.skip(f"text contains the pad token (id {self.pad_id})", **details)
                 continue
+            if details["truncated"] and self.config.on_truncation == "skip":
+                scores[i] = Score.skip(
+                    f"input has {details['num_tokens']} tokens, over max_length={self.config.max_length} "
+                    "(on_truncation=skip)", **details)
+                continue
             todo.append(i)
             encoded.append((ids, details))
         values = self._forward_all([ids for ids, _ in encoded])
         for i, value, (_, details) in zip(todo, values, encoded):
             scores[i] = checked(value, **details)
-        return scores  # type: ignore[return-value]
+        return scores
+
+    def _score_empty(self, scores: list[Score | None], group: Sequence[int]) -> None:
+        """Fill the empty completions (None so far) of one prompt's ``group`` of indices."""
+        empty = [i for i in group if scores[i] is None]
+        if not empty:
+            return
+        if self.config.empty_score is not None:
+            value, rule = float(self.config.empty_score), "the configured empty_score"
+        else:
+            others = [scores[i].value for i in group if scores[i] is not None and scores[i].value is not None]
+            if not others:
+                for i in empty:
+                    scores[i] = Score.skip("empty completion, and no other completion of the prompt was scored "
+                                           "to take the lowest score from (set empty_score)")
+                return
+            value = min(others)
+            rule = f"the lowest score of the prompt's {len(others)} scored non-empty completions"
+        for i in empty:
+            scores[i] = Score(value, None, {"empty_completion": f"empty completion: given {rule}"})
 
     def _forward_all(self, sequences: list[list[int]]) -> list[float]:
         """Raw scores for token sequences, batched by length (or in order), input order out."""
@@ -216,4 +295,5 @@ class RewardModel(RewardProvider):
 
     def fingerprint(self) -> dict[str, Any]:
         c = self.config
-        return {"provider": self.name, "model": c.model_name_or_path, "max_length": c.max_length, "dtype": str(self.dtype)}
+        return {"provider": self.name, "model": c.model_name_or_path, "max_length": c.max_length, "dtype": str(self.dtype),
+                "on_truncation": c.on_truncation, "empty_score": c.empty_score}

@@ -6,7 +6,8 @@ the last `\\boxed{...}` if there is one, else a final "answer: ..." / "answer is
 line, else the whole completion when it is short (a bare answer). Both sides are then
 normalised (see `normalize_answer`) and compared; numbers compare by exact value, so
 "168" equals "168.0", "1,680" equals "1680" and "3/4" equals "0.75". A completion that
-states no answer scores 0.0; an empty completion is a recorded skip. A reference may be a
+states no answer scores 0.0, and so does an empty completion (its details say why): the
+lowest score, so a prompt is not lost because one of its references came back empty. A reference may be a
 list of acceptable answers.
 """
 
@@ -132,7 +133,7 @@ class VerifiableReward(RewardProvider):
 
     def _one(self, completion: str, reference: Any) -> Score:
         if is_empty(completion):
-            return Score.skip("empty completion")
+            return Score(0.0, None, {"extracted": None, "empty_completion": "empty completion: given 0.0, no answer"})
         answer = extract_answer(completion, self.config.max_bare_answer)
         if answer is None:
             return Score(0.0, None, {"extracted": None})
@@ -141,4 +142,5 @@ class VerifiableReward(RewardProvider):
         return Score(1.0 if match else 0.0, None, {"extracted": answer[:200]})
 
     def fingerprint(self) -> dict[str, Any]:
-        return {"provider": self.name, "answer_field": self.reference_field, "max_bare_answer": self.config.max_bare_answer}
+        return {"provider": self.name, "answer_field": self.reference_field, "max_bare_answer": self.config.max_bare_answer,
+                "empty_completion": 0.0}

@@ -12,7 +12,11 @@ Providers (SPEC §5):
   retries, failures recorded); writes ``controversial`` for offline sampling.
 
 Output: the input records with ``rewards`` and ``reward_skips`` (or the classifier's
-fields), as job shards. As a SLURM array each task takes its shard.
+fields), as job shards. Empty completions get a defined reward (reward model: the lowest
+of the prompt's other scores, or ``empty_score``; judge: the scale minimum; verifiable:
+0), with the rule in ``reward_details``. Reward-model inputs over ``max_length`` are
+skipped with the reason (``on_truncation=skip``) or scored truncated (``score``), and
+counted in the summary (``truncated_inputs``). As a SLURM array each task takes its shard.
 
 Example: ``align annotate recipes/apertus-8b/annotate_rm.yaml`` or
 ``sbatch --array=0-15 recipes/slurm/annotate_array.sbatch recipes/apertus-8b/annotate_judge.yaml``.
@@ -51,7 +55,13 @@ class Config:
     max_new_tokens: int = field(default=256, metadata={"help": "classifier: answer length budget in tokens"})
     batch_size: int = field(default=16, metadata={"help": "prompt records per job batch"})
     model_batch_size: int = field(default=8, metadata={"help": "sequences per forward"})
-    max_length: int = field(default=16384, metadata={"help": "reward model: max tokens (longer: truncated, flagged)"})
+    max_length: int = field(default=16384, metadata={"help": "reward model: max tokens per input (Skywork-Reward-V2: 16,384)"})
+    on_truncation: Literal["skip", "score"] = field(
+        default="skip", metadata={"help": "reward model: an input over max_length gets no reward (skip) or "
+                                  "is scored on its first max_length tokens (score); counted either way"})
+    empty_score: float | None = field(
+        default=None, metadata={"help": "reward model: reward of an empty completion (None: the lowest score "
+                                "of the prompt's other completions)"})
     dtype: str | None = field(default=None, metadata={"help": "weights dtype (default: bf16 on GPU, fp32 on CPU)"})
     device: str | None = field(default=None, metadata={"help": "cuda / cpu (default: cuda when available)"})
     engine_kwargs: dict = field(default_factory=dict, metadata={"help": "vllm: extra vllm.LLM arguments"})
@@ -79,7 +89,8 @@ def build_provider(config: Config) -> Any:
         return rewards.VerifiableReward(config.answer_field)
     if config.provider == "reward_model":
         return rewards.RewardModel(config.model, batch_size=config.model_batch_size, max_length=config.max_length,
-                                   device=config.device, dtype=config.dtype)
+                                   device=config.device, dtype=config.dtype, on_truncation=config.on_truncation,
+                                   empty_score=config.empty_score)
     if config.provider == "judge":
         return rewards.ConstitutionalJudge(_judge_backend(config), config.charter, scale=tuple(config.scale),
                                            top_k_pairwise=config.top_k_pairwise)
@@ -155,6 +166,10 @@ def run(config: Config) -> dict:
         summary["failed"] = sum(r.get("controversy_label") is None for r in rows)
     else:
         values = [r for row in rows for r in row.get("rewards", [])]
+        details = [d for row in rows for d in row.get("reward_details") or [] if isinstance(d, dict)]
         summary["scored"] = sum(v is not None for v in values)
         summary["skipped"] = sum(v is None for v in values)
+        summary["empty_completions"] = sum("empty_completion" in d for d in details)
+        if config.provider == "reward_model":
+            summary["truncated_inputs"] = sum(d.get("truncated") is True for d in details)
     return finish("annotate", config, config.output_dir, summary)

@@ -53,8 +53,9 @@ def test_verifiable_annotation_writes_one_reward_per_completion(tmp_path):
     rows = read_output(tmp_path, expect_ids=[r["id"] for r in records()])
     for row in rows:
         validate_rewards(row)
-        assert row["rewards"] == [1.0, 0.0, None]
-        assert row["reward_skips"] == [None, None, "empty completion"]
+        assert row["rewards"] == [1.0, 0.0, 0.0]  # the empty completion gets the lowest score
+        assert row["reward_skips"] == [None, None, None]
+        assert "empty_completion" in row["reward_details"][2]
         assert row["reward_provider"] == "verifiable" and len(row["reward_details"]) == 3
 
 
@@ -108,7 +109,7 @@ def test_reward_model_annotation_on_the_tiny_model(tmp_path, rm_model, chat_toke
     rows = read_output(tmp_path, expect_ids=[r["id"] for r in data])
     direct = rm.score([r["messages"] for r in data for _ in range(2)], [c["text"] for r in data for c in r["completions"][:2]])
     assert [v for row in rows for v in row["rewards"][:2]] == pytest.approx([s.value for s in direct])
-    assert all(row["reward_skips"][2] == "empty completion" for row in rows)
+    assert all(row["rewards"][2] == min(row["rewards"][:2]) and row["reward_skips"][2] is None for row in rows)
     assert all(d["truncated"] is False for row in rows for d in row["reward_details"][:2])
 
     import datasets
@@ -128,3 +129,30 @@ def test_judge_annotation_ranks_each_prompt_group(tmp_path, judge_lm, chat_token
         validate_rewards(row)
         ranks = sorted(d.get("pairwise_rank") for d in row["reward_details"] if "pairwise_rank" in d)
         assert ranks == [1, 2]
+
+
+def test_annotate_stage_skips_and_counts_truncated_reward_model_inputs(tmp_path, rm_model, chat_tokenizer):
+    from align.io import write_jsonl
+    from align.stages import annotate as stage
+    from rewards import RewardModel
+
+    rm_model.save_pretrained(tmp_path / "rm")
+    chat_tokenizer.save_pretrained(tmp_path / "rm")
+    rm = RewardModel("tiny-rm", model=copy.deepcopy(rm_model), tokenizer=chat_tokenizer)
+    short = records(1)[0]["completions"][1]["text"]
+    limit = len(rm.encode(records(1)[0]["messages"], short)[0])  # "I think 7." fits; the long answer does not
+    data = records(2)
+    for row in data:
+        row["completions"][0]["text"] = "A much longer answer that goes on. " * 8
+    write_jsonl(tmp_path / "in.jsonl", data)
+    common = {"input": str(tmp_path / "in.jsonl"), "provider": "reward_model", "model": str(tmp_path / "rm"),
+              "max_length": limit}
+    summary = stage.run(stage.Config(output_dir=str(tmp_path / "skip"), **common))
+    assert summary["truncated_inputs"] == 2 and summary["skipped"] == 2 and summary["empty_completions"] == 2
+    rows = read_output(tmp_path / "skip")
+    for row in rows:
+        assert row["rewards"][0] is None and "on_truncation=skip" in row["reward_skips"][0]
+        assert row["rewards"][2] == row["rewards"][1]  # empty: the lowest of the scored ones
+    summary = stage.run(stage.Config(output_dir=str(tmp_path / "score"), on_truncation="score", **common))
+    assert summary["truncated_inputs"] == 2 and summary["skipped"] == 0
+    assert all(row["reward_details"][0]["truncated"] is True for row in read_output(tmp_path / "score"))

@@ -65,8 +65,8 @@ def test_multi_turn_prompt_is_rendered_whole_without_system(rm_model, chat_token
     assert text.index("First question.") < text.index("First answer.") < text.index("Second question.") < text.index("Final answer.")
 
 
-def test_truncation_is_flagged_and_scores_the_kept_tokens(rm_model, chat_tokenizer):
-    rm = make_rm(rm_model, chat_tokenizer, max_length=24)
+def test_truncated_input_is_scored_on_its_kept_tokens_when_told_to(rm_model, chat_tokenizer):
+    rm = make_rm(rm_model, chat_tokenizer, max_length=24, on_truncation="score")
     score = rm.score([PAIRS[1][0]], [PAIRS[1][1]])[0]
     assert score.details["truncated"] is True and score.details["num_tokens"] > 24
     ids, _ = rm.encode(*PAIRS[1])
@@ -77,10 +77,42 @@ def test_truncation_is_flagged_and_scores_the_kept_tokens(rm_model, chat_tokeniz
     assert make_rm(rm_model, chat_tokenizer).score([PAIRS[1][0]], [PAIRS[1][1]])[0].details["truncated"] is False
 
 
-def test_empty_completion_is_a_recorded_skip(rm_model, chat_tokenizer):
-    out = make_rm(rm_model, chat_tokenizer).score([prompt("Hi?"), prompt("Hi?")], ["  \n", "Hello."])
-    assert out[0].value is None and out[0].reason == "empty completion"
-    assert out[1].value is not None
+def test_truncated_input_is_a_recorded_skip_by_default(rm_model, chat_tokenizer):
+    limit = len(make_rm(rm_model, chat_tokenizer).encode(prompt("Hi?"), "Hello.")[0])
+    rm = make_rm(rm_model, chat_tokenizer, max_length=limit)
+    long, short = rm.score([PAIRS[1][0], prompt("Hi?")], [PAIRS[1][1], "Hello."])
+    assert long.value is None and f"over max_length={limit}" in long.reason and "on_truncation=skip" in long.reason
+    assert long.details["truncated"] is True and long.details["num_tokens"] > limit
+    assert short.value is not None and short.details["truncated"] is False
+    with pytest.raises(ValueError, match="on_truncation"):
+        make_rm(rm_model, chat_tokenizer, on_truncation="cut")
+
+
+def test_empty_completion_gets_the_lowest_score_of_its_prompt(rm_model, chat_tokenizer):
+    rm = make_rm(rm_model, chat_tokenizer)
+    groups = [["Paris.", "  \n", "I am not sure.", "It is Paris."], ["7", ""]]
+    conversations = [prompt(QUESTIONS[0]), prompt(QUESTIONS[2])]
+    first, second = rm.score_groups(conversations, groups)
+    assert first[1].value == min(first[i].value for i in (0, 2, 3))
+    assert "lowest score of the prompt's 3 scored non-empty" in first[1].details["empty_completion"]
+    assert second[1].value == second[0].value  # its own prompt's lowest, not the other prompt's
+    assert all("empty_completion" not in first[i].details for i in (0, 2, 3))
+    # the flat interface applies the rule over the pairs that share a conversation
+    flat = rm.score([conversations[0]] * 4 + [conversations[1]] * 2, groups[0] + groups[1])
+    assert [s.value for s in flat] == pytest.approx([s.value for s in first + second])
+
+
+def test_empty_completion_takes_a_configured_empty_score(rm_model, chat_tokenizer):
+    rm = make_rm(rm_model, chat_tokenizer, empty_score=-7.5)
+    out = rm.score_groups([prompt("Hi?")], [["", "Hello."]])[0]
+    assert out[0].value == -7.5 and "configured empty_score" in out[0].details["empty_completion"]
+    with pytest.raises(ValueError, match="empty_score"):
+        make_rm(rm_model, chat_tokenizer, empty_score=float("nan"))
+
+
+def test_empty_completion_without_a_scored_neighbour_is_a_recorded_skip(rm_model, chat_tokenizer):
+    out = make_rm(rm_model, chat_tokenizer).score_groups([prompt("Hi?")], [["", " "]])[0]
+    assert all(s.value is None and "no other completion" in s.reason for s in out)
 
 
 def test_pad_equal_to_eos_is_refused(rm_model, chat_tokenizer):

@@ -55,14 +55,20 @@ def test_extract_answer(completion, extracted):
     assert extract_answer(completion) == extracted
 
 
-def test_rewards_and_skips():
+def test_rewards_of_matching_wrong_empty_and_answerless_completions():
     reward = VerifiableReward()
     conversation = prompt("What is 12 * 14?")
     scores = reward.score([conversation] * 4, ["\\boxed{168}", "It is 170.\nThe answer is 170", "", "I don't know how."],
                           references=["168.0", 168, 168, 168])
-    assert [s.value for s in scores] == [1.0, 0.0, None, 0.0]
-    assert scores[2].reason == "empty completion"
+    assert [s.value for s in scores] == [1.0, 0.0, 0.0, 0.0]
     assert scores[0].details["extracted"] == "168"
+
+
+def test_empty_completion_gets_the_lowest_score_with_the_reason():
+    scores = VerifiableReward().score([prompt("What is 2 + 2?")] * 2, ["", " \n"], references=["4", "4"])
+    for score in scores:
+        assert score.value == 0.0 and score.reason is None
+        assert score.details["empty_completion"] == "empty completion: given 0.0, no answer"
 
 
 def test_a_list_of_accepted_answers():
