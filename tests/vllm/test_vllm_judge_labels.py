@@ -75,7 +75,8 @@ def judge_dir(tmp_path_factory):
 def test_vllm_score_sums_both_spellings(judge_dir):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    llm = vllm.LLM(model=str(judge_dir), enable_prefix_caching=True, dtype="float32", max_model_len=2048, seed=0)
+    llm = vllm.LLM(model=str(judge_dir), enable_prefix_caching=True, dtype="float32", max_model_len=2048, seed=0,
+                   enforce_eager=True)
     judge = ConstitutionalJudge(VLLMJudgeBackend(llm=llm, show_progress=False), CHARTER, scale=(1, 5), top_k_pairwise=0)
     tok = AutoTokenizer.from_pretrained(judge_dir)
     model = AutoModelForCausalLM.from_pretrained(judge_dir, dtype=torch.float32).eval()
