@@ -47,6 +47,7 @@ from align.logprobs import (
 )
 from align.losses import LossType, dpo_loss, qrpo_terms
 from align.optim import build_optimizer
+from align.trainers.callbacks import bind_callbacks
 from align.trainers.collators import PreferenceCollator, is_flash_attention
 from align.trainers.preference_config import PreferenceConfig
 
@@ -288,6 +289,7 @@ class PreferenceTrainer(Trainer):
                              "batches: launch one process per GPU with `accelerate launch` or `torchrun`")
         self.ref_model = self._prepare_reference(ref_model) if ref_model is not None else None
         self._metric_sums: dict[str, dict[str, list[Tensor]]] = {"train": {}, "eval": {}}
+        bind_callbacks(self)
         self._log_derived_numbers()
 
     # ----- construction helpers

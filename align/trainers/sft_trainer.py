@@ -36,6 +36,7 @@ from trl import SFTTrainer as TRLSFTTrainer
 
 from align.chat import install_format
 from align.optim import build_optimizer
+from align.trainers.callbacks import bind_callbacks
 from align.trainers.sft_config import SFTConfig
 from align.trainers.sft_data import IGNORE_INDEX, load_sft_dataset, prepare_sft_dataset
 
@@ -149,6 +150,7 @@ class SFTTrainer(TRLSFTTrainer):
         )
         check_padding_free(args, getattr(self.model.config, "_attn_implementation", None))
         self.prompt_loss_weight = float(args.prompt_loss_weight)
+        bind_callbacks(self)
 
     @staticmethod
     def _prepare(dataset: Dataset, tokenizer: Any, args: SFTConfig) -> Dataset:

@@ -8,6 +8,9 @@ PAIRS.jsonl holds pair rows with their reference log-probs (from `align.logprobs
 reference model is in memory (SPEC §8). Every mode trains with 4 pairs per optimizer step
 (2 per device, accumulating to 4), so losses and weights must agree across modes. Each
 rank writes ``OUT/facts_rank{R}.json`` (see facts.py); the model is saved to ``OUT/model``.
+
+A `GenerationEvalCallback` generates on 6 prompts at the start and every 2 steps (under
+ZeRO-3 it must gather the sharded weights to generate); what it logged goes into the facts.
 """
 
 from __future__ import annotations
@@ -70,12 +73,24 @@ def main() -> None:
     parser.add_argument("--mode", required=True, choices=["single", "ddp", "deepspeed"])
     cli = parser.parse_args()
 
+    from transformers import AutoTokenizer
+
+    from align.eval.callback import GenerationEvalCallback
     from align.trainers.preference_trainer import train
+    from rewards.verifiable import VerifiableReward
 
     rows = [json.loads(line) for line in Path(cli.data).read_text().splitlines() if line.strip()]
-    trainer = train(config_for(cli.mode, cli.model, cli.out), rows)
+    prompts = [{"id": f"eval-{i}", "messages": [{"role": "user", "content": f"What is {i} plus 1?"}],
+                "answer": str(i + 1)} for i in range(6)]
+    tokenizer = AutoTokenizer.from_pretrained(cli.model)
+    callback = GenerationEvalCallback(prompts, VerifiableReward(), tokenizer, eval_steps=2, date=CHAT_DATE,
+                                      max_tokens=8, batch_size=4)
+    trainer = train(config_for(cli.mode, cli.model, cli.out), rows, tokenizer=tokenizer, callbacks=[callback])
     facts = rank_facts(trainer)
     facts["gradient_accumulation_steps"] = trainer.args.gradient_accumulation_steps
+    facts["gen_eval"] = callback.history
+    facts["gen_eval_logged"] = [{k: v for k, v in entry.items() if k.startswith("gen_eval/") or k == "step"}
+                                for entry in trainer.state.log_history if any(k.startswith("gen_eval/") for k in entry)]
     write_facts(cli.out, facts)
     print(json.dumps({k: v for k, v in facts.items() if k != "weights"}), flush=True)
 

@@ -103,6 +103,16 @@ def test_qrpo_two_ranks_train_like_one_process(
 
     reference, reference_weights = single_process_run
     assert reference["trainer_world_size"] == 1 and reference["gradient_accumulation_steps"] == 2
+    # the evaluation callback generated under ZeRO-{stage} (weights gathered), at the start and every 2 steps,
+    # and logged the same numbers on both ranks as one process did
+    for f in facts:
+        assert [entry["step"] for entry in f["gen_eval"]] == [0, 2, 3]
+        assert {"reward", "win_rate", "length"} <= set(f["gen_eval"][1])
+        assert [entry["step"] for entry in f["gen_eval_logged"]] == [0, 2, 3]
+        assert "gen_eval/win_rate" in f["gen_eval_logged"][1]
+    assert facts[0]["gen_eval"] == facts[1]["gen_eval"]
+    for mine, single in zip(facts[0]["gen_eval"], reference["gen_eval"]):
+        assert mine == pytest.approx(single, rel=1e-5)
     assert facts[0]["losses"] == pytest.approx(reference["losses"], rel=1e-5)
 
     from transformers import AutoModelForCausalLM
