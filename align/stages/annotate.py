@@ -46,6 +46,8 @@ class Config:
     charter: str | None = field(default=None, metadata={"help": "judge: charter file (default: the project's charter)"})
     scale: list[int] = field(default_factory=lambda: [1, 9], metadata={"help": "judge: rating scale (paper: 1-9)"})
     top_k_pairwise: int = field(default=5, metadata={"help": "judge: top-k re-ranked pairwise (0: off)"})
+    single_order: Literal["score", "skip"] = field(default="score", metadata={
+        "help": "judge: a pairwise comparison with only one readable order is scored from it or skipped"})
     answer_field: str = field(default="answer", metadata={"help": "verifiable: field with the reference answer"})
     threshold: int = field(default=2, metadata={"help": "classifier: label >= threshold is controversial"})
     max_attempts: int = field(default=3, metadata={"help": "classifier: tries before recording a failure"})
@@ -93,7 +95,7 @@ def build_provider(config: Config) -> Any:
                                    empty_score=config.empty_score)
     if config.provider == "judge":
         return rewards.ConstitutionalJudge(_judge_backend(config), config.charter, scale=tuple(config.scale),
-                                           top_k_pairwise=config.top_k_pairwise)
+                                           top_k_pairwise=config.top_k_pairwise, single_order=config.single_order)
     return rewards.ControversyClassifier(_generate(config), threshold=config.threshold,
                                          max_attempts=config.max_attempts)
 
