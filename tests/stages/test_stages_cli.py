@@ -94,11 +94,13 @@ def test_annotate_verifiable_scores_every_completion(annotate_run):
     for row in rows.values():
         validate_rewards(row)
         assert row["reward_provider"] == "verifiable"
-        for completion, reward, skip in zip(row["completions"], row["rewards"], row["reward_skips"]):
-            if not completion["text"].strip():
-                assert reward is None and skip == "empty completion"
-                continue
+        for completion, reward, skip, details in zip(row["completions"], row["rewards"], row["reward_skips"],
+                                                     row["reward_details"]):
             assert skip is None
+            if not completion["text"].strip():  # an empty completion gets the lowest score, with the reason
+                assert reward == 0.0 and "empty_completion" in details
+                values.append(reward)
+                continue
             assert reward == (1.0 if answers_match(completion["text"], row["answer"]) else 0.0)
             values.append(reward)
     assert info["summary"]["scored"] == len(values)
@@ -168,7 +170,9 @@ def test_annotate_reward_model_gives_raw_logits(stage_root, sample_run, stage_mo
     assert {r["id"] for r in rows} == PROMPT_IDS
     values = [v for r in rows for v in r["rewards"]]
     empty = sum(not c["text"].strip() for r in rows for c in r["completions"])
-    assert info["summary"] == {"records": 24, "provider": "reward_model", "scored": 24 * N - empty, "skipped": empty}
+    # an empty completion gets its prompt's lowest score (with the reason in reward_details)
+    assert info["summary"] == {"records": 24, "provider": "reward_model", "scored": 24 * N, "skipped": 0,
+                               "empty_completions": empty, "truncated_inputs": 0}
     scored = [v for v in values if v is not None]
     assert all(math.isfinite(v) for v in scored)
     assert len(set(scored)) > 1  # raw logits of different texts, not a constant
@@ -192,6 +196,9 @@ def test_annotate_judge_on_a_tiny_policy(stage_root, sample_run, sft_run):
     for row in rows:
         assert row["reward_provider"] == "constitutional_judge"
         scored = [(v, d) for v, d in zip(row["rewards"], row["reward_details"]) if v is not None]
+        for value, details in [(v, d) for v, d in scored if "empty_completion" in d]:
+            assert value == 1.0  # an empty completion gets the scale minimum, never ranked pairwise
+        scored = [(v, d) for v, d in scored if "empty_completion" not in d]
         for value, details in scored:
             assert 1.0 <= value <= 9.0 and 1.0 <= details["pointwise"] <= 9.0
         ranks = sorted(d["pairwise_rank"] for _, d in scored if "pairwise_rank" in d)
