@@ -10,7 +10,7 @@ Every step is a resumable job: rerun the same command after a kill.
 
 Example::
 
-    align evaluate recipes/tiny/evaluate.yaml
+    align evaluate recipes/tiny/pipeline.yaml      # its evaluate section: SFT against QRPO
     align evaluate recipe.yaml policies='[{name: sft, model: runs/sft}, {name: qrpo, model: runs/qrpo}]'
 """
 

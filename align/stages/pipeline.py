@@ -1,7 +1,7 @@
 """Every stage from one recipe, in order, each skipped when its output is already complete.
 
 A pipeline recipe has one section per stage (``sft``, ``sample``, ``annotate``,
-``pairs``, ``logprobs``, ``train``; ``decontaminate`` optional) and an optional
+``pairs``, ``logprobs``, ``train``, ``evaluate``; ``decontaminate`` optional) and an optional
 ``defaults`` section merged under each of them (each stage takes the default keys it
 knows; a default key that no stage knows is an error). Sections that are absent are not run.
 Each stage marks its output complete only when it has finished, and the long stages
@@ -21,7 +21,7 @@ from typing import Any
 from align.config import ConfigError, from_dict, merge
 from align.stages import stage_module
 
-ORDER = ("decontaminate", "sft", "sample", "annotate", "pairs", "logprobs", "train")
+ORDER = ("decontaminate", "sft", "sample", "annotate", "pairs", "logprobs", "train", "evaluate")
 
 
 @dataclass
@@ -34,6 +34,7 @@ class Config:
     pairs: dict | None = field(default=None, metadata={"help": "`align pairs` keys"})
     logprobs: dict | None = field(default=None, metadata={"help": "`align logprobs` keys"})
     train: dict | None = field(default=None, metadata={"help": "`align train` keys"})
+    evaluate: dict | None = field(default=None, metadata={"help": "`align evaluate` keys"})
     output_dir: str = field(default="runs", metadata={"help": "unused by the pipeline itself; each stage names its own"})
     stop_after: str | None = field(default=None, metadata={"help": "stop after this stage (e.g. pairs)"})
 

@@ -22,9 +22,9 @@ from stage_helpers import make_workspace, run_cli, subprocess_env
 
 from align.io import COMPLETE_MARKER, completion_info, read_records
 
-STAGES = ("sft", "sample", "annotate", "pairs", "logprobs", "train")
+STAGES = ("sft", "sample", "annotate", "pairs", "logprobs", "train", "evaluate")
 OUTPUTS = {"sft": "sft", "sample": "sample", "annotate": "annotate", "pairs": "pairs", "logprobs": "logprobs",
-           "train": "qrpo"}
+           "train": "qrpo", "evaluate": "evaluate"}
 COMMAND = ["pipeline", "recipes/tiny/pipeline.yaml", "sample.batch_size=1"]
 
 
@@ -60,6 +60,9 @@ def test_pipeline_runs_every_stage_in_order(uninterrupted):
     assert len(pairs) > 0 and {r["id"] for r in logprobs} == {r["id"] for r in pairs}
     assert completion_info(out_dir(workspace, "train"))["summary"]["steps"] == 4
     assert (out_dir(workspace, "train") / "model.safetensors").is_file()
+    report = completion_info(out_dir(workspace, "evaluate"))["summary"]
+    assert report["prompts"] == 16 and len(report["verdicts"]) == 4
+    assert (out_dir(workspace, "evaluate") / "report.md").is_file()
 
 
 def test_rerun_skips_every_stage_and_changes_nothing(uninterrupted):

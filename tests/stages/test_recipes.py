@@ -16,7 +16,7 @@ from align.config import load_config
 from align.stages import stage_module
 
 RECIPE_FILES = sorted(p for p in RECIPES.rglob("*.yaml") if "accelerate" not in p.relative_to(RECIPES).parts)
-TINY_STAGES = ("sft", "sample", "annotate", "pairs", "logprobs", "train")
+TINY_STAGES = ("sft", "sample", "annotate", "pairs", "logprobs", "train", "evaluate")
 
 
 def stage_of(name: str) -> str:
@@ -87,7 +87,8 @@ def test_tiny_pipeline_pins_one_date_everywhere():
 
     configs = dict(load_config(Config, TINY_RECIPE, section="pipeline").stage_configs())
     assert list(configs) == list(TINY_STAGES)
-    dates = {configs[s].chat_date for s in ("sft", "logprobs", "train")} | {configs["sample"].sampler.date}
+    dates = {configs[s].chat_date for s in ("sft", "logprobs", "train")} | {configs["sample"].sampler.date,
+                                                                          configs["evaluate"].sampler.date}
     assert dates == {"2026-01-01"}
     assert configs["logprobs"].max_length == configs["train"].max_length
     assert configs["pairs"].num_ref_rewards == configs["train"].num_ref_rewards == configs["sample"].n
