@@ -93,12 +93,13 @@ def label_token_ids(tokenizer: Any, labels: Sequence[str]) -> dict[str, list[int
     special = set(getattr(tokenizer, "all_special_ids", []) or [])
     quick = all(key.isascii() for key in wanted)  # ASCII label characters appear verbatim in raw tokens
     groups: dict[str, list[int]] = {label: [] for label in labels}
-    for token, token_id in sorted(tokenizer.get_vocab().items(), key=lambda item: item[1]):
-        if token_id in special:
-            continue
-        if quick and not token.startswith("<0x") and not any(key in token for key in wanted):
-            continue
-        key = label_text(tokenizer.decode([token_id]))
+    candidates = sorted(
+        token_id for token, token_id in tokenizer.get_vocab().items()
+        if token_id not in special and (not quick or token.startswith("<0x") or any(key in token for key in wanted))
+    )
+    decoded = tokenizer.batch_decode([[token_id] for token_id in candidates]) if candidates else []
+    for token_id, text in zip(candidates, decoded):
+        key = label_text(text)
         if key in wanted:
             groups[wanted[key]].append(token_id)
     missing = [label for label, ids in groups.items() if not ids]
