@@ -403,3 +403,12 @@ def test_several_pairs_draw_rejected_uniformly_from_the_low_bucket_and_are_seede
 def test_pair_id_clash_between_prompts_is_an_error():
     with pytest.raises(RecordError, match="a#2"):
         make_pairs([record("a#2", [0.0, 1.0]), record("a", [0.0, 1.0, 2.0, 3.0])], seed=0, num_pairs_per_prompt=2)
+
+
+def test_pair_rows_keep_the_tool_declarations_the_prompt_was_sampled_with():
+    tool = {"type": "function", "function": {"name": "calculator", "parameters": {"type": "object"}}}
+    with_tools = {**record("t", [0.0, 1.0]), "tools": [tool]}
+    pairs, _ = make_pairs([record("plain", [0.0, 1.0]), with_tools], seed=0)
+    by_id = {p["id"]: p for p in pairs}
+    assert by_id["t"]["tools"] == [tool]
+    assert "tools" not in by_id["plain"] and tuple(by_id["plain"]) == PAIR_FIELDS

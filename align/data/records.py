@@ -25,6 +25,7 @@ Pair record (``align pairs`` output, what the preference trainer reads)::
     id, messages, chosen, rejected, chosen_reward, rejected_reward,
     chosen_quantile, rejected_quantile, num_ref_rewards, pair_fallback,
     chosen_finish_reason, rejected_finish_reason, num_ref_dropped
+    (+ tools, the prompt's tool declarations, when it has them)
 
 The reference log-prob pass adds ``ref_chosen_logps``, ``ref_rejected_logps``,
 ``chosen_length`` and ``rejected_length``.
