@@ -457,6 +457,8 @@ def plot_scores(report: Mapping[str, Any], path: str | Path) -> None:
         xs = [s for s, _ in points]
         ax.plot(xs, [iv["estimate"] for _, iv in points], marker="o", label=f"{name} (n={m['prompts']})")
         ax.fill_between(xs, [iv["low"] for _, iv in points], [iv["high"] for _, iv in points], alpha=0.15)
+    steps = max((len(m["pointwise_scores"]["mean_by_step"]) for _, m in groups), default=1)
+    ax.set_xticks(range(steps))
     ax.set_xlabel("degradation step (flaws added)")
     ax.set_ylabel("mean pointwise judge score")
     ax.set_title("Judge score against degradation step")
