@@ -18,7 +18,7 @@ any number of restarts.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -36,7 +36,9 @@ class EvalPolicy:
     """One policy: a sampler to generate with, or completions generated before.
 
     name:        the label in every table (unique).
-    sampler:     generates greedy and sampled completions (transformers or vLLM).
+    sampler:     generates greedy and sampled completions (transformers or vLLM); or a
+                 function that builds one, called when this policy's turn comes and
+                 released after (so one engine at a time holds the GPU).
     completions: records with ``id`` and ``completions`` (a ``sample`` stage output, a
                  list, or a path), used in place of a sampler: their first ``n``
                  completions are the samples; there is no greedy completion.
@@ -45,7 +47,7 @@ class EvalPolicy:
     """
 
     name: str
-    sampler: Sampler | None = None
+    sampler: Sampler | Callable[[], Sampler] | None = None
     completions: Sequence[Mapping[str, Any]] | str | Path | None = None
     model: Any = None
 
@@ -54,8 +56,39 @@ class EvalPolicy:
             raise ValueError(f"policy name {self.name!r}: a non-empty name without '/'")
         if (self.sampler is None) == (self.completions is None):
             raise ValueError(f"policy {self.name!r}: give exactly one of sampler and completions")
-        if self.model is None and self.sampler is not None:
-            self.model = getattr(self.sampler, "model", None)
+        self._built: Sampler | None = None
+
+    @property
+    def generates(self) -> bool:
+        return self.sampler is not None
+
+    def open(self) -> Sampler:
+        """The sampler, built now if it was given as a function."""
+        if isinstance(self.sampler, Sampler):
+            return self.sampler
+        if self._built is None:
+            self._built = self.sampler()  # type: ignore[misc]
+        return self._built
+
+    def release(self) -> None:
+        """Drop a sampler this policy built, so its memory (a vLLM engine's GPU) is freed."""
+        if self._built is not None:
+            self._built = None
+            import gc
+
+            gc.collect()
+            _empty_device_cache()
+
+    def kl_model(self) -> Any:
+        """The causal LM whose log-probs the KL estimate reads (the sampler's, if in memory)."""
+        return self.model if self.model is not None else getattr(self.open(), "model", None)
+
+
+def _empty_device_cache() -> None:
+    import torch
+
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
 
 
 @dataclass
@@ -182,8 +215,7 @@ def given_generations(policy: EvalPolicy, prompts: Sequence[Mapping[str, Any]], 
 
 
 def _generate_job(policy: EvalPolicy, prompts: list[dict], out: Path, settings: EvalSettings) -> None:
-    sampler = policy.sampler
-    assert sampler is not None
+    sampler = policy.open()
 
     def process(batch: list[dict]) -> list[dict]:
         convs, tools = [r["messages"] for r in batch], [r.get("tools") for r in batch]
@@ -260,28 +292,27 @@ def _pairwise_job(judge: Any, prompts: dict[str, dict], gens: list[dict], base: 
                          **judge.fingerprint()})
 
 
-def _kl_job(policy: EvalPolicy, reference: EvalPolicy, prompts: dict[str, dict], gens: list[dict], out: Path,
+def _kl_job(name: str, model: Any, reference: Any, tokenizer: Any, gens: list[dict], out: Path,
             settings: EvalSettings) -> None:
     from align.eval.kl import sequence_logratios
     from align.logprobs import weights_fingerprint
 
-    tokenizer = policy.sampler.encoder.tokenizer
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
 
     def process(batch: list[dict]) -> list[dict]:
         sequences = [(gen["prompt_ids"], sample["token_ids"]) for gen in batch for sample in gen["samples"]]
         owners = [gen["id"] for gen in batch for _ in gen["samples"]]
-        ratios = sequence_logratios(policy.model, reference.model, sequences, pad_token_id=pad,
+        ratios = sequence_logratios(model, reference, sequences, pad_token_id=pad,
                                     batch_size=settings.kl_batch_size) if sequences else []
         rows = {g["id"]: {"id": g["id"], "logratios": []} for g in batch}
         for rid, value in zip(owners, ratios):
             rows[rid]["logratios"].append(value)
         return list(rows.values())
 
-    run_job(gens, process, out, batch_size=settings.batch_size, desc=f"KL ({policy.name})",
+    run_job(gens, process, out, batch_size=settings.batch_size, desc=f"KL ({name})",
             shard_index=settings.shard_index, num_shards=settings.num_shards,
-            fingerprint={"stage": "eval_kl", "policy": weights_fingerprint(policy.model),
-                         "reference": weights_fingerprint(reference.model)})
+            fingerprint={"stage": "eval_kl", "policy": weights_fingerprint(model),
+                         "reference": weights_fingerprint(reference)})
 
 
 # --------------------------------------------------------------------------- the whole evaluation
@@ -317,9 +348,10 @@ def evaluate(
 
     generations: dict[str, list[dict]] = {}
     for policy in policies:
-        if policy.sampler is not None:
+        if policy.generates:
             path = out / "generations" / policy.name
             _generate_job(policy, prompts, path, settings)
+            policy.release()
             jobs.append(path)
             generations[policy.name] = read_output(path)
         else:
@@ -379,7 +411,6 @@ def _in_order(rows: list[dict], ids: list[str], where: Path) -> list[dict]:
 def _kl_all(policies: Sequence[EvalPolicy], baseline: str, by_id: dict[str, dict], generations: dict[str, list],
             out: Path, settings: EvalSettings) -> tuple[dict[str, list[dict]], dict[str, str]]:
     from align.eval.kl import check_kl_sampling
-    from align.logprobs import tokenizer_fingerprint
 
     reference_name = settings.kl_reference or baseline
     reference = next((p for p in policies if p.name == reference_name), None)
@@ -388,25 +419,40 @@ def _kl_all(policies: Sequence[EvalPolicy], baseline: str, by_id: dict[str, dict
     notes: dict[str, str] = {}
     results: dict[str, list[dict]] = {}
     why_not = check_kl_sampling(settings.temperature, settings.top_p)
+    if not why_not and settings.n == 0:
+        why_not = "no samples (n = 0)"
+    if not why_not and not reference.generates:
+        why_not = f"the KL reference {reference_name!r} has no model (completions given)"
+    reference_model = None if why_not else reference.kl_model()
+    if not why_not and reference_model is None:
+        why_not = f"no model in memory for the KL reference {reference_name!r} (a vLLM sampler)"
     for policy in policies:
         if policy.name == reference_name:
             continue
-        if why_not:
-            notes[policy.name] = why_not
-        elif policy.model is None or policy.sampler is None:
-            notes[policy.name] = "no model in memory for this policy (completions given, or a vLLM sampler)"
-        elif reference.model is None or reference.sampler is None:
-            notes[policy.name] = f"no model in memory for the KL reference {reference_name!r}"
-        elif tokenizer_fingerprint(policy.sampler.encoder.tokenizer) != \
-                tokenizer_fingerprint(reference.sampler.encoder.tokenizer):
-            notes[policy.name] = f"its tokenizer differs from the KL reference {reference_name!r}'s"
-        elif settings.n == 0:
-            notes[policy.name] = "no samples (n = 0)"
-        else:
-            path = out / "kl" / policy.name
-            _kl_job(policy, reference, by_id, generations[policy.name], path, settings)
-            results[policy.name] = read_output(path)
+        note = why_not or _kl_blocker(policy, reference)
+        if note:
+            notes[policy.name] = note
+            continue
+        path = out / "kl" / policy.name
+        _kl_job(policy.name, policy.kl_model(), reference_model, policy.open().encoder.tokenizer,
+                generations[policy.name], path, settings)
+        policy.release()
+        results[policy.name] = read_output(path)
+    reference.release()
     return results, notes
+
+
+def _kl_blocker(policy: EvalPolicy, reference: EvalPolicy) -> str | None:
+    """Why this policy's KL cannot be estimated against the reference, or None."""
+    from align.logprobs import tokenizer_fingerprint
+
+    if not policy.generates:
+        return "completions given, no model to score them with"
+    if policy.kl_model() is None:
+        return "no model in memory (a vLLM sampler): evaluate with the transformers backend for KL"
+    if tokenizer_fingerprint(policy.open().encoder.tokenizer) != tokenizer_fingerprint(reference.open().encoder.tokenizer):
+        return f"its tokenizer differs from the KL reference {reference.name!r}'s"
+    return None
 
 
 def _public(completion: Mapping[str, Any]) -> dict[str, Any]:

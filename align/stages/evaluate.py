@@ -114,8 +114,8 @@ def build_policies(config: Config) -> list[Any]:
         if not _model_exists(spec.model):
             raise FileNotFoundError(f"policies[{i}] ({spec.name!r}): model={spec.model!r} does not exist "
                                     "(a directory with config.json, or a model name)")
-        sampler = build_sampler(replace(config.sampler, model=spec.model))
-        policies.append(EvalPolicy(spec.name, sampler=sampler))
+        sampler_config = replace(config.sampler, model=spec.model)
+        policies.append(EvalPolicy(spec.name, sampler=lambda c=sampler_config: build_sampler(c)))
     return policies
 
 
