@@ -8,6 +8,7 @@ uninterrupted run's — each id once, none missing.
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -29,6 +30,16 @@ from align.jobs.store import (
 )
 
 ProcessBatch = Callable[[list[dict]], list[dict]]
+
+
+def is_replica_process() -> bool:
+    """True on a non-main process of a distributed launch (``accelerate launch``, torchrun).
+
+    Such a process keeps its progress bar to itself: N ranks drawing N bars on one
+    terminal (or one SLURM log) bury the main one. A SLURM array task is a launch of its
+    own (no ``RANK``), so each keeps its bar in its own log.
+    """
+    return os.environ.get("RANK", "0") != "0"
 
 
 @dataclass(frozen=True)
@@ -151,7 +162,8 @@ def run_job(
             pending.sort(key=keys.__getitem__)
         label = desc or f"shard {shard_index}/{num_shards}"
         processed = 0
-        with tqdm(total=len(mine), initial=already, desc=label, unit="rec", dynamic_ncols=True) as bar:
+        with tqdm(total=len(mine), initial=already, desc=label, unit="rec", dynamic_ncols=True,
+                  disable=is_replica_process()) as bar:
             for start in range(0, len(pending), batch_size):
                 chunk = pending[start : start + batch_size]
                 batch = [source[i] for i in chunk]

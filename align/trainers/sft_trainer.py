@@ -30,6 +30,7 @@ from __future__ import annotations
 import logging
 from typing import Any
 
+import datasets
 import torch
 from datasets import Dataset
 from trl import SFTTrainer as TRLSFTTrainer
@@ -155,6 +156,8 @@ class SFTTrainer(TRLSFTTrainer):
     @staticmethod
     def _prepare(dataset: Dataset, tokenizer: Any, args: SFTConfig) -> Dataset:
         """Tokenize with align.chat on the main process first, so other ranks hit the cache."""
+        if args.process_index != 0:  # one set of `datasets` progress bars: the main process's
+            datasets.disable_progress_bars()
         with args.main_process_first(desc="SFT dataset preparation"):
             return prepare_sft_dataset(
                 dataset,
