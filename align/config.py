@@ -214,32 +214,51 @@ def to_dict(config: Any) -> dict[str, Any]:
 
 
 def _docstring_fields(cls: type) -> dict[str, str]:
-    """Field docs written in a class docstring as ``name (type, ...): text`` entries."""
+    """Field docs written in a class docstring.
+
+    Two styles are read: ``name (type, ...): text`` and ``name: text`` (several names may
+    share one entry: ``dtype / device: text``, ``a, b: text``); indented lines continue it.
+    """
     import inspect
     import re
 
     docs: dict[str, str] = {}
-    current = None
+    current: list[str] = []
+    indent = 0
+    entry = re.compile(r"^\s*(\w+(?:\s*[/,]\s*\w+)*)(?: \((.*?)\))?:\s*(.*)$")
     for klass in reversed(cls.__mro__):
         for line in inspect.cleandoc(klass.__doc__ or "").splitlines():
-            match = re.match(r"^\s*(\w+) \(([^)]*)\):\s*(.*)$", line)
-            if match:
-                current = match.group(1)
-                docs[current] = match.group(3).strip()
-            elif current and line.startswith(" " * 8) and line.strip():
-                docs[current] += " " + line.strip()
+            match = entry.match(line)
+            if match and match.group(3).strip():
+                current = [name.strip() for name in re.split(r"[/,]", match.group(1))]
+                indent = len(line) - len(line.lstrip())
+                for name in current:
+                    docs[name] = match.group(3).strip()
+            elif current and line.strip() and len(line) - len(line.lstrip()) > indent:
+                for name in current:
+                    docs[name] += " " + line.strip()
             else:
-                current = None
+                current = []
     return docs
 
 
-def describe(cls: type) -> str:
-    """A help text listing each field with its type, default and docs.
+def _nested_dataclass(annotation: Any) -> type | None:
+    """The project's config dataclass a field holds (directly, optionally, or as list items), else None."""
+    for candidate in (annotation, *get_args(annotation), *(i for a in get_args(annotation) for i in get_args(a))):
+        if dataclasses.is_dataclass(candidate) and isinstance(candidate, type):
+            # the project's own configs; a library's (accelerate's parallelism_config) stays one key
+            return candidate if candidate.__module__.split(".")[0] in ("align", "rewards") else None
+    return None
 
-    Docs come from ``field(metadata={"help": ...})`` or, failing that, from a
-    ``name (type): text`` entry in the class docstring.
+
+def field_docs(cls: type, prefix: str = "") -> list[tuple[str, str, str, str]]:
+    """(key, type, default, help) for every recipe key of ``cls``, nested keys as ``a.b``.
+
+    The one source of ``--help``: help comes from ``field(metadata={"help": ...})`` or,
+    failing that, from the class docstring. Keys of nested configs (``sampler.model``,
+    ``reward.provider``, ``policies[].name``) follow their parent.
     """
-    lines = []
+    rows = []
     docstring_docs = _docstring_fields(cls)
     hints = typing.get_type_hints(cls)
     for f in dataclasses.fields(cls):
@@ -251,7 +270,20 @@ def describe(cls: type) -> str:
             default = repr(f.default_factory())  # type: ignore[misc]
         else:
             default = "required"
-        kind = getattr(hints.get(f.name), "__name__", None) or str(hints.get(f.name)).replace("typing.", "")
+        hint = hints.get(f.name)
+        kind = getattr(hint, "__name__", None) or str(hint).replace("typing.", "")
         doc = f.metadata.get("help", "") or docstring_docs.get(f.name, "")
-        lines.append(f"  {f.name} ({kind}, default {default})" + (f"\n      {doc}" if doc else ""))
-    return "\n".join(lines)
+        nested = _nested_dataclass(hint)
+        if nested is not None and len(default) > 60:
+            default = f"{nested.__name__}(...)"
+        rows.append((prefix + f.name, kind, default, doc))
+        if nested is not None:
+            is_list = get_origin(hint) in (list, Sequence, typing.Sequence)
+            rows += field_docs(nested, f"{prefix}{f.name}{'[]' if is_list else ''}.")
+    return rows
+
+
+def describe(cls: type) -> str:
+    """A help text listing each key (nested ones too) with its type, default and docs."""
+    return "\n".join(f"  {key} ({kind}, default {default})" + (f"\n      {doc}" if doc else "")
+                     for key, kind, default, doc in field_docs(cls))

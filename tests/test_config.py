@@ -97,3 +97,50 @@ def test_unquoted_yaml_dates_become_iso_strings(tmp_path):
     recipe.write_text("chat_date: 2025-09-01\n")
     assert load_config(Dated, recipe).chat_date == "2025-09-01"
     assert load_config(Dated, None, ["chat_date=2026-01-01"]).chat_date == "2026-01-01"
+
+
+@pytest.mark.parametrize("stage", sorted(__import__("align.stages", fromlist=["STAGES"]).STAGES))
+def test_every_key_of_every_stage_has_help_text_nested_ones_too(stage):
+    from align.config import field_docs
+    from align.stages import stage_module
+
+    rows = field_docs(stage_module(stage).Config)
+    assert rows, stage
+    undocumented = [key for key, _, _, doc in rows if not doc.strip()]
+    assert undocumented == [], f"align {stage} --help shows these keys without text: {undocumented}"
+
+
+def test_help_lists_nested_keys_under_their_parent():
+    from align.config import describe
+    from align.stages import stage_module
+
+    sample = describe(stage_module("sample").Config)
+    assert "  sampler.model (str, default '')" in sample and "  sampler.enable_prefix_caching (bool" in sample
+    evaluate = describe(stage_module("evaluate").Config)
+    assert "  policies[].name (str" in evaluate and "  reward.provider (" in evaluate
+
+
+def test_docstring_entries_may_name_several_fields():
+    from dataclasses import dataclass
+
+    from align.config import field_docs
+
+    @dataclass
+    class Settings:
+        """Example.
+
+        a, b: shared text
+            that continues.
+        c / d: slash-separated.
+        e (int, default 1, in (0, 2)): typed entry.
+        """
+
+        a: int = 0
+        b: int = 0
+        c: int = 0
+        d: int = 0
+        e: int = 1
+
+    docs = {key: doc for key, _, _, doc in field_docs(Settings)}
+    assert docs == {"a": "shared text that continues.", "b": "shared text that continues.",
+                    "c": "slash-separated.", "d": "slash-separated.", "e": "typed entry."}
