@@ -68,6 +68,9 @@ def rank_facts(trainer: Any) -> dict[str, Any]:
     return {
         "rank": int(os.environ.get("RANK", "0")),
         "env_world_size": int(os.environ.get("WORLD_SIZE", "1")),
+        # torchrun's node rank (GROUP_RANK) and the rank within the node
+        "node_rank": int(os.environ.get("GROUP_RANK", "0")),
+        "local_rank": int(os.environ.get("LOCAL_RANK", "0")),
         "trainer_world_size": trainer.args.world_size,
         "num_processes": trainer.accelerator.num_processes,
         "distributed_type": str(trainer.accelerator.distributed_type),

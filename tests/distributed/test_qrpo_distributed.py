@@ -10,19 +10,26 @@ with the same 4 pairs per step, and that the saved model loads with `from_pretra
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 
 import pytest
 import torch
 from dist_utils import (
+    HERE,
+    TIMEOUT_S,
     assert_deepspeed,
     assert_synchronised,
     assert_weights_close,
+    cpu_accelerate_config,
     deepspeed_command,
+    free_port,
     load_weights,
     read_facts,
     run,
     single_command,
 )
+from dist_utils import _env as dist_env
 from facts import weights_digest
 
 pytestmark = pytest.mark.distributed
@@ -127,3 +134,47 @@ def test_qrpo_two_ranks_train_like_one_process(
     assert [
         name for name in initial if torch.equal(saved[name], initial[name])
     ] == []  # every weight trained
+
+
+LAUNCH_NODE = HERE.parents[1] / "recipes" / "slurm" / "launch_node.sh"
+
+
+def test_multinode_rehearsal_two_launchers_train_like_one_process(
+    tmp_path, tiny_dirs, pairs_file, single_process_run
+):
+    """recipes/slurm/train_multinode.sbatch on one machine: two `accelerate launch --num_machines 2`
+    (machine ranks 0 and 1, one process each) built by recipes/slurm/launch_node.sh, the script
+    the sbatch runs on every node, meeting on 127.0.0.1 under ZeRO-2."""
+    out = tmp_path / "run"
+    config = cpu_accelerate_config(2, tmp_path)
+    env = {**dist_env(), "ACCELERATE_CONFIG": str(config), "NNODES": "2", "NUM_PROCESSES": "2",
+           "MAIN_PROCESS_IP": "127.0.0.1", "MAIN_PROCESS_PORT": str(free_port()),
+           "ACCELERATE_LAUNCH": f"{sys.executable} -m accelerate.commands.launch"}
+    args = [str(HERE / SCRIPT), "--model", str(tiny_dirs["policy"]), "--data", str(pairs_file),
+            "--out", str(out), "--mode", "deepspeed"]
+    machines = []
+    for rank in (0, 1):
+        log = (tmp_path / f"machine{rank}.log").open("w")
+        machines.append((subprocess.Popen(["bash", str(LAUNCH_NODE), *args], env={**env, "MACHINE_RANK": str(rank)},
+                                          stdout=log, stderr=subprocess.STDOUT), log))
+    try:
+        codes = [proc.wait(timeout=TIMEOUT_S) for proc, _ in machines]
+    finally:
+        for proc, log in machines:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+            log.close()
+    logs = "\n".join(f"--- machine {r}:\n" + (tmp_path / f"machine{r}.log").read_text()[-4000:] for r in (0, 1))
+    assert codes == [0, 0], logs
+
+    facts = read_facts(out, 2)
+    assert_synchronised(facts)  # world size 2 as the trainer saw it, one gloo group, same weights
+    assert_deepspeed(facts, 2)
+    # one process on each "machine": node ranks 0 and 1, each the only process of its node
+    assert [(f["node_rank"], f["local_rank"]) for f in facts] == [(0, 0), (1, 0)], facts
+    for f in facts:
+        assert f["global_step"] == 3 and f["gradient_accumulation_steps"] == 1
+    reference, reference_weights = single_process_run
+    assert facts[0]["losses"] == pytest.approx(reference["losses"], rel=1e-5)
+    assert_weights_close(load_weights(out / "model"), reference_weights, atol=1e-5)
