@@ -75,36 +75,69 @@ _PLAIN_ASSISTANT_MACRO = r"""
 _APERTUS = _CONTENT_MACROS + r"""
 {#- align "apertus" template, training form: every assistant turn ends with <|assistant_end|>.
     Extra variables: enable_thinking, date_string (YYYY-MM-DD, default today). -#}
+{#- Tool declarations as the released Apertus template writes them (align/chat/tools.py says
+    how; the two runs of spaces are the release's own indentation, kept byte for byte). -#}
 {%- macro ts_type(s) -%}
 {%- if s is not mapping -%}any
 {%- else -%}
-{%- set t = namespace(kind=s['type'], nullable=false, strings=false) -%}
-{%- if s['nullable'] -%}{%- set t.nullable = true -%}{%- endif -%}
-{%- if t.kind is sequence and t.kind is not string and t.kind is not mapping -%}
-{%- set others = t.kind | reject('equalto', 'null') | list -%}
-{%- if others | length < t.kind | length -%}{%- set t.nullable = true -%}{%- endif -%}
-{%- set t.kind = others[0] if others | length == 1 else none -%}
+{%- set kind = s['type'] -%}
+{%- set null = ' | null' if s['nullable'] else '' -%}
+{%- if kind == 'array' -%}
+{%- set it = s['items'] -%}
+{%- if not it -%}{%- set base = 'any[]' -%}
+{%- else -%}
+{%- set ik = it['type'] if it is mapping else none -%}
+{%- if ik == 'string' -%}{%- set base = 'string[]' -%}
+{%- elif ik == 'number' or ik == 'integer' -%}{%- set base = 'number[]' -%}
+{%- elif ik == 'boolean' -%}{%- set base = 'boolean[]' -%}
+{%- else -%}
+{%- set inner = ts_type(it) -%}
+{%- set base = 'any[]' if (inner == 'object | object' or inner | length > 50) else inner ~ '[]' -%}
 {%- endif -%}
-{%- set enum = s['enum'] -%}
-{%- if enum is sequence and enum is not string and enum is not mapping and enum | length > 0 -%}
-{%- set t.strings = true -%}
-{%- for v in enum -%}{%- if v is not string -%}{%- set t.strings = false -%}{%- endif -%}{%- endfor -%}
 {%- endif -%}
-{%- if t.strings -%}{%- set base = enum | map('tojson') | join(' | ') -%}
-{%- elif t.kind == 'string' -%}{%- set base = 'string' -%}
-{%- elif t.kind == 'number' or t.kind == 'integer' -%}{%- set base = 'number' -%}
-{%- elif t.kind == 'boolean' -%}{%- set base = 'boolean' -%}
-{%- elif t.kind == 'array' -%}
-{%- set item = ts_type(s['items']) -%}
-{%- set base = ('(' ~ item ~ ')[]') if ' | ' in item else (item ~ '[]') -%}
-{%- else -%}{%- set base = none -%}
+{{- base ~ null -}}
+{%- elif kind is sequence and kind is not string and kind is not mapping and kind | length > 0 -%}
+{{- kind | join(' | ') -}}
+{%- elif s['oneOf'] -%}
+{%- for v in s['oneOf'] -%}
+{{- ts_type(v) -}}
+{%- if v is mapping -%}
+{%- if v['description'] -%}{{- '// ' ~ v['description'] -}}{%- endif -%}
+{%- if 'default' in v -%}{{- (' ' * 20) ~ '// default: ' ~ (v['default'] | tojson) -}}{%- endif -%}
 {%- endif -%}
-{%- if base is none -%}any{%- else -%}{{- base ~ (' | null' if t.nullable else '') -}}{%- endif -%}
+{%- if not loop.last -%}{{- ' | \n' -}}{%- endif -%}
+{%- endfor -%}
+{%- elif kind == 'string' -%}
+{%- if s['enum'] -%}{{- '"' ~ (s['enum'] | join('" | "')) ~ '"' -}}{%- else -%}{{- 'string' ~ null -}}{%- endif -%}
+{%- elif kind == 'number' or kind == 'integer' -%}number
+{%- elif kind == 'boolean' -%}boolean
+{%- elif kind == 'object' -%}
+{%- if s['properties'] -%}
+{%- set req = s['required'] or [] -%}
+{{- '{\n' -}}
+{%- for name, spec in s['properties'].items() -%}
+{{- name ~ ('' if name in req else '?') ~ ': \n' ~ (' ' * 16) ~ ts_type(spec) -}}
+{%- if not loop.last -%}{{- ', ' -}}{%- endif -%}
+{%- endfor -%}
+{{- '}' -}}
+{%- else -%}object
+{%- endif -%}
+{%- else -%}any
+{%- endif -%}
 {%- endif -%}
 {%- endmacro -%}
-{%- macro comment(text) -%}{{- '// ' ~ (text | string | replace('\n', '\n// ')) -}}{%- endmacro -%}
+{%- macro default_comment(p) -%}
+{%- if 'default' in p -%}
+{%- set d = p['default'] -%}
+{%- set text = d if d is string else (d | tojson) -%}
+{%- if p['enum'] -%}{{- ', // default: ' ~ text -}}
+{%- elif p['oneOf'] -%}{{- '// default: ' ~ text -}}
+{%- else -%}{{- ', // default: ' ~ (d | tojson) -}}
+{%- endif -%}
+{%- endif -%}
+{%- endmacro -%}
 {%- macro declaration(fn) -%}
-{%- if fn['description'] -%}{{- comment(fn['description']) ~ '\n' -}}{%- endif -%}
+{%- if fn['description'] is defined and fn['description'] is not none -%}{{- '// ' ~ fn['description'] ~ '\n' -}}{%- endif -%}
 {%- set params = fn['parameters'] if fn['parameters'] else {} -%}
 {%- set props = params['properties'] if params['properties'] else {} -%}
 {%- if not props -%}{{- 'type ' ~ fn['name'] ~ ' = () => any;' -}}
@@ -112,8 +145,9 @@ _APERTUS = _CONTENT_MACROS + r"""
 {%- set required = params['required'] if params['required'] else [] -%}
 {{- 'type ' ~ fn['name'] ~ ' = (_: {\n' -}}
 {%- for pname, pspec in props.items() -%}
-{%- if pspec is mapping and pspec['description'] -%}{{- comment(pspec['description']) ~ '\n' -}}{%- endif -%}
-{{- pname ~ ('' if pname in required else '?') ~ ': ' ~ ts_type(pspec) -}}
+{%- set p = pspec if pspec is mapping else {} -%}
+{%- if p['description'] -%}{{- '// ' ~ p['description'] ~ '\n' -}}{%- endif -%}
+{{- pname ~ ('' if pname in required else '?') ~ ': ' ~ ts_type(p) ~ default_comment(p) -}}
 {%- if not loop.last -%}{{- ',\n' -}}{%- endif -%}
 {%- endfor -%}
 {{- '\n}) => any;' -}}

@@ -1,19 +1,22 @@
 """Tool declarations for the developer block, and tool calls in and out of text.
 
-Declarations follow SPEC §2: each tool becomes a TypeScript-like type,
+Declarations are written as the released Apertus chat template writes them (Apertus
+report, tool use): each tool becomes a TypeScript-like type, byte for byte what a served
+Apertus model sees,
 
     // Get the weather for a city.
     type get_weather = (_: {
     // City name
     city: string,
-    unit?: "celsius" | "fahrenheit"
+    unit?: "celsius" | "fahrenheit", // default: celsius
     }) => any;
 
 A tool is an OpenAI-style schema (``{"type": "function", "function": {...}}``), the bare
 function dict, or a Python callable with type hints and a Google-style docstring. A
 callable goes through ``transformers.utils.get_json_schema``, the same converter
 ``tokenizer.apply_chat_template`` uses, so ``render(tools=[fn])`` and the exported jinja
-template see the same schema. Multi-line descriptions keep every line behind ``//``.
+template see the same schema. A multi-line description gets ``//`` on its first line
+only, as in the release.
 
 Calls render as ``<|tools_prefix|>[{"name": {args}}, ...]<|tools_suffix|>`` and
 ``parse_tool_calls`` reads them back out of generated text.
@@ -82,42 +85,112 @@ def function_schemas(tools: Sequence[Tool]) -> list[dict[str, Any]]:
     return schemas
 
 
+# Two spots where the released template's own indentation reaches its output, kept so
+# that prompts match it byte for byte: before the type of a nested object's property, and
+# before a ``oneOf`` variant's default.
+_NESTED_TYPE_GAP = "\n" + " " * 16
+_VARIANT_DEFAULT_GAP = " " * 20
+
+
+def _to_json(value: Any) -> str:
+    """``tojson`` as transformers' chat templates (and so vLLM) define it."""
+    return json.dumps(value, ensure_ascii=False)
+
+
+def _array_type(items: Any) -> str:
+    if not items:
+        return "any[]"
+    kind = items.get("type") if isinstance(items, Mapping) else None
+    if kind == "string":  # an enum of strings too: the release writes string[]
+        return "string[]"
+    if kind in ("number", "integer"):
+        return "number[]"
+    if kind == "boolean":
+        return "boolean[]"
+    inner = ts_type(items)
+    return "any[]" if inner == "object | object" or len(inner) > 50 else inner + "[]"
+
+
+def _one_of(variants: Sequence[Any]) -> str:
+    parts = []
+    for variant in variants:
+        text = ts_type(variant)
+        if isinstance(variant, Mapping):
+            if variant.get("description"):
+                text += "// " + str(variant["description"])
+            if "default" in variant:
+                text += _VARIANT_DEFAULT_GAP + "// default: " + _to_json(variant["default"])
+        parts.append(text)
+    return " | \n".join(parts)
+
+
 def ts_type(schema: Any) -> str:
-    """TypeScript-like type of one JSON-schema parameter (SPEC §2 mapping)."""
+    """TypeScript-like type of one JSON-schema parameter, as the released Apertus template writes it.
+
+    string, number/integer (``number``), boolean, string enums (``"a" | "b"``), arrays
+    (``string[]`` for any array of strings, enums included), objects (nested properties
+    inline, else ``object``), a list of types (joined as written: ``integer | null``), and
+    ``oneOf`` variants; anything else is ``any``. ``nullable`` adds `` | null`` to plain
+    strings and to arrays only: the release drops it for numbers, booleans and enums.
+    """
     if not isinstance(schema, Mapping):
         return "any"
     kind = schema.get("type")
-    nullable = bool(schema.get("nullable"))
-    if isinstance(kind, (list, tuple)):
-        others = [k for k in kind if k != "null"]
-        nullable = nullable or len(others) < len(kind)
-        kind = others[0] if len(others) == 1 else None
-    enum = schema.get("enum")
-    if isinstance(enum, (list, tuple)) and enum and all(isinstance(v, str) for v in enum):
-        base = " | ".join(json.dumps(v, ensure_ascii=False) for v in enum)
-    elif kind == "string":
-        base = "string"
-    elif kind in ("number", "integer"):
-        base = "number"
-    elif kind == "boolean":
-        base = "boolean"
-    elif kind == "array":
-        item = ts_type(schema.get("items"))
-        base = f"({item})[]" if " | " in item else f"{item}[]"
-    else:
-        return "any"
-    return base + " | null" if nullable else base
+    null = " | null" if schema.get("nullable") else ""
+    if kind == "array":
+        return _array_type(schema.get("items")) + null
+    if isinstance(kind, (list, tuple)) and kind:
+        return " | ".join(str(k) for k in kind)
+    if schema.get("oneOf"):
+        return _one_of(schema["oneOf"])
+    if kind == "string":
+        enum = schema.get("enum")
+        if enum:
+            return " | ".join(f'"{v}"' for v in enum)
+        return "string" + null
+    if kind in ("number", "integer"):
+        return "number"
+    if kind == "boolean":
+        return "boolean"
+    if kind == "object":
+        props = schema.get("properties")
+        if not props:
+            return "object"
+        required = schema.get("required") or []
+        fields = [f"{name}{'' if name in required else '?'}: {_NESTED_TYPE_GAP}{ts_type(spec)}"
+                  for name, spec in props.items()]
+        return "{\n" + ", ".join(fields) + "}"
+    return "any"
 
 
-def _comment(text: str) -> str:
-    return "// " + text.replace("\n", "\n// ")
+def _default_comment(spec: Mapping[str, Any]) -> str:
+    """A parameter's default as the release writes it after the type: ``, // default: 5``.
+
+    The release writes an enum's default (and a ``oneOf``'s, without the comma) as plain
+    text, any other default as JSON. (Where it would fail, a non-string default of an enum
+    or ``oneOf``, it is written as JSON here.)
+    """
+    if "default" not in spec:
+        return ""
+    value = spec["default"]
+    text = value if isinstance(value, str) else _to_json(value)
+    if spec.get("enum"):
+        return ", // default: " + text
+    if spec.get("oneOf"):
+        return "// default: " + text
+    return ", // default: " + _to_json(value)
+
+
+def _comment(text: Any) -> str:
+    """``// text``: only the first line gets the marker, as in the release."""
+    return "// " + str(text)
 
 
 def declaration(fn: Mapping[str, Any]) -> str:
     """The declaration of one bare function schema."""
     lines = []
-    if fn.get("description"):
-        lines.append(_comment(str(fn["description"])))
+    if fn.get("description") is not None:  # (the release fails on a tool without one)
+        lines.append(_comment(fn["description"]))
     params = fn.get("parameters") or {}
     props = params.get("properties") or {}
     if not props:
@@ -126,9 +199,10 @@ def declaration(fn: Mapping[str, Any]) -> str:
     required = params.get("required") or []
     fields = []
     for pname, pspec in props.items():
-        desc = pspec.get("description") if isinstance(pspec, Mapping) else None
-        head = _comment(str(desc)) + "\n" if desc else ""
-        fields.append(f"{head}{pname}{'' if pname in required else '?'}: {ts_type(pspec)}")
+        pspec = pspec if isinstance(pspec, Mapping) else {}
+        head = _comment(pspec["description"]) + "\n" if pspec.get("description") else ""
+        optional = "" if pname in required else "?"
+        fields.append(f"{head}{pname}{optional}: {ts_type(pspec)}{_default_comment(pspec)}")
     lines.append(f"type {fn['name']} = (_: {{\n" + ",\n".join(fields) + "\n}) => any;")
     return "\n".join(lines)
 

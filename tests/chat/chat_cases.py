@@ -281,7 +281,7 @@ CASES = [
         DEFAULT_SYSTEM
         + "<|developer_start|>Deliberation: disabled\nTool Capabilities:\n"
         "// Search news articles.\n"
-        "// Returns at most `limit` results.\n"
+        "Returns at most `limit` results.\n"  # the release marks the first line only
         "type search_news = (_: {\n"
         "// Search terms\n"
         "query: string,\n"
@@ -293,9 +293,9 @@ CASES = [
         'sort: "date" | "relevance",\n'
         "tags?: string[],\n"
         "region?: string | null,\n"
-        "filters?: any,\n"
+        "filters?: object,\n"
         "ids?: number[] | null,\n"
-        'modes?: ("a" | "b")[]\n'
+        "modes?: string[]\n"  # an array of string enums, as the release writes it
         "}) => any;\n"
         "// Current time.\n"
         "type get_time = () => any;<|developer_end|>"
