@@ -1,11 +1,16 @@
 """The offline reference log-prob pass: Σ log π_ref(y_t | x, y_<t) per completion, once.
 
 QRPO and DPO need the reference policy's log-probs of every training completion. Computing
-them once, offline, keeps the reference model out of training memory (prohibitive at 70B,
-SPEC §8). For each pair row the pass adds ``ref_chosen_logps``, ``ref_rejected_logps``,
+them once, offline, keeps the reference model out of training memory (prohibitive at 70B;
+the Apertus report computes them offline too). For each pair row the pass adds ``ref_chosen_logps``, ``ref_rejected_logps``,
 ``chosen_length`` and ``rejected_length`` (|y| in tokens, end-of-turn included); a
 single-completion row (field ``completion``) gets ``ref_completion_logps`` and
-``completion_length``.
+``completion_length``. Each row is bound to what was scored: ``ref_<name>_token_hash``
+(a hash of the exact prompt + completion token ids), ``ref_model_fingerprint`` (the
+reference checkpoint, where it has a path) and ``ref_inputs`` (the settings the pass
+tokenized with: chat format, resolved chat date, tokenizer fingerprint..., and hashes of
+the row's system text, prompt and completions), so the trainer can recompute the hash and
+name the setting that differs.
 
 Guarantees:
 
@@ -404,21 +409,123 @@ class LogprobsResult:
 
 
 def _record_outputs(record: Mapping[str, Any], names: Sequence[str], logps: Sequence[float],
-                    lengths: Sequence[int]) -> dict[str, Any]:
+                    lengths: Sequence[int], encoded: Mapping[str, list[int]] | None = None,
+                    binding: Mapping[str, Any] | None = None) -> dict[str, Any]:
     out = dict(record)
     for name, value, length in zip(names, logps, lengths):
         if not math.isfinite(value):
             raise RecordError(record_id(record), f"ref_{name}_logps", f"is {value} (non-finite log-prob)")
         out[f"ref_{name}_logps"] = float(value)
         out[f"{name}_length"] = int(length)
+        if encoded is not None:
+            out[f"ref_{name}_token_hash"] = token_hash(encoded["prompt_ids"], encoded[f"{name}_ids"])
+    if binding is not None:
+        out["ref_model_fingerprint"] = binding["model_fingerprint"]
+        out["ref_inputs"] = {**binding["settings"], **row_text_hashes(record, names)}
     return out
+
+
+# --------------------------------------------------------------------------- content binding
+
+# What ``ref_inputs`` holds and how an error names it when the trainer's value differs,
+# in the order they are reported.
+REF_INPUT_LABELS = {
+    "system_hash": "the system text in the row's messages",
+    "prompt_hash": "the row's messages or tools",
+    "completion_hash": "the completion texts",
+    "chat_format": "chat_format",
+    "chat_date": "chat_date",
+    "enable_thinking": "enable_thinking",
+    "max_length": "max_length",
+    "truncated": "truncated",
+    "tokenizer_fingerprint": "the tokenizer",
+}
+_HASHED_INPUTS = ("system_hash", "prompt_hash", "completion_hash", "tokenizer_fingerprint")
+
+
+def token_hash(prompt_ids: Sequence[int], completion_ids: Sequence[int]) -> str:
+    """Hash of the exact token ids scored for one completion: prompt and completion."""
+    return _sha256([[int(t) for t in prompt_ids], [int(t) for t in completion_ids]])[:32]
+
+
+def row_text_hashes(record: Mapping[str, Any], names: Sequence[str]) -> dict[str, str]:
+    """Hashes of a row's system text, whole prompt (messages, tools) and completion texts."""
+    messages = record.get("messages") or []
+    system = [m.get("content") for m in messages if isinstance(m, Mapping) and m.get("role") in ("system", "developer")]
+    return {"system_hash": _sha256(system)[:16],
+            "prompt_hash": _sha256([messages, record.get("tools")])[:16],
+            "completion_hash": _sha256([record.get(name) for name in names])[:16]}
+
+
+def pass_settings(tokenizer: Any, *, chat_format: str, chat_date: Any, enable_thinking: bool,
+                  max_length: int | None, truncated: str, tokenizer_fp: str | None = None) -> dict[str, Any]:
+    """The settings that decide the token ids, as the pass records them (the date resolved: None is today)."""
+    from align.chat.apertus import date_text
+
+    return {"chat_format": chat_format, "chat_date": date_text(chat_date), "enable_thinking": bool(enable_thinking),
+            "max_length": max_length, "truncated": truncated,
+            "tokenizer_fingerprint": tokenizer_fp or tokenizer_fingerprint(tokenizer)}
+
+
+def reference_fingerprint(model_or_path: torch.nn.Module | str | Path | None) -> str | None:
+    """``weights_fingerprint`` of a checkpoint known by its path (a local directory's weight files,
+    or a hub name); None for a model held only in memory (nothing reliable to compare)."""
+    if model_or_path is None:
+        return None
+    path = model_or_path if isinstance(model_or_path, (str, Path)) else \
+        getattr(unwrap_model(model_or_path), "name_or_path", "") or ""
+    return weights_fingerprint(str(path)) if str(path) else None
+
+
+def check_ref_tokens(row: Mapping[str, Any], encoded: Mapping[str, list[int]], rid: str,
+                     trainer_settings) -> None:
+    """The pass scored exactly the token ids the trainer trains on, for every completion of the row.
+
+    ``trainer_settings()`` gives the trainer's ``pass_settings`` (called only on a mismatch).
+    A row without a token hash is an error: it comes from a pass that did not record one.
+    """
+    names = [k[: -len("_ids")] for k in encoded if k != "prompt_ids"]
+    for name in names:
+        column = f"ref_{name}_token_hash"
+        stored = row.get(column)
+        if not isinstance(stored, str) or not stored:
+            raise RecordError(rid, column, "missing: these reference log-probs are not bound to the token ids they "
+                              "scored (written by hand, or by an older `align logprobs`): rerun `align logprobs` "
+                              "into a fresh output_dir with the trainer's settings")
+        if stored == token_hash(encoded["prompt_ids"], encoded[f"{name}_ids"]):
+            continue
+        raise RecordError(rid, column, "the reference log-prob pass scored other token ids than the trainer "
+                          f"tokenizes: {_explain_token_mismatch(row, names, trainer_settings)}. Rerun "
+                          "`align logprobs` with the trainer's settings, or train with the pass's")
+
+
+def _explain_token_mismatch(row: Mapping[str, Any], names: Sequence[str], trainer_settings) -> str:
+    recorded = row.get("ref_inputs")
+    if not isinstance(recorded, Mapping):
+        return "the token ids differ (the row does not record the pass's settings)"
+    ours = {**trainer_settings(), **row_text_hashes(row, names)}
+    differences = []
+    for key, label in REF_INPUT_LABELS.items():
+        if key not in recorded or recorded[key] == ours.get(key):
+            continue
+        if key == "prompt_hash" and any(d.startswith(REF_INPUT_LABELS["system_hash"]) for d in differences):
+            continue  # the system text is part of the prompt: name it once
+        if key in _HASHED_INPUTS:
+            differences.append(f"{label} differs from the pass's")
+        else:
+            differences.append(f"{label} is {recorded[key]!r} in the pass, {ours.get(key)!r} in the trainer")
+    if not differences:
+        return "the token ids differ, though every recorded setting agrees (another tokenizers or chat-template version?)"
+    return "; ".join(differences)
 
 
 class _BatchScorer:
     """``process_batch`` for ``align.jobs.run_job``: encode, collate, score, attach columns."""
 
-    def __init__(self, model: torch.nn.Module, tokenizer: Any, collator: Any, encode_kwargs: dict):
+    def __init__(self, model: torch.nn.Module, tokenizer: Any, collator: Any, encode_kwargs: dict,
+                 binding: Mapping[str, Any] | None = None):
         self.model, self.tokenizer, self.collator, self.encode_kwargs = model, tokenizer, collator, encode_kwargs
+        self.binding = binding
         self.device = next(model.parameters()).device
 
     def encode(self, record: Mapping[str, Any]) -> dict[str, list[int]]:
@@ -440,7 +547,8 @@ class _BatchScorer:
         outputs, start = [], 0
         for record, e, ns in zip(records, encoded, names):
             lengths = [len(e[f"{n}_ids"]) for n in ns]
-            outputs.append(_record_outputs(record, ns, sums[start : start + len(ns)], lengths))
+            outputs.append(_record_outputs(record, ns, sums[start : start + len(ns)], lengths, e,
+                                           self.binding))
             start += len(ns)
         return outputs
 
@@ -521,9 +629,13 @@ def compute_ref_logprobs(
     if num_cut:
         logger.warning("reference log-probs: %d truncated completions (finish_reason 'length') are scored "
                        "without an end-of-turn token (truncated=train_without_end)", num_cut)
+    binding = {"model_fingerprint": reference_fingerprint(model),
+               "settings": pass_settings(tokenizer, chat_format=format, chat_date=chat_date,
+                                         enable_thinking=enable_thinking, max_length=max_length, truncated=truncated,
+                                         tokenizer_fp=fields.get("tokenizer_fingerprint"))}
     scorer = _BatchScorer(model, tokenizer, collator, {
         "chat_format": format, "max_length": max_length, "enable_thinking": enable_thinking, "chat_date": chat_date,
-        "truncated": truncated})
+        "truncated": truncated}, binding)
     was_training = model.training
     model.eval()
     try:

@@ -28,7 +28,9 @@ Pair record (``align pairs`` output, what the preference trainer reads)::
     (+ tools, the prompt's tool declarations, when it has them)
 
 The reference log-prob pass adds ``ref_chosen_logps``, ``ref_rejected_logps``,
-``chosen_length`` and ``rejected_length``.
+``chosen_length`` and ``rejected_length``, and binds them to what it scored:
+``ref_chosen_token_hash``, ``ref_rejected_token_hash`` (the exact token ids),
+``ref_model_fingerprint`` and ``ref_inputs`` (its settings; see ``align.logprobs``).
 """
 
 from __future__ import annotations

@@ -77,7 +77,12 @@ class PreferenceConfig(TrainingArguments):
 
     reference (`str`, defaults to `"precomputed"`):
         `"precomputed"`: read `ref_chosen_logps`/`ref_rejected_logps` (and lengths) from the
-        dataset, written by `align logprobs`: no reference model in memory (SPEC §8).
+        dataset, written by `align logprobs`: no reference model in memory. Each row must
+        carry the pass's token hashes (`ref_chosen_token_hash`, ...): the trainer recomputes
+        them from its own tokenization, and a difference is an error naming the setting that
+        differs (chat_date, chat_format, system text, tokenizer...). The pass's
+        `ref_model_fingerprint` is checked against `ref_model_name_or_path`, else the policy's
+        checkpoint path (a model held only in memory is not checked).
         `"model"`: a live frozen reference model passed as `ref_model=`. `"adapter"`: the
         policy is a PEFT model and the reference is that model with its adapter disabled.
 
@@ -112,7 +117,8 @@ class PreferenceConfig(TrainingArguments):
 
     model_name_or_path (`str` or `None`): policy to load when no model object is given.
     ref_model_name_or_path (`str` or `None`): reference for `reference="model"`; defaults
-        to `model_name_or_path`.
+        to `model_name_or_path`. With `reference="precomputed"`: the checkpoint the pass's
+        `ref_model_fingerprint` must match (when the policy starts elsewhere).
     model_dtype (`str`, defaults to `"auto"`): dtype to load weights in (`"float32"`,
         `"bfloat16"`, ...; `"auto"`: bf16 when `bf16` is on, else float32).
     attn_implementation (`str` or `None`, defaults to `None`): `"sdpa"`, `"eager"`,

@@ -5,7 +5,8 @@ Stages, each a small function:
 1. ``prepare_dataset``: validate pair rows (errors name the row and field), attach
    quantile rewards (QRPO), tokenize with ``align.logprobs.encode_record`` — the same
    tokenization the reference log-prob pass used, a completion cut at the sampling budget
-   included (``truncated``) — and check the pass's lengths agree.
+   included (``truncated``) — and check the pass scored exactly these token ids (its
+   lengths, its per-completion token hash) with the same reference checkpoint.
 2. ``PreferenceCollator``: chosen and rejected of a batch in one padded or padding-free
    batch (``align.trainers.collators``).
 3. ``PreferenceTrainer.compute_loss``: one policy forward scores all 2B completions; the
@@ -39,10 +40,13 @@ from align.data.records import RecordError, record_id, validate_pair
 from align.io import rows_to_dataset
 from align.logprobs import (
     PAIR_NAMES,
+    check_ref_tokens,
     completion_logps,
     count_truncated,
     encode_record,
     load_records,
+    pass_settings,
+    reference_fingerprint,
     unwrap_model,
 )
 from align.losses import LossType, dpo_loss, qrpo_terms
@@ -130,6 +134,9 @@ def prepare_row(row: Mapping[str, Any], index: int, tokenizer: Any, config: Pref
                             truncated=config.truncated)
     out: dict[str, Any] = {"id": rid, **encoded}
     if need_ref:
+        check_ref_tokens(row, encoded, rid, lambda: pass_settings(
+            tokenizer, chat_format=config.chat_format, chat_date=config.chat_date,
+            enable_thinking=config.enable_thinking, max_length=config.max_length, truncated=config.truncated))
         _check_ref_lengths(row, encoded, rid)
         out["ref_chosen_logps"] = float(row["ref_chosen_logps"])
         out["ref_rejected_logps"] = float(row["ref_rejected_logps"])
@@ -138,10 +145,30 @@ def prepare_row(row: Mapping[str, Any], index: int, tokenizer: Any, config: Pref
     return out
 
 
-def prepare_dataset(dataset: Any, tokenizer: Any, config: PreferenceConfig) -> datasets.Dataset:
+def expected_ref_fingerprint(config: PreferenceConfig, model: Any = None) -> str | None:
+    """The reference checkpoint's fingerprint as the trainer knows it: ``ref_model_name_or_path``,
+    else the policy's starting checkpoint (``model_name_or_path``, or the model's own path);
+    None when the model is held only in memory."""
+    return reference_fingerprint(config.ref_model_name_or_path or config.model_name_or_path or model)
+
+
+def check_ref_model(row: Mapping[str, Any], expected: str | None, rid: str) -> None:
+    """The pass's ``ref_model_fingerprint`` must be the trainer's reference checkpoint (when both are known)."""
+    found = row.get("ref_model_fingerprint")
+    if expected is not None and found is not None and found != expected:
+        raise RecordError(rid, "ref_model_fingerprint", f"is {str(found)[:16]}…, the weights the reference "
+                          f"log-prob pass scored with, but the trainer's reference checkpoint is {expected[:16]}…: "
+                          "rerun `align logprobs` with the checkpoint the policy starts from, or name the pass's "
+                          "checkpoint in ref_model_name_or_path")
+
+
+def prepare_dataset(dataset: Any, tokenizer: Any, config: PreferenceConfig, model: Any = None) -> datasets.Dataset:
     """Pair rows (list, ``datasets.Dataset`` or a file path) → a dataset of trainer columns.
 
     A dataset that already has ``prompt_ids`` is taken as prepared and returned as is.
+    With precomputed references every row's token hash is checked (``check_ref_tokens``),
+    and its ``ref_model_fingerprint`` against the reference checkpoint (``model``: the policy,
+    used when the config names no checkpoint path).
     """
     if isinstance(dataset, (str, Path)):
         dataset = load_records(dataset)
@@ -149,6 +176,10 @@ def prepare_dataset(dataset: Any, tokenizer: Any, config: PreferenceConfig) -> d
         raise TypeError("streaming datasets are not supported: pass a datasets.Dataset or a list of rows")
     if isinstance(dataset, datasets.Dataset) and "prompt_ids" in dataset.column_names:
         return dataset
+    if config.reference == "precomputed":
+        expected = expected_ref_fingerprint(config, model)
+        for i, row in enumerate(dataset):
+            check_ref_model(row, expected, record_id(row, i))
     rows = [prepare_row(dict(row), i, tokenizer, config) for i, row in enumerate(dataset)]
     if not rows:
         raise ValueError("the preference dataset is empty")
@@ -271,9 +302,9 @@ class PreferenceTrainer(Trainer):
             model.enable_input_require_grads()
         self._check_reference(model, ref_model, args)
         if train_dataset is not None:
-            train_dataset = prepare_dataset(train_dataset, processing_class, args)
+            train_dataset = prepare_dataset(train_dataset, processing_class, args, model)
         if eval_dataset is not None:
-            eval_dataset = prepare_dataset(eval_dataset, processing_class, args)
+            eval_dataset = prepare_dataset(eval_dataset, processing_class, args, model)
         super().__init__(
             model=model,
             args=args,

@@ -328,8 +328,113 @@ def test_a_different_max_length_than_the_pass_is_caught(base, data, tiny_tokeniz
     row = max(data, key=lambda r: r["chosen_length"])
     prompt = encode_record(tiny_tokenizer, row, max_length=None, chat_date=DATE)["prompt_ids"]
     shorter = config(tmp_path, max_length=len(prompt) + row["chosen_length"] - 1)
-    with pytest.raises(RecordError, match=rf"record '{row['id']}': field 'chosen_length'"):
+    with pytest.raises(RecordError, match=rf"record '{row['id']}': field 'ref_chosen_token_hash'.*"
+                                          rf"max_length is {MAX_LENGTH} in the pass, {shorter.max_length} in the"):
         PreferenceTrainer(base, shorter, train_dataset=[row], processing_class=tiny_tokenizer)
+
+
+# --------------------------------------------------------------------------- reference log-probs bound to content
+
+
+@pytest.fixture(scope="module")
+def dated(base, tiny_tokenizer, tmp_path_factory):
+    """3 pair rows without a system message (the Apertus default system text, with the date, is
+    rendered), with reference log-probs of ``base`` from the offline pass."""
+    rows = make_rows(3, seed=7)
+    for row in rows:
+        row["messages"] = row["messages"][1:]
+    return with_ref_logps(rows, base, tiny_tokenizer, tmp_path_factory.mktemp("ref_dated"))
+
+
+def _other_system_text(rows, tokenizer):
+    rows[0]["messages"].insert(0, {"role": "system", "content": "Be brief."})
+    return {}
+
+
+def _chatml(rows, tokenizer):
+    from align.chat import install_format
+
+    tokenizer = copy.deepcopy(tokenizer)
+    install_format(tokenizer, format="chatml")  # its tokens added: the tokenizer differs too
+    return {"chat_format": "chatml", "tokenizer": tokenizer}
+
+
+def _other_tokenizer(rows, tokenizer):
+    tokenizer = copy.deepcopy(tokenizer)
+    tokenizer.add_tokens(["harmless"])  # the default system text now tokenizes differently
+    return {"tokenizer": tokenizer}
+
+
+# Each changes ONE thing between the log-prob pass and the trainer; the token ids of the prompt
+# change (the completion lengths do not, for the date and the system text), and the error names it.
+BINDING_CHANGES = {
+    "chat_date": (lambda rows, tokenizer: {"chat_date": "2025-09-02"},
+                  r"chat_date is '2025-09-01' in the pass, '2025-09-02' in the trainer"),
+    "chat_date_today": (lambda rows, tokenizer: {"chat_date": None},  # the Python API's default: today's date
+                        r"chat_date is '2025-09-01' in the pass, '\d{4}-\d\d-\d\d' in the trainer"),
+    "system_text": (_other_system_text, r"the system text in the row's messages differs from the pass's"),
+    "chat_format": (_chatml, r"chat_format is 'apertus' in the pass, 'chatml'"),
+    "tokenizer": (_other_tokenizer, r"the tokenizer differs from the pass's"),
+}
+
+
+@pytest.mark.parametrize("change", sorted(BINDING_CHANGES))
+def test_reference_logps_from_other_token_ids_name_the_setting_that_differs(change, base, dated, tiny_tokenizer,
+                                                                            tmp_path):
+    rows = copy.deepcopy(dated)
+    make, culprit = BINDING_CHANGES[change]
+    overrides = make(rows, tiny_tokenizer)
+    tokenizer = overrides.pop("tokenizer", tiny_tokenizer)
+    if change == "chat_date":  # same completion lengths: only the token hash tells
+        other = encode_record(tokenizer, rows[0], max_length=MAX_LENGTH, chat_date="2025-09-02")
+        assert len(other["chosen_ids"]) == rows[0]["chosen_length"]
+    with pytest.raises(RecordError, match=rf"record 'p0': field 'ref_chosen_token_hash': the reference log-prob "
+                                          rf"pass scored other token ids.*{culprit}"):
+        PreferenceTrainer(base, config(tmp_path, **overrides), train_dataset=rows, processing_class=tokenizer)
+
+
+def test_rows_carry_the_token_hash_and_settings_of_the_pass(data, tiny_tokenizer):
+    from align.logprobs import token_hash
+
+    for row in data[:3]:
+        encoded = encode_record(tiny_tokenizer, row, max_length=MAX_LENGTH, chat_date=DATE)
+        for name in ("chosen", "rejected"):
+            assert row[f"ref_{name}_token_hash"] == token_hash(encoded["prompt_ids"], encoded[f"{name}_ids"])
+        assert row["ref_inputs"]["chat_date"] == DATE and row["ref_inputs"]["chat_format"] == "apertus"
+        assert row["ref_model_fingerprint"] is None  # `base` is held only in memory: no path to fingerprint
+
+
+def test_reference_rows_without_a_token_hash_say_to_rerun_the_pass(base, data, tiny_tokenizer, tmp_path):
+    rows = copy.deepcopy(data[:2])
+    for row in rows:
+        del row["ref_chosen_token_hash"], row["ref_rejected_token_hash"]
+    with pytest.raises(RecordError, match=r"record 'p0': field 'ref_chosen_token_hash': missing.*rerun `align logprobs`"):
+        PreferenceTrainer(base, config(tmp_path), train_dataset=rows, processing_class=tiny_tokenizer)
+    trainer = PreferenceTrainer(base, config(tmp_path, reference="model"), train_dataset=rows,  # not precomputed: fine
+                                processing_class=tiny_tokenizer, ref_model=base)
+    assert len(trainer.train_dataset) == 2
+
+
+def test_reference_logps_of_another_checkpoint_are_caught_by_its_fingerprint(tiny_dirs, tiny_tokenizer, tmp_path):
+    """Detectable when the checkpoints have paths: the pass records the weight files' fingerprint of the
+    model it loaded, the trainer fingerprints ``ref_model_name_or_path`` or else the policy's checkpoint."""
+    from transformers import AutoModelForCausalLM
+
+    first = AutoModelForCausalLM.from_pretrained(tiny_dirs["policy"])
+    rows = with_ref_logps(make_rows(3), first, tiny_tokenizer, tmp_path / "ref")
+    assert rows[0]["ref_model_fingerprint"]
+    other_dir = tmp_path / "other_checkpoint"
+    perturbed(copy.deepcopy(first)).save_pretrained(other_dir)
+    other = AutoModelForCausalLM.from_pretrained(other_dir)
+    with pytest.raises(RecordError, match=r"record 'p0': field 'ref_model_fingerprint'.*rerun `align logprobs`"):
+        PreferenceTrainer(other, config(tmp_path), train_dataset=rows, processing_class=tiny_tokenizer)
+    with pytest.raises(RecordError, match=r"field 'ref_model_fingerprint'"):  # named by path in the config
+        PreferenceTrainer(first, config(tmp_path, model_name_or_path=str(other_dir)), train_dataset=rows,
+                          processing_class=tiny_tokenizer)
+    # the policy may start elsewhere when the config names the pass's checkpoint as the reference
+    PreferenceTrainer(other, config(tmp_path, ref_model_name_or_path=str(tiny_dirs["policy"])), train_dataset=rows,
+                      processing_class=tiny_tokenizer)
+    PreferenceTrainer(first, config(tmp_path), train_dataset=rows, processing_class=tiny_tokenizer)
 
 
 def test_qrpo_needs_quantiles_or_rewards(base, tiny_tokenizer, tmp_path):
