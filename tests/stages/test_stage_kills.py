@@ -1,0 +1,109 @@
+"""The long stages, killed with SIGKILL mid-run through the CLI, then rerun with the same command.
+
+Each test runs the stage once uninterrupted, then starts the same command in a child process,
+waits until a random number of rows (at least one) sits complete in the job's shard file,
+kills the whole process group with SIGKILL and reruns the command. The rows written before
+the kill are kept byte for byte, every id appears exactly once (none lost, none twice), and
+the output equals the uninterrupted run's. `batch_size=1` (one row per append) in both runs
+gives the kill many points to land between and the same batches either way.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from stage_helpers import TINY_DATA, TINY_RECIPE, run_cli, subprocess_env
+
+from align.io import COMPLETE_MARKER, completion_info, read_records
+
+pytestmark = pytest.mark.slow
+
+SHARD = "shard-00000-of-00001.jsonl"
+
+
+def _complete_lines(path: Path) -> bytes:
+    data = path.read_bytes() if path.exists() else b""
+    return data[: data.rfind(b"\n") + 1]
+
+
+def kill_and_resume(stage_args: list[str], out: Path, total: int, log: Path) -> tuple[bytes, str]:
+    """`align STAGE_ARGS output_dir=OUT`, SIGKILLed after a random number of rows, then rerun.
+
+    Returns the complete rows written before the kill and what the rerun printed.
+    """
+    command = [sys.executable, "-m", "align", *map(str, stage_args), f"output_dir={out}"]
+    shard = out / SHARD
+    after = random.randint(1, max(1, total // 2))
+    with log.open("w") as stream:
+        first = subprocess.Popen(command, env=subprocess_env(), stdout=stream, stderr=subprocess.STDOUT,
+                                 start_new_session=True)
+        try:
+            deadline = time.monotonic() + 300
+            while first.poll() is None and time.monotonic() < deadline:
+                if _complete_lines(shard).count(b"\n") >= after:
+                    break
+                time.sleep(0.005)
+            os.killpg(first.pid, signal.SIGKILL)
+        finally:
+            first.wait(timeout=60)
+    assert first.returncode == -signal.SIGKILL, log.read_text()[-3000:]
+    written = _complete_lines(shard)
+    lines = written.count(b"\n")
+    assert after <= lines < total, f"the kill (aimed after {after} rows) should land mid-stage, after {lines} of {total}"
+    assert not (out / COMPLETE_MARKER).exists()
+
+    again = subprocess.run(command, env=subprocess_env(), capture_output=True, text=True, timeout=600, check=False)
+    assert again.returncode == 0, again.stdout[-2000:] + again.stderr[-3000:]
+    assert shard.read_bytes().startswith(written)  # rows from before the kill kept as they were
+    return written, again.stdout
+
+
+def assert_same_rows(resumed: Path, once: Path, expected_ids: set[str], stage: str) -> None:
+    rows = read_records(resumed)
+    ids = [r["id"] for r in rows]
+    assert len(ids) == len(set(ids)), f"rows written twice: {sorted(i for i in set(ids) if ids.count(i) > 1)}"
+    assert set(ids) == expected_ids, f"rows lost: {sorted(expected_ids - set(ids))}"
+    by_id = lambda rs: sorted(rs, key=lambda r: r["id"])
+    assert by_id(rows) == by_id(read_records(once))
+    info, reference = completion_info(resumed), completion_info(once)
+    assert info is not None and info["stage"] == stage and info["summary"] == reference["summary"]
+
+
+PROMPT_IDS = {r["id"] for r in read_records(TINY_DATA / "prompts.jsonl")}
+
+
+def test_killed_sample_stage_resumes_to_the_uninterrupted_output(tmp_path, sft_run):
+    args = ["sample", TINY_RECIPE, f"prompts={TINY_DATA / 'prompts.jsonl'}", f"sampler.model={sft_run[0]}",
+            "batch_size=1"]
+    run_cli([*args, f"output_dir={tmp_path / 'once'}"])
+    kill_and_resume(args, tmp_path / "killed", len(PROMPT_IDS), tmp_path / "killed.log")
+    assert_same_rows(tmp_path / "killed", tmp_path / "once", PROMPT_IDS, "sample")
+
+
+def test_killed_judge_annotation_resumes_to_the_uninterrupted_output(tmp_path, sample_run, sft_run):
+    charter = tmp_path / "charter.md"
+    charter.write_text("# Test charter\n\n## 1. Answers\n[1.1] Answer the question that was asked.\n"
+                       "[1.2] Keep short answers short.\n")
+    args = ["annotate", TINY_RECIPE, f"input={sample_run[0]}", "provider=judge", "backend=transformers",
+            f"model={sft_run[0]}", f"charter={charter}", "scale=[1,9]", "top_k_pairwise=2", "device=cpu",
+            "batch_size=1"]
+    run_cli([*args, f"output_dir={tmp_path / 'once'}"])
+    kill_and_resume(args, tmp_path / "killed", len(PROMPT_IDS), tmp_path / "killed.log")
+    assert_same_rows(tmp_path / "killed", tmp_path / "once", PROMPT_IDS, "annotate")
+
+
+def test_killed_logprobs_stage_resumes_to_the_uninterrupted_output(tmp_path, pairs_run, sft_run):
+    pairs = pairs_run[0] / "pairs.jsonl"
+    ids = {r["id"] for r in read_records(pairs)}
+    assert len(ids) >= 4, "the tiny chain should give a few pairs to kill between"
+    args = ["logprobs", TINY_RECIPE, f"model_name_or_path={sft_run[0]}", f"dataset={pairs}", "batch_size=1"]
+    run_cli([*args, f"output_dir={tmp_path / 'once'}"])
+    kill_and_resume(args, tmp_path / "killed", len(ids), tmp_path / "killed.log")
+    assert_same_rows(tmp_path / "killed", tmp_path / "once", ids, "logprobs")
