@@ -24,6 +24,11 @@ def read_records(source: str | Path, *, split: str = "train") -> list[dict[str, 
     A directory is read as the union of its ``*.jsonl`` / ``*.parquet`` files (job shards
     or a stage's output), in sorted file order. Anything else is passed to
     ``datasets.load_dataset`` (a hub name or a local dataset script).
+
+    A JSONL file whose last line has no newline and does not parse was cut short: an error
+    naming ``file:line``. Job shards (``shard-*-of-*.jsonl``, written by `align.jobs`) are
+    the exception: there such a line is a record a killed writer left half-written, and it
+    is skipped (the job redoes it when it resumes).
     """
     path = Path(source)
     if path.is_dir():
@@ -35,11 +40,18 @@ def read_records(source: str | Path, *, split: str = "train") -> list[dict[str, 
             rows.extend(read_records(file))
         return rows
     if path.suffix == ".jsonl":
-        return list(_read_jsonl(path))
+        return list(_read_jsonl(path, torn_tail=_is_job_shard(path)))
     if path.suffix == ".json":
-        data = json.loads(path.read_text())
+        try:
+            data = json.loads(path.read_text())
+        except json.JSONDecodeError as exc:
+            raise ValueError(f"{path}:{exc.lineno}: not valid JSON ({exc.msg})") from exc
         if not isinstance(data, list):
             raise ValueError(f"{path}: expected a JSON list of records")
+        for number, row in enumerate(data):
+            if not isinstance(row, dict):
+                raise ValueError(  # noqa: TRY004 (bad data, reported by the CLI like every other)
+                    f"{path}: item {number}: expected a JSON object per record, got {type(row).__name__}")
         return data
     if path.suffix == ".parquet":
         import datasets
@@ -68,17 +80,38 @@ def rows_to_dataset(rows: Iterable[Mapping[str, Any]]) -> Any:
     return datasets.Dataset.from_dict({name: [row.get(name) for row in rows] for name in names})
 
 
-def _read_jsonl(path: Path) -> Iterable[dict[str, Any]]:
+def _is_job_shard(path: Path) -> bool:
+    """A shard that `align.jobs` appends to (``shard-00000-of-00004.jsonl``)."""
+    from align.jobs.store import SHARD_RE
+
+    return SHARD_RE.match(path.name) is not None
+
+
+def _read_jsonl(path: Path, *, torn_tail: bool) -> Iterable[dict[str, Any]]:
+    """One JSON object per line. A final line without its newline is, in a job shard
+    (``torn_tail``), a record a killed writer left half-written (skipped: the job redoes it);
+    in a stage's input file it is a truncated file, an error naming file:line."""
     with path.open() as handle:
         for number, line in enumerate(handle, 1):
             if not line.strip():
                 continue
             if not line.endswith("\n"):
-                break  # a trailing half-written line from a killed writer is not a record
-            try:
-                yield json.loads(line)
-            except json.JSONDecodeError as exc:
-                raise ValueError(f"{path}:{number}: not valid JSON ({exc.msg})") from exc
+                if torn_tail:
+                    break  # a trailing half-written line from a killed writer is not a record
+                try:
+                    record = json.loads(line)
+                except json.JSONDecodeError as exc:
+                    raise ValueError(f"{path}:{number}: truncated last line (not valid JSON, no newline: "
+                                     f"{exc.msg}); the file was cut short") from exc
+            else:
+                try:
+                    record = json.loads(line)
+                except json.JSONDecodeError as exc:
+                    raise ValueError(f"{path}:{number}: not valid JSON ({exc.msg})") from exc
+            if not isinstance(record, dict):
+                raise ValueError(  # noqa: TRY004 (bad data, reported by the CLI like every other)
+                    f"{path}:{number}: expected a JSON object per line, got {type(record).__name__}")
+            yield record
 
 
 def write_jsonl(path: str | Path, records: Iterable[Mapping[str, Any]]) -> Path:
