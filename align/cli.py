@@ -6,6 +6,7 @@ Under `accelerate launch`, run it as a module:
 
 from __future__ import annotations
 
+import os
 import sys
 from collections.abc import Sequence
 
@@ -45,7 +46,9 @@ def split_args(args: Sequence[str]) -> tuple[str | None, list[str]]:
         elif recipe is None:
             recipe = arg
         else:
-            raise SystemExit(f"align: unexpected argument {arg!r} (one recipe, then key=value overrides)")
+            from align.config import ConfigError
+
+            raise ConfigError(f"unexpected argument {arg!r} (one recipe, then key=value overrides)")
     return recipe, overrides
 
 
@@ -69,14 +72,30 @@ def main(argv: Sequence[str] | None = None) -> int:
     from align.config import ConfigError, load_config
 
     module = stage_module(name)
-    recipe, overrides = split_args(rest)
     try:
+        recipe, overrides = split_args(rest)
         config = load_config(module.Config, recipe, overrides, section=name)
     except ConfigError as exc:
-        print(f"align {name}: {exc}", file=sys.stderr)
-        return 2
-    module.run(config)
+        return _report(name, exc)
+    try:
+        module.run(config)
+    except INPUT_ERRORS as exc:
+        if os.environ.get("ALIGN_TRACEBACK"):
+            raise
+        return _report(name, exc)
     return 0
+
+
+# What a bad recipe, a bad input row or a missing / unwritable path raises: reported as one
+# line, `align STAGE: ErrorClass: message` (the message names the file, row or id, and the
+# field), exit status 2. Anything else is a bug and keeps its traceback; ALIGN_TRACEBACK=1
+# keeps it for these too.
+INPUT_ERRORS = (ValueError, OSError, ImportError)  # ImportError: an optional backend not installed
+
+
+def _report(name: str, exc: BaseException) -> int:
+    print(f"align {name}: {type(exc).__name__}: {exc}", file=sys.stderr)
+    return 2
 
 
 if __name__ == "__main__":

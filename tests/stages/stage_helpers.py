@@ -40,8 +40,16 @@ def run_cli(args: list[str]) -> str:
     from align.cli import main
 
     buffer = io.StringIO()
-    with one_torch_thread(), contextlib.redirect_stdout(buffer):
-        rc = main([str(a) for a in args])
+    previous = os.environ.get("ALIGN_TRACEBACK")
+    os.environ["ALIGN_TRACEBACK"] = "1"  # a failing stage raises here, for pytest.raises
+    try:
+        with one_torch_thread(), contextlib.redirect_stdout(buffer):
+            rc = main([str(a) for a in args])
+    finally:
+        if previous is None:
+            os.environ.pop("ALIGN_TRACEBACK", None)
+        else:
+            os.environ["ALIGN_TRACEBACK"] = previous
     out = buffer.getvalue()
     assert rc == 0, f"align {' '.join(args)} exited {rc}:\n{out}"
     return out
