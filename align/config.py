@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 import datetime
 import difflib
+import enum
 import types
 import typing
 from collections.abc import Mapping, Sequence
@@ -31,7 +32,13 @@ def read_yaml(path: str | Path) -> dict[str, Any]:
     path = Path(path)
     if not path.is_file():
         raise ConfigError(f"recipe file not found: {path}")
-    data = yaml.safe_load(path.read_text()) or {}
+    try:
+        data = yaml.safe_load(path.read_text()) or {}
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f", line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
+        problem = getattr(exc, "problem", None) or str(exc)
+        raise ConfigError(f"{path}{where}: not valid YAML ({problem})") from None
     if not isinstance(data, dict):
         raise ConfigError(f"{path}: a recipe must be a mapping of keys to values, got {type(data).__name__}")
     return data
@@ -47,7 +54,11 @@ def parse_overrides(overrides: Sequence[str]) -> dict[str, Any]:
         key = key.strip().lstrip("-")
         if not key:
             raise ConfigError(f"override {item!r} has an empty key")
-        value = yaml.safe_load(raw) if raw.strip() else ""
+        try:
+            value = yaml.safe_load(raw) if raw.strip() else ""
+        except yaml.YAMLError as exc:
+            problem = getattr(exc, "problem", None) or str(exc)
+            raise ConfigError(f"override {item!r}: the value is not valid YAML ({problem})") from None
         node = result
         parts = key.split(".")
         for part in parts[:-1]:
@@ -95,7 +106,8 @@ def _coerce(value: Any, annotation: Any, where: str) -> Any:
                 return _coerce(value, arg, where)
             except ConfigError as exc:
                 errors.append(str(exc))
-        raise ConfigError(f"{where}: {value!r} does not fit {annotation}")
+        detail = f" ({errors[0].removeprefix(f'{where}: ')})" if errors else ""
+        raise ConfigError(f"{where}: {value!r} does not fit {annotation}{detail}")
     if origin is Literal:
         allowed = get_args(annotation)
         if value not in allowed:
@@ -122,6 +134,12 @@ def _coerce(value: Any, annotation: Any, where: str) -> Any:
         if not isinstance(value, Mapping):
             raise ConfigError(f"{where}: expected a mapping, got {value!r}")
         return dict(value)
+    if isinstance(annotation, type) and issubclass(annotation, enum.Enum):
+        allowed = [member.value for member in annotation]
+        if isinstance(value, annotation) or value in allowed:
+            return value
+        hint = " (YAML reads an unquoted no/yes/off/on as false/true: quote it)" if isinstance(value, bool) else ""
+        raise ConfigError(f"{where}: {value!r} is not one of {allowed}{hint}")
     if annotation is bool:
         if isinstance(value, bool):
             return value
@@ -148,7 +166,8 @@ def _coerce(value: Any, annotation: Any, where: str) -> Any:
             return value.isoformat()  # YAML reads an unquoted 2025-09-01 as a date
         if isinstance(value, (int, float)) and not isinstance(value, bool):
             return str(value)
-        raise ConfigError(f"{where}: expected a string, got {value!r}")
+        hint = " (YAML reads an unquoted no/yes/off/on as false/true: quote it)" if isinstance(value, bool) else ""
+        raise ConfigError(f"{where}: expected a string, got {value!r}{hint}")
     if annotation is Path:
         if isinstance(value, (str, Path)):
             return Path(value)
@@ -164,6 +183,13 @@ def from_dict(cls: type[T], data: Mapping[str, Any], *, where: str = "") -> T:
     for key, value in data.items():
         if key not in fields:
             raise _unknown_key_error(cls, key, where)
+        factory = fields[key].default_factory
+        if isinstance(value, Mapping) and factory is not dataclasses.MISSING:
+            # `sampler.device=cpu` changes that one key of the field's default (evaluate's
+            # sampler defaults to the transformers backend), not of a fresh SamplerConfig
+            default = factory()
+            if _nested_dataclass(type(default)) is not None:
+                value = merge(_init_values(default), value)
         kwargs[key] = _coerce(value, hints.get(key, Any), f"{where}{key}")
     try:
         return cls(**kwargs)
@@ -171,6 +197,13 @@ def from_dict(cls: type[T], data: Mapping[str, Any], *, where: str = "") -> T:
         if isinstance(exc, ConfigError):
             raise
         raise ConfigError(f"{cls.__name__}: {exc}") from exc
+
+
+def _init_values(config: Any) -> dict[str, Any]:
+    """A dataclass instance's init fields as a mapping (nested ones too), to merge keys over."""
+    return {f.name: (_init_values(v) if dataclasses.is_dataclass(v := getattr(config, f.name))
+                     and not isinstance(v, type) else v)
+            for f in dataclasses.fields(config) if f.init}
 
 
 def load_config(
