@@ -27,7 +27,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from align.stages.common import check_stage_input, finish
+from align.stages.common import check_model_path, check_output_dir, finish, read_input
 
 
 @dataclass
@@ -137,7 +137,7 @@ def run(config: Config) -> dict:
     """Annotate this shard; mark the output complete once every record is in."""
     # Not `rewards.annotate(...)`: once the submodule rewards.annotate is imported, that
     # attribute of the package is the module, not the function.
-    from align.io import is_complete, read_records
+    from align.io import is_complete
     from align.jobs import is_complete as all_written
     from align.jobs import read_output
     from align.stages.sample import shard
@@ -149,8 +149,10 @@ def run(config: Config) -> dict:
     if is_complete(config.output_dir):
         print(f"[align annotate] {config.output_dir} is already complete; skipping")
         return {}
-    check_stage_input(config.input, "annotate", "input")
-    records = read_records(config.input)
+    check_output_dir(config.output_dir, "annotate")
+    records = read_input(config.input, "annotate", "input")
+    if config.provider != "verifiable" and config.backend != "openai":
+        check_model_path(config.model, "annotate", "model")
     index, count = shard(config)
     provider = build_provider(config)
     common = {"shard_index": index, "num_shards": count, "batch_size": config.batch_size}

@@ -51,6 +51,78 @@ def check_stage_input(path: str | Path, stage: str, key: str) -> None:
         )
 
 
+DATA_SUFFIXES = (".jsonl", ".json", ".parquet")
+
+
+def _looks_local(value: str) -> bool:
+    """A path on this machine rather than a hub name (``org/name``)."""
+    return (value.startswith((".", "/", "~")) or value.count("/") > 1
+            or Path(value).suffix in DATA_SUFFIXES)
+
+
+def check_input_exists(path: str | Path, stage: str, key: str) -> None:
+    """A missing local input is an error naming the key, not a hub lookup failing deep in `datasets`."""
+    if not Path(path).exists() and _looks_local(str(path)):
+        raise FileNotFoundError(f"{stage}: {key}={str(path)!r} does not exist")
+
+
+def check_model_path(model: str | Path | None, stage: str, key: str) -> None:
+    """A model given as a local path must be a directory with a config.json.
+
+    (A hub name, ``org/name``, is left to ``from_pretrained``.) Without this check a
+    missing directory surfaces as the hub client refusing it as a repo id.
+    """
+    if not model:
+        raise ValueError(f"{stage}: set {key} (a model directory or name)")
+    path = Path(model).expanduser()
+    if path.exists():
+        if not (path / "config.json").is_file():
+            raise FileNotFoundError(f"{stage}: {key}={str(model)!r} has no config.json (not a saved model)")
+        return
+    if _looks_local(str(model)):
+        raise FileNotFoundError(f"{stage}: {key}={str(model)!r} does not exist (a model directory, or a hub "
+                                "name such as org/name)")
+
+
+def check_output_dir(path: str | Path, stage: str, key: str = "output_dir") -> None:
+    """An output directory that cannot be created or written is an error before any work."""
+    import os
+
+    path = Path(path)
+    for ancestor in (path, *path.parents):
+        if ancestor.exists():
+            if not ancestor.is_dir():
+                raise NotADirectoryError(f"{stage}: {key}={str(path)!r}: {str(ancestor)!r} is a file, not a "
+                                         "directory")
+            if not os.access(ancestor, os.W_OK | os.X_OK):
+                raise PermissionError(f"{stage}: {key}={str(path)!r}: {str(ancestor)!r} is not writable")
+            return
+
+
+def read_input(path: str | Path, stage: str, key: str) -> list[dict[str, Any]]:
+    """A stage's input rows: checked (exists, finished), not empty, no id twice.
+
+    A duplicate id would make two rows one (job shards resume by id) or pair a prompt
+    twice; it is an error naming the id and both rows.
+    """
+    from align.data.records import RecordError
+    from align.io import read_records
+
+    check_input_exists(path, stage, key)
+    check_stage_input(path, stage, key)
+    rows = read_records(path)
+    if not rows:
+        raise ValueError(f"{stage}: {key}={str(path)!r} holds no rows")
+    seen: dict[Any, int] = {}
+    for index, row in enumerate(rows):
+        rid = row.get("id") if isinstance(row, dict) else None
+        if isinstance(rid, str) and rid:
+            if rid in seen:
+                raise RecordError(rid, "id", f"duplicate id (rows {seen[rid]} and {index} of {key}={str(path)!r})")
+            seen[rid] = index
+    return rows
+
+
 def is_main_process() -> bool:
     """Rank 0 of a distributed launch (or a plain process): the one that writes markers."""
     import os

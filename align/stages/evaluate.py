@@ -21,7 +21,13 @@ from pathlib import Path
 from typing import Any, Literal
 
 from align.sampling.config import SamplerConfig
-from align.stages.common import already_done, check_stage_input, finish
+from align.stages.common import (
+    already_done,
+    check_output_dir,
+    check_stage_input,
+    finish,
+    read_input,
+)
 
 
 @dataclass
@@ -141,7 +147,6 @@ def build_provider(reward: RewardConfig) -> Any:
 def run(config: Config) -> dict:
     """Evaluate this shard; the task that completes the last shard writes the report."""
     from align.eval.evaluate import EvalSettings, check_policies, evaluate
-    from align.io import read_records
     from align.stages.sample import shard
 
     if already_done(config.output_dir, "evaluate", overwrite=config.overwrite):
@@ -151,8 +156,8 @@ def run(config: Config) -> dict:
     if not Path(config.prompts).exists():
         raise FileNotFoundError(f"evaluate: prompts={config.prompts!r} does not exist")
     check_policies([p.name for p in config.policies], config.baseline)  # before loading any model
-    check_stage_input(config.prompts, "evaluate", "prompts")
-    prompts = read_records(config.prompts)
+    check_output_dir(config.output_dir, "evaluate")
+    prompts = read_input(config.prompts, "evaluate", "prompts")
     index, count = shard(config)
     settings = EvalSettings(
         greedy=config.greedy, n=config.n, temperature=config.temperature, top_p=config.top_p,

@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from types import SimpleNamespace
 from typing import Any, Literal
 
-from align.stages.common import already_done, check_stage_input, finish
+from align.stages.common import already_done, check_model_path, check_output_dir, finish, read_input
 
 
 @dataclass
@@ -103,22 +103,23 @@ def build_judge(config: Config) -> Any:
     from rewards.judge import ConstitutionalJudge
 
     if not config.model:
-        raise ValueError("model: the judge to validate (a model path or name)")
+        raise ValueError("judge-validate: set model (the judge to validate: a model path or name)")
     return ConstitutionalJudge(_judge_backend(config), config.charter, scale=tuple(config.scale),
                                single_order=config.single_order)
 
 
 def run(config: Config) -> dict:
     """Build ladders, score them with the judge, write the report and the verdicts."""
-    from align.io import read_records
     from rewards.validation import validate_judge
 
     if not config.input:
         raise ValueError("judge-validate: set input (prompts with good completions)")
     if already_done(config.output_dir, "judge-validate", overwrite=config.overwrite):
         return {}
-    check_stage_input(config.input, "judge-validate", "input")
-    records = read_records(config.input)
+    check_output_dir(config.output_dir, "judge-validate")
+    records = read_input(config.input, "judge-validate", "input")
+    if config.backend != "openai" and config.model:
+        check_model_path(config.model, "judge-validate", "model")
     if config.max_prompts:
         records = records[: config.max_prompts]
     judge = build_judge(config)

@@ -12,7 +12,13 @@ Example: ``accelerate launch --num_processes 8 -m align logprobs recipes/apertus
 from __future__ import annotations
 
 from align.logprobs import LogprobsConfig as Config
-from align.stages.common import check_stage_input, finish
+from align.stages.common import (
+    check_input_exists,
+    check_model_path,
+    check_output_dir,
+    check_stage_input,
+    finish,
+)
 
 __all__ = ["Config", "run"]
 
@@ -26,7 +32,11 @@ def run(config: Config) -> dict:
     if config.output_dir is not None and is_complete(config.output_dir):
         print(f"[align logprobs] {config.output_dir} is already complete; skipping")
         return {}
+    check_input_exists(config.dataset, "logprobs", "dataset")
     check_stage_input(config.dataset, "logprobs", "dataset")
+    check_model_path(config.model_name_or_path, "logprobs", "model_name_or_path")
+    if config.output_dir is not None:
+        check_output_dir(config.output_dir, "logprobs")
     records = load_records(config.dataset)
     if not records:
         raise ValueError(f"logprobs: dataset={config.dataset!r} holds no rows (a directory is read as job "

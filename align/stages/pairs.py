@@ -14,8 +14,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
-from align.io import read_records, write_jsonl
-from align.stages.common import already_done, check_stage_input, finish
+from align.io import write_jsonl
+from align.stages.common import already_done, check_output_dir, finish, read_input
 
 
 @dataclass
@@ -47,8 +47,8 @@ def run(config: Config) -> dict:
 
     if already_done(config.output_dir, "pairs", overwrite=config.overwrite):
         return {}
-    check_stage_input(config.input, "pairs", "input")
-    records = read_records(config.input)
+    check_output_dir(config.output_dir, "pairs")
+    records = read_input(config.input, "pairs", "input")
     pairs, skips = make_pairs(
         records, seed=config.seed, low_threshold=config.low_threshold, n_ref=config.num_ref_rewards,
         truncated=config.truncated, num_pairs_per_prompt=config.num_pairs_per_prompt,

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from align.sampling.config import SamplerConfig
-from align.stages.common import check_stage_input, finish
+from align.stages.common import check_model_path, check_output_dir, finish, read_input
 
 
 @dataclass
@@ -55,7 +55,7 @@ def shard(config) -> tuple[int, int]:
 
 def run(config: Config) -> dict:
     """Sample this shard's prompts; mark the output complete once every prompt is in."""
-    from align.io import is_complete, read_records
+    from align.io import is_complete
     from align.jobs import is_complete as all_written
     from align.sampling.config import build_sampler
     from align.sampling.stages import sample_offline, sample_references
@@ -65,8 +65,10 @@ def run(config: Config) -> dict:
     if is_complete(config.output_dir):
         print(f"[align sample] {config.output_dir} is already complete; skipping")
         return {}
-    check_stage_input(config.prompts, "sample", "prompts")
-    records = read_records(config.prompts)
+    check_output_dir(config.output_dir, "sample")
+    records = read_input(config.prompts, "sample", "prompts")
+    if config.sampler.backend != "openai":
+        check_model_path(config.sampler.model, "sample", "sampler.model")
     index, count = shard(config)
     sampler = build_sampler(config.sampler)
     common = {"output_dir": config.output_dir, "n": config.n, "temperature": config.temperature,

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from align.stages.common import already_done, check_stage_input, finish
+from align.stages.common import already_done, check_model_path, check_output_dir, finish, read_input
 from align.trainers.sft_config import SFTConfig
 
 
@@ -32,7 +32,6 @@ def run(config: Config) -> dict:
     """Fine-tune ``model_name_or_path`` on ``dataset``; save to ``output_dir``."""
     from transformers.trainer_utils import get_last_checkpoint
 
-    from align.io import read_records
     from align.trainers.sft_trainer import train_sft
 
     if not config.dataset:
@@ -41,16 +40,53 @@ def run(config: Config) -> dict:
         raise ValueError("sft: set model_name_or_path (the base model)")
     if already_done(config.output_dir, "sft"):
         return {}
+    check_output_dir(config.output_dir, "sft")
+    records = read_input(config.dataset, "sft", "dataset")
+    check_model_path(config.model_name_or_path, "sft", "model_name_or_path")
+    _check_conversations(records)
     last = get_last_checkpoint(config.output_dir) if _is_dir(config.output_dir) else None
     if last and config.resume_from_checkpoint is None:
         print(f"[align sft] resuming from {last}")
         config.resume_from_checkpoint = last
-    check_stage_input(config.dataset, "sft", "dataset")
-    trainer = train_sft(config, read_records(config.dataset))
+    trainer = train_sft(config, records)
     if not trainer.is_world_process_zero():
         return {}
     summary = {"steps": trainer.state.global_step, "train_loss": _last_loss(trainer)}
+    used = _rows_used(trainer, config)
+    if used is not None:
+        summary.update(rows=len(records), rows_dropped=len(records) - used)
+        if used < len(records):  # said here, not only in a log line a CLI user never sees
+            print(f"[align sft] dropped {len(records) - used} of {len(records)} rows: no assistant token "
+                  f"within max_length={config.max_length} (raise max_length, or shorten those conversations)")
     return finish("sft", config, config.output_dir, summary)
+
+
+def _rows_used(trainer, config: Config) -> int | None:
+    """How many rows the trainer kept after tokenizing and truncating (None when packed)."""
+    dataset = getattr(trainer, "train_dataset", None)
+    if getattr(config, "packing", False) or dataset is None or not hasattr(dataset, "__len__"):
+        return None
+    return len(dataset)
+
+
+def _check_conversations(records: list[dict]) -> None:
+    """``messages`` (where a row has them) must be a list, or JSON text of one (Parquet)."""
+    import json
+
+    from align.data.records import RecordError, record_id
+
+    for index, row in enumerate(records):
+        if "messages" not in row:
+            continue  # pre-tokenized rows (input_ids + labels) are checked by the trainer
+        messages = row["messages"]
+        if isinstance(messages, str):
+            try:
+                messages = json.loads(messages)
+            except json.JSONDecodeError:
+                pass
+        if not isinstance(messages, list) or not messages:
+            raise RecordError(record_id(row, index), "messages",
+                              f"expected a non-empty list of messages, got {row['messages']!r:.60}")
 
 
 def _is_dir(path: str) -> bool:

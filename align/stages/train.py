@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from align.stages.common import already_done, check_stage_input, finish
+from align.stages.common import already_done, check_model_path, check_output_dir, finish, read_input
 from align.trainers.preference_config import PreferenceConfig
 
 
@@ -34,19 +34,20 @@ def run(config: Config) -> dict:
 
     from transformers.trainer_utils import get_last_checkpoint
 
-    from align.io import read_records
     from align.trainers.preference_trainer import train
 
     if not config.dataset:
         raise ValueError("train: set dataset (pair rows with reference log-probs, from `align logprobs`)")
     if already_done(config.output_dir, "train"):
         return {}
+    check_output_dir(config.output_dir, "train")
+    records = read_input(config.dataset, "train", "dataset")
+    check_model_path(config.model_name_or_path, "train", "model_name_or_path")
     last = get_last_checkpoint(config.output_dir) if os.path.isdir(config.output_dir) else None
     if last and config.resume_from_checkpoint is None:
         print(f"[align train] resuming from {last}")
         config.resume_from_checkpoint = last
-    check_stage_input(config.dataset, "train", "dataset")
-    trainer = train(config, read_records(config.dataset))
+    trainer = train(config, records)
     if not trainer.is_world_process_zero():
         return {}
     losses = [log["loss"] for log in trainer.state.log_history if "loss" in log]
