@@ -43,6 +43,12 @@ def validate_for_annotation(record: Mapping[str, Any], index: int, reference_fie
             raise RecordError(rid, f"completions[{i}].text", f"expected a string, got {completion!r:.80}")
     if reference_field is not None and record.get(reference_field) is None:
         raise RecordError(rid, reference_field, "missing reference answer (needed by the verifiable reward)")
+    if reference_field is not None:
+        answer = record[reference_field]
+        accepted = answer if isinstance(answer, list) else [answer]
+        if not accepted or any(isinstance(a, bool) or not isinstance(a, (str, int, float)) for a in accepted):
+            raise RecordError(rid, reference_field,
+                              f"expected a string, a number or a list of them, got {answer!r:.80}")
 
 
 def score_records(records: Sequence[Mapping[str, Any]], provider: RewardProvider) -> list[dict[str, Any]]:

@@ -127,7 +127,9 @@ class PromptEncoder:
         self.date, self.enable_thinking = date, enable_thinking
         if chat_format == "tokenizer":
             if not getattr(tokenizer, "chat_template", None):
-                raise ValueError("chat_format='tokenizer' but the tokenizer has no chat_template")
+                name = getattr(tokenizer, "name_or_path", "") or "the model"
+                raise ValueError(f"chat_format='tokenizer' but the tokenizer of {name!r} has no chat_template "
+                                 "(name an align.chat format instead: apertus, llama3, chatml)")
             stops, ends = list(stop_tokens or []), []
         else:
             from align.chat import get_format

@@ -23,7 +23,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, Literal
 
-from align.data.records import RecordError, validate_all, validate_prompt
+from align.data.records import RecordError, record_id, validate_all, validate_prompt
 from align.jobs import read_output, run_job
 from align.sampling.base import Completion, Sampler, derive_seed
 from align.sampling.system_prompts import (
@@ -54,8 +54,16 @@ def _existing_completions(record: Mapping[str, Any]) -> list:
 
 
 def _fits(sampler: Sampler, record: Mapping[str, Any], conversation: Sequence[Mapping[str, Any]]) -> str | None:
-    """None when the prompt leaves room to generate, else the reason to skip it."""
-    length = sampler.prompt_length(conversation, record.get("tools"))
+    """None when the prompt leaves room to generate, else the reason to skip it.
+
+    A prompt the chat format cannot render (an unknown role, content that is not text,
+    tools that are not a list) is an error naming the record and the field.
+    """
+    try:
+        length = sampler.prompt_length(conversation, record.get("tools"))
+    except (ValueError, TypeError, KeyError) as err:
+        field = "tools" if str(err).lstrip("'").startswith("tool") else "messages"
+        raise RecordError(record_id(record), field, f"cannot be rendered: {err}") from None
     if length >= sampler.max_model_len:
         return f"prompt has {length} tokens; the model's context length is {sampler.max_model_len}"
     return None
