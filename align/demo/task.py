@@ -19,7 +19,12 @@ from typing import Any
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 from transformers import LlamaForCausalLM, PreTrainedTokenizerFast
 
-from align.testing.tiny import APERTUS_SPECIAL_TOKENS, BASE_SPECIAL_TOKENS, build_causal_lm, wrap_tokenizer
+from align.testing.tiny import (
+    APERTUS_SPECIAL_TOKENS,
+    BASE_SPECIAL_TOKENS,
+    build_causal_lm,
+    wrap_tokenizer,
+)
 
 SYSTEM = "Add the two numbers."
 TOOL_SYSTEM = "Use the calculator."

@@ -21,7 +21,7 @@ batch 128. With 2-digit operands (the SFT set repeats the ~7,250 problems the ev
 sets leave, 5 epochs by step 780) validation greedy accuracy stayed at 3-8% from step 300
 to 750 while the training loss fell to 0.85: memorising, not adding. With 3-digit
 operands and 20,000 SFT rows it was 1.5% at step 850; with 64,000 rows, 0% at step 500.
-""""""
+"""
 
 from __future__ import annotations
 
