@@ -1,0 +1,617 @@
+"""A corpus of bad inputs, each run through the CLI (`align.cli.main`, in-process).
+
+Every entry gets one of two things:
+- an error: `align STAGE: ErrorClass: message` on stderr and exit status 2, the message
+  naming the file (and line), or the record id / row, and the field;
+- a recorded skip: the stage finishes (exit 0) and its output records the reason.
+
+Fixture files are written into a tmp directory by the entries themselves; the tiny models
+(align.testing.tiny) are built once for the module. Most entries fail before any model
+loads. docs/bad-inputs.md lists the same entries as a table.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+import shutil
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+
+from align.cli import main
+
+DATE = "2026-01-01"
+SFT_ROW = {"id": "s0", "messages": [{"role": "user", "content": "Is 4 even?"}, {"role": "assistant", "content": "yes"}]}
+LONG_PROMPT = [{"role": "user", "content": "word " * 300}]
+GOOD = "Four is even, since it is two times two. So the answer is yes."
+TORN = '{"id": "b", "mess'  # a prompt cut mid-line
+
+
+# ---------------------------------------------------------------------------------------
+# Rows and files
+
+
+def prompt(rid: str = "p0", text: str = "Is 4 even?", **extra) -> dict:
+    return {"id": rid, "messages": [{"role": "user", "content": text}], **extra}
+
+
+def completion(text: str = "yes", **extra) -> dict:
+    return {"text": text, "num_tokens": 2, "finish_reason": "stop", "is_reference": True, "source": "policy",
+            **extra}
+
+
+def annotated(rid: str = "p0", rewards=(0.0, 1.0, 0.5, 0.2), **extra) -> dict:
+    row = prompt(rid, answer="yes")
+    row["completions"] = [completion(f"c{i}") for i in range(len(rewards))]
+    row["rewards"] = list(rewards)
+    row["reward_skips"] = [None] * len(rewards)
+    row.update(extra)
+    return row
+
+
+def pair(rid: str = "p0", **extra) -> dict:
+    row = prompt(rid)
+    row.update(chosen="yes", rejected="no", chosen_reward=1.0, rejected_reward=0.0, chosen_quantile=1.0,
+               rejected_quantile=0.0, num_ref_rewards=4, pair_fallback=None, chosen_finish_reason="stop",
+               rejected_finish_reason="stop", num_ref_dropped=0)
+    row.update(extra)
+    return row
+
+
+def with_logps(row: dict, **extra) -> dict:
+    return {**row, "ref_chosen_logps": -3.0, "ref_rejected_logps": -4.0, "chosen_length": 2,
+            "rejected_length": 2, **extra}
+
+
+def jsonl(path: Path, rows, *, tail: str = "") -> Path:
+    """Rows as JSONL (a row given as a string is written as it is), then `tail` unterminated."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    lines = [r if isinstance(r, str) else json.dumps(r) for r in rows]
+    path.write_text("".join(line + "\n" for line in lines) + tail)
+    return path
+
+
+# ---------------------------------------------------------------------------------------
+# The workspace: tiny models, built once
+
+
+@dataclass
+class Workspace:
+    root: Path          # this entry's own tmp directory
+    policy: Path        # tiny causal LM, Apertus format installed (tokenizer with chat template)
+    base: Path          # the same without a chat template (a base model)
+    rm: Path            # tiny reward model with a ChatML template
+    rm_plain: Path      # tiny reward model without a chat template
+    rm_pad_eos: Path    # tiny reward model whose pad token is its EOS
+
+    def file(self, name: str, rows, **kw) -> Path:
+        return jsonl(self.root / name, rows, **kw)
+
+    def out(self, name: str = "out") -> Path:
+        return self.root / name
+
+
+@pytest.fixture(scope="module")
+def models(tmp_path_factory) -> dict[str, Path]:
+    from transformers import AutoModelForCausalLM, AutoModelForSequenceClassification, AutoTokenizer
+
+    from align.chat import install_format
+    from align.testing.tiny import save_tiny_models
+
+    root = tmp_path_factory.mktemp("bad_input_models")
+    paths = save_tiny_models(root)
+    out = {"base": paths["policy"], "rm_plain": paths["reward_model"]}
+    for name, loader, fmt, src in (("policy", AutoModelForCausalLM, "apertus", paths["policy"]),
+                                   ("rm", AutoModelForSequenceClassification, "chatml", paths["reward_model"])):
+        tokenizer, model = AutoTokenizer.from_pretrained(src), loader.from_pretrained(src)
+        install_format(tokenizer, model, format=fmt)
+        out[name] = root / f"{name}_{fmt}"
+        model.save_pretrained(out[name])
+        tokenizer.save_pretrained(out[name])
+    assert AutoTokenizer.from_pretrained(out["base"]).chat_template is None
+    shutil.copytree(out["rm"], root / "rm_pad_eos")
+    config_path = root / "rm_pad_eos" / "config.json"
+    tokenizer = AutoTokenizer.from_pretrained(root / "rm_pad_eos")
+    tokenizer.pad_token = tokenizer.eos_token
+    tokenizer.save_pretrained(root / "rm_pad_eos")
+    config = json.loads(config_path.read_text())
+    config["pad_token_id"] = tokenizer.eos_token_id
+    config_path.write_text(json.dumps(config))
+    out["rm_pad_eos"] = root / "rm_pad_eos"
+    return out
+
+
+# ---------------------------------------------------------------------------------------
+# The entries
+
+
+@dataclass
+class Case:
+    name: str
+    stage: str
+    make: Callable[[Workspace], list]          # the arguments after the stage name
+    error: str | None = None                   # the error class; None: the stage succeeds
+    needles: tuple[str, ...] = ()              # what the message names ({root}: the tmp dir)
+    check: Callable[..., None] | None = None  # for a recorded skip: check(ws, stdout, stderr)
+    extra: dict = field(default_factory=dict)
+
+
+def _cpu_sampler(model) -> list[str]:
+    return ["sampler.backend=transformers", f"sampler.model={model}", "sampler.chat_format=apertus",
+            f"sampler.date={DATE}", "sampler.device=cpu", "max_tokens=4", "n=2"]
+
+
+def _recipe(ws: Workspace, text: str, name: str = "recipe.yaml") -> Path:
+    path = ws.root / name
+    path.write_text(text)
+    return path
+
+
+def _skips(path: Path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def _annotate_rows(out: Path) -> list[dict]:
+    from align.io import read_records
+
+    return read_records(out)
+
+
+def _assert_in(needle: str, text: str) -> None:
+    assert needle in text, text[-3000:]
+
+
+def _check_pairs_skipped(reason: str):
+    def check(ws: Workspace, out: str, err: str) -> None:
+        skipped = _skips(ws.out() / "skipped.jsonl")
+        assert skipped and reason in skipped[0]["reason"], skipped
+    return check
+
+
+def _check_annotate_skip(reason: str):
+    def check(ws: Workspace, out: str, err: str) -> None:
+        rows = _annotate_rows(ws.out())
+        assert all(r is None for r in rows[0]["rewards"]), rows[0]["rewards"]
+        assert all(reason in s for s in rows[0]["reward_skips"]), rows[0]["reward_skips"]
+    return check
+
+
+CASES: list[Case] = [
+    # --- the recipe and the command line -------------------------------------------------
+    Case("unknown key", "pairs", lambda ws: ["input=x.jsonl", "sed=1"],
+         "ConfigError", ("unknown key 'sed'", "Did you mean 'seed'")),
+    Case("value of the wrong type", "pairs", lambda ws: ["input=x.jsonl", "seed=abc"],
+         "ConfigError", ("seed", "expected an integer", "'abc'")),
+    Case("value outside a Literal", "annotate", lambda ws: ["input=x.jsonl", "provider=oracle"],
+         "ConfigError", ("provider", "'oracle'", "reward_model")),
+    Case("nested key of the wrong type", "sample", lambda ws: ["prompts=x.jsonl", "sampler.batch_size=many"],
+         "ConfigError", ("sampler.batch_size", "expected an integer")),
+    Case("recipe file missing", "pairs", lambda ws: [ws.root / "nope.yaml"],
+         "ConfigError", ("recipe file not found", "nope.yaml")),
+    Case("recipe not a mapping", "pairs", lambda ws: [_recipe(ws, "- a\n- b\n")],
+         "ConfigError", ("recipe.yaml", "must be a mapping", "list")),
+    Case("recipe with a YAML syntax error", "pairs", lambda ws: [_recipe(ws, "seed: 1\n  bad: [\n")],
+         "ConfigError", ("recipe.yaml", "line 2", "not valid YAML")),
+    Case("override value not valid YAML", "pairs", lambda ws: ["input=x.jsonl", "seed=[1"],
+         "ConfigError", ("override 'seed=[1'", "not valid YAML")),
+    Case("two recipe files", "pairs", lambda ws: [_recipe(ws, "seed: 1\n"), "other.yaml"],
+         "ConfigError", ("unexpected argument", "other.yaml")),
+    Case("override without a key", "pairs", lambda ws: ["=3"],
+         "ConfigError", ("'=3'", "empty key")),
+    Case("annotate reward_model without model", "annotate", lambda ws: ["input=x.jsonl", "provider=reward_model"],
+         "ConfigError", ("model", "reward_model", "needs a model")),
+    Case("pipeline: unknown key in a section", "pipeline",
+         lambda ws: [_recipe(ws, "pairs: {input: x.jsonl, sead: 1}\n")],
+         "ConfigError", ("pipeline section 'pairs'", "unknown key pairs.'sead'")),
+    Case("pipeline: default no stage knows", "pipeline",
+         lambda ws: [_recipe(ws, "defaults: {colour: red}\npairs: {input: x.jsonl}\n")],
+         "ConfigError", ("defaults", "colour", "known to no stage")),
+    Case("pipeline: stop_after an unknown stage", "pipeline",
+         lambda ws: [_recipe(ws, "stop_after: pares\npairs: {input: x.jsonl}\n")],
+         "ConfigError", ("stop_after", "'pares'")),
+    Case("evaluate: two policies with the same name", "evaluate",
+         lambda ws: [f"prompts={ws.file('p.jsonl', [prompt()])}", "baseline=sft",
+                     "policies=[{name: sft, model: a}, {name: sft, model: b}]"],
+         "ValueError", ("policies", "'sft' is used twice")),
+    Case("evaluate: policy with model and completions", "evaluate",
+         lambda ws: ["prompts=x.jsonl", "policies=[{name: a, model: m, completions: c}]"],
+         "ConfigError", ("policy 'a'", "exactly one of model and completions")),
+    Case("evaluate: baseline not among the policies", "evaluate",
+         lambda ws: [f"prompts={ws.file('p.jsonl', [prompt()])}", "baseline=ref",
+                     "policies=[{name: a, model: m}, {name: b, model: n}]"],
+         "ValueError", ("baseline", "'ref'", "not one of the policies")),
+    # --- files -----------------------------------------------------------------------------
+    Case("malformed JSONL line", "pairs",
+         lambda ws: [f"input={ws.file('in.jsonl', [annotated('a'), '{not json', annotated('b')])}",
+                     f"output_dir={ws.out()}"],
+         "ValueError", ("in.jsonl:2", "not valid JSON")),
+    Case("truncated final line of an input file", "pairs",
+         lambda ws: [f"input={ws.file('in.jsonl', [annotated('a')], tail=json.dumps(annotated('b'))[:40])}",
+                     f"output_dir={ws.out()}"],
+         "ValueError", ("in.jsonl:2", "truncated last line")),
+    Case("truncated final line of a prompts file", "sample",
+         lambda ws: [f"prompts={ws.file('prompts.jsonl', [prompt('a')], tail=TORN)}",
+                     f"output_dir={ws.out()}", *_cpu_sampler(ws.policy)],
+         "ValueError", ("prompts.jsonl:2", "truncated last line")),
+    Case("a JSONL line that is not an object", "pairs",
+         lambda ws: [f"input={ws.file('in.jsonl', [annotated('a'), '[1, 2]'])}", f"output_dir={ws.out()}"],
+         "ValueError", ("in.jsonl:2", "expected a JSON object", "list")),
+    Case("input file missing", "sample",
+         lambda ws: [f"prompts={ws.root / 'missing.jsonl'}", f"output_dir={ws.out()}", *_cpu_sampler(ws.policy)],
+         "FileNotFoundError", ("prompts", "missing.jsonl", "does not exist")),
+    Case("input directory without data files", "pairs",
+         lambda ws: [f"input={(ws.root / 'emptydir').mkdir() or ws.root / 'emptydir'}", f"output_dir={ws.out()}"],
+         "FileNotFoundError", ("emptydir", "no .jsonl or .parquet files")),
+    Case("empty dataset", "pairs",
+         lambda ws: [f"input={ws.file('in.jsonl', [])}", f"output_dir={ws.out()}"],
+         "ValueError", ("in.jsonl", "holds no rows")),
+    Case("empty prompts", "sample",
+         lambda ws: [f"prompts={ws.file('prompts.jsonl', [])}", f"output_dir={ws.out()}", *_cpu_sampler(ws.policy)],
+         "ValueError", ("prompts.jsonl", "holds no rows")),
+    Case("output directory under a regular file", "pairs",
+         lambda ws: [f"input={ws.file('in.jsonl', [annotated('a')])}",
+                     f"output_dir={ws.file('blocker', []) / 'out'}"],
+         "NotADirectoryError", ("output_dir", "blocker")),
+    Case("sample output directory under a regular file", "sample",
+         lambda ws: [f"prompts={ws.file('prompts.jsonl', [prompt()])}",
+                     f"output_dir={ws.file('blocker', []) / 'out'}", *_cpu_sampler(ws.policy)],
+         "NotADirectoryError", ("output_dir", "blocker")),
+    Case("JSON file that is not a list", "pairs",
+         lambda ws: [f"input={_write(ws.root / 'in.json', json.dumps({'id': 'a'}))}", f"output_dir={ws.out()}"],
+         "ValueError", ("in.json", "expected a JSON list")),
+    Case("unsupported file type", "pairs",
+         lambda ws: [f"input={_write(ws.root / 'in.csv', 'id,messages')}", f"output_dir={ws.out()}"],
+         "ValueError", ("in.csv", "unsupported file type", "'.csv'")),
+    Case("input is an unfinished stage output", "pairs",
+         lambda ws: [f"input={jsonl(ws.root / 'annotate' / 'shard-00000-of-00002.jsonl', [annotated('a')]).parent}",
+                     f"output_dir={ws.out()}"],
+         "ValueError", ("input=", "annotate", "unfinished stage output")),
+    Case("logprobs: the pairs directory instead of pairs.jsonl", "logprobs",
+         lambda ws: [f"dataset={_pairs_dir(ws)}", f"output_dir={ws.out()}", f"model_name_or_path={ws.policy}"],
+         "ValueError", ("dataset=", "pairs stage's output", "pairs.jsonl")),
+    Case("train: truncated final line", "train",
+         lambda ws: [f"dataset={ws.file('pairs.jsonl', [with_logps(pair('a'))], tail=TORN)}", f"output_dir={ws.out()}",
+                     f"model_name_or_path={ws.policy}", "use_cpu=true", "report_to=[]"],
+         "ValueError", ("pairs.jsonl:2", "truncated last line")),
+    Case("annotate: shards of another num_shards (resume refused)", "annotate",
+         lambda ws: [f"input={ws.file('in.jsonl', [annotated('a')])}",
+                     f"output_dir={jsonl(ws.out() / 'shard-00000-of-00002.jsonl', []).parent}", "provider=verifiable"],
+         "ValueError", ("shard-00000-of-00002.jsonl", "num_shards=1", "different shard counts")),
+    # --- rows: ids, types, rewards ---------------------------------------------------------
+    Case("NaN reward", "pairs",
+         lambda ws: [f"input={ws.file('in.jsonl', [annotated('a', rewards=[0.0, float('nan'), 1.0, 0.5])])}",
+                     f"output_dir={ws.out()}"],
+         "RecordError", ("record 'a'", "rewards[1]", "nan")),
+    Case("infinite reward", "pairs",
+         lambda ws: [f"input={ws.file('in.jsonl', [annotated('a', rewards=[0.0, 1.0, float('inf'), 0.5])])}",
+                     f"output_dir={ws.out()}"],
+         "RecordError", ("record 'a'", "rewards[2]", "inf")),
+    Case("reward given as a string", "pairs",
+         lambda ws: [f"input={ws.file('in.jsonl', [annotated('a', rewards=[0.0, '1.0', 1.0, 0.5])])}",
+                     f"output_dir={ws.out()}"],
+         "RecordError", ("record 'a'", "rewards[1]", "expected a float")),
+    Case("null reward without a reason", "pairs",
+         lambda ws: [f"input={ws.file('in.jsonl', [annotated('a', rewards=[0.0, None, 1.0, 0.5])])}",
+                     f"output_dir={ws.out()}"],
+         "RecordError", ("record 'a'", "rewards[1]", "without a reason")),
+    Case("fewer rewards than completions", "pairs",
+         lambda ws: [f"input={ws.file('in.jsonl', [annotated('a', rewards=[0.0, 1.0, 0.5, 0.2]) | {'rewards': [1.0]}])}",
+                     f"output_dir={ws.out()}"],
+         "RecordError", ("record 'a'", "'rewards'", "expected a list of 4")),
+    Case("completion field of the wrong type", "pairs",
+         lambda ws: [f"input={ws.file('in.jsonl', [annotated('a') | {'completions': [completion(num_tokens='2')] * 4}])}",
+                     f"output_dir={ws.out()}"],
+         "RecordError", ("record 'a'", "completions[0].num_tokens", "expected int")),
+    Case("duplicate ids", "pairs",
+         lambda ws: [f"input={ws.file('in.jsonl', [annotated('a'), annotated('b'), annotated('a')])}",
+                     f"output_dir={ws.out()}"],
+         "RecordError", ("record 'a'", "'id'", "rows 0 and 2")),
+    Case("duplicate prompt ids", "sample",
+         lambda ws: [f"prompts={ws.file('prompts.jsonl', [prompt('a'), prompt('a')])}", f"output_dir={ws.out()}",
+                     *_cpu_sampler(ws.policy)],
+         "RecordError", ("record 'a'", "'id'", "rows 0 and 1")),
+    Case("missing id", "pairs",
+         lambda ws: [f"input={ws.file('in.jsonl', [{k: v for k, v in annotated('a').items() if k != 'id'}])}",
+                     f"output_dir={ws.out()}"],
+         "RecordError", ("<row 0>", "'id'", "missing")),
+    Case("id of the wrong type", "sample",
+         lambda ws: [f"prompts={ws.file('prompts.jsonl', [prompt(7)])}", f"output_dir={ws.out()}",
+                     *_cpu_sampler(ws.policy)],
+         "RecordError", ("<row 0>", "'id'", "not a non-empty string")),
+    Case("prompt not ending in a user turn", "sample",
+         lambda ws: [f"prompts={ws.file('prompts.jsonl', [prompt('a') | {'messages': [{'role': 'user', 'content': 'q'}, {'role': 'assistant', 'content': 'a'}]}])}",
+                     f"output_dir={ws.out()}", *_cpu_sampler(ws.policy)],
+         "RecordError", ("record 'a'", "'messages'", "must end with a user turn", "'assistant'")),
+    Case("message content not text", "sample",
+         lambda ws: [f"prompts={ws.file('prompts.jsonl', [prompt('a', messages=[{'role': 'user', 'content': 5}])])}",
+                     f"output_dir={ws.out()}", *_cpu_sampler(ws.policy)],
+         "RecordError", ("record 'a'", "'messages'", "content must be a string")),
+    Case("unknown role", "sample",
+         lambda ws: [f"prompts={ws.file('prompts.jsonl', [prompt('a', messages=[{'role': 'robot', 'content': 'x'}, {'role': 'user', 'content': 'q'}])])}",
+                     f"output_dir={ws.out()}", *_cpu_sampler(ws.policy)],
+         "RecordError", ("record 'a'", "'messages'", "unknown role 'robot'")),
+    Case("tools not a list", "sample",
+         lambda ws: [f"prompts={ws.file('prompts.jsonl', [prompt('a', tools='calculator')])}",
+                     f"output_dir={ws.out()}", *_cpu_sampler(ws.policy)],
+         "RecordError", ("record 'a'", "'tools'", "must be a list")),
+    Case("sample: prompt longer than the model's context (skip)", "sample",
+         lambda ws: [f"prompts={ws.file('prompts.jsonl', [prompt('a'), prompt('b', 'word ' * 800)])}",
+                     f"output_dir={ws.out()}", *_cpu_sampler(ws.policy)],
+         None, check=lambda ws, out, err: _assert_in(
+             "context length is 2048", json.dumps([r for r in _annotate_rows(ws.out()) if r["id"] == "b"]))),
+    Case("message without content", "pairs",
+         lambda ws: [f"input={ws.file('in.jsonl', [annotated('a') | {'messages': [{'role': 'user'}]}])}",
+                     f"output_dir={ws.out()}"],
+         "RecordError", ("record 'a'", "messages[0]", "'role' and 'content'")),
+    Case("annotated row without completions", "annotate",
+         lambda ws: [f"input={ws.file('in.jsonl', [prompt('a', answer='yes')])}", f"output_dir={ws.out()}",
+                     "provider=verifiable"],
+         "RecordError", ("record 'a'", "'completions'", "missing")),
+    Case("verifiable reward without answer", "annotate",
+         lambda ws: [f"input={ws.file('in.jsonl', [{k: v for k, v in annotated('a').items() if k not in ('rewards', 'reward_skips', 'answer')}])}",
+                     f"output_dir={ws.out()}", "provider=verifiable"],
+         "RecordError", ("record 'a'", "'answer'", "verifiable")),
+    Case("verifiable answer of the wrong type", "annotate",
+         lambda ws: [f"input={ws.file('in.jsonl', [annotated('a', answer={'value': 4})])}", f"output_dir={ws.out()}",
+                     "provider=verifiable"],
+         "RecordError", ("record 'a'", "'answer'", "expected a string, a number or a list")),
+    Case("pairs: fewer references than num_ref_rewards", "pairs",
+         lambda ws: [f"input={ws.file('in.jsonl', [annotated('a')])}", f"output_dir={ws.out()}",
+                     "num_ref_rewards=10"],
+         "RecordError", ("record 'a'", "'completions'", "4 reference completions", "n_ref=10")),
+    Case("pairs: references without a reward (skip)", "pairs",
+         lambda ws: [f"input={ws.file('in.jsonl', [annotated('a', rewards=[None, None, 1.0, 0.5], reward_skips=['judge unreadable', 'judge unreadable', None, None])])}",
+                     f"output_dir={ws.out()}"],
+         None, check=_check_pairs_skipped("only 2 of 4 reference rewards scored")),
+    Case("pairs: every reward equal (skip)", "pairs",
+         lambda ws: [f"input={ws.file('in.jsonl', [annotated('a', rewards=[1.0] * 4)])}", f"output_dir={ws.out()}"],
+         None, check=_check_pairs_skipped("")),
+    # --- logprobs and train ------------------------------------------------------------------
+    Case("pair row without rejected", "logprobs",
+         lambda ws: [f"dataset={ws.file('pairs.jsonl', [{k: v for k, v in pair('a').items() if k != 'rejected'}])}",
+                     f"output_dir={ws.out()}", f"model_name_or_path={ws.policy}", f"chat_date={DATE}"],
+         "RecordError", ("record 'a'", "'rejected'", "expected a completion string")),
+    Case("logprobs: model path missing", "logprobs",
+         lambda ws: [f"dataset={ws.file('pairs.jsonl', [pair('a')])}", f"output_dir={ws.out()}",
+                     f"model_name_or_path={ws.root / 'no_model'}"],
+         "FileNotFoundError", ("model_name_or_path", "no_model", "does not exist")),
+    Case("train: pairs without reference log-probs", "train",
+         lambda ws: [f"dataset={ws.file('pairs.jsonl', [pair('a')])}", f"output_dir={ws.out()}",
+                     f"model_name_or_path={ws.policy}", "use_cpu=true", "report_to=[]"],
+         "RecordError", ("record 'a'", "ref_chosen_logps", "run `align logprobs`")),
+    Case("train: NaN reference log-prob", "train",
+         lambda ws: [f"dataset={ws.file('pairs.jsonl', [with_logps(pair('a'), ref_rejected_logps=float('nan'))])}",
+                     f"output_dir={ws.out()}", f"model_name_or_path={ws.policy}", "use_cpu=true", "report_to=[]"],
+         "RecordError", ("record 'a'", "ref_rejected_logps", "finite")),
+    Case("train: model path missing", "train",
+         lambda ws: [f"dataset={ws.file('pairs.jsonl', [with_logps(pair('a'))])}", f"output_dir={ws.out()}",
+                     f"model_name_or_path={ws.root / 'no_model'}", "use_cpu=true", "report_to=[]"],
+         "FileNotFoundError", ("model_name_or_path", "no_model", "does not exist")),
+    Case("train: dataset missing", "train",
+         lambda ws: [f"dataset={ws.root / 'nothing.jsonl'}", f"output_dir={ws.out()}",
+                     f"model_name_or_path={ws.policy}", "use_cpu=true", "report_to=[]"],
+         "FileNotFoundError", ("dataset", "nothing.jsonl", "does not exist")),
+    Case("logprobs: prompt longer than max_length", "logprobs",
+         lambda ws: [f"dataset={ws.file('pairs.jsonl', [pair('a'), pair('b', messages=LONG_PROMPT)])}",
+                     f"output_dir={ws.out()}", f"model_name_or_path={ws.policy}", f"chat_date={DATE}",
+                     "max_length=128", "device=cpu", "dtype=float32"],
+         "RecordError", ("record 'b'", "'messages'", "max_length=128")),
+    Case("train: reference log-probs written by hand", "train",
+         lambda ws: [f"dataset={ws.file('pairs.jsonl', [with_logps(pair('a')), with_logps(pair('b'))])}",
+                     f"output_dir={ws.out()}", f"model_name_or_path={ws.policy}", "use_cpu=true", "report_to=[]",
+                     f"chat_date={DATE}", "max_length=128", "max_steps=1",
+                     "per_device_train_batch_size=2", "num_ref_rewards=4"],
+         "RecordError", ("record 'a'", "ref_chosen_token_hash", "rerun `align logprobs`")),
+    Case("YAML no read as false for a string key", "sft",
+         lambda ws: ["dataset=x.jsonl", "save_strategy=no"],
+         "ConfigError", ("save_strategy", "False", "quote it")),
+    Case("sft: conversation longer than max_length (skip)", "sft",
+         lambda ws: [f"dataset={ws.file('sft.jsonl', [SFT_ROW, {**SFT_ROW, 'id': 's1', 'messages': LONG_PROMPT + [{'role': 'assistant', 'content': 'yes'}]}])}",
+                     f"output_dir={ws.out()}", f"model_name_or_path={ws.policy}", "use_cpu=true", "report_to=[]",
+                     f"chat_date={DATE}", "max_length=128", "max_steps=1", "save_strategy='no'"],
+         None, check=lambda ws, out, err: (
+             _assert_in("dropped 1 of 2 rows: no assistant token within max_length=128", out),
+             _assert_in('"rows_dropped": 1', (ws.out() / "_COMPLETE.json").read_text()))),
+    # --- sft -----------------------------------------------------------------------------
+    Case("sft: empty dataset", "sft",
+         lambda ws: [f"dataset={ws.file('sft.jsonl', [])}", f"output_dir={ws.out()}",
+                     f"model_name_or_path={ws.policy}", "use_cpu=true", "report_to=[]"],
+         "ValueError", ("sft.jsonl", "holds no rows")),
+    Case("sft: model path missing", "sft",
+         lambda ws: [f"dataset={ws.file('sft.jsonl', [prompt('a')])}", f"output_dir={ws.out()}",
+                     f"model_name_or_path={ws.root / 'no_model'}", "use_cpu=true", "report_to=[]"],
+         "FileNotFoundError", ("model_name_or_path", "no_model", "does not exist")),
+    Case("sft: messages not a list", "sft",
+         lambda ws: [f"dataset={ws.file('sft.jsonl', [{'id': 'a', 'messages': 'hello'}])}", f"output_dir={ws.out()}",
+                     f"model_name_or_path={ws.policy}", "use_cpu=true", "report_to=[]"],
+         "RecordError", ("record 'a'", "'messages'", "expected a non-empty list of messages")),
+    Case("sft: conversation without an assistant turn", "sft",
+         lambda ws: [f"dataset={ws.file('sft.jsonl', [prompt('a')])}", f"output_dir={ws.out()}",
+                     f"model_name_or_path={ws.policy}", "use_cpu=true", "report_to=[]"],
+         "RecordError", ("record 'a'", "'messages'", "no assistant message")),
+    Case("sft: output directory under a regular file", "sft",
+         lambda ws: [f"dataset={ws.file('sft.jsonl', [SFT_ROW])}", f"output_dir={ws.file('blocker', []) / 'out'}",
+                     f"model_name_or_path={ws.policy}", "use_cpu=true", "report_to=[]"],
+         "NotADirectoryError", ("output_dir", "blocker")),
+    # --- models and tokenizers -------------------------------------------------------------
+    Case("sample: model path missing", "sample",
+         lambda ws: [f"prompts={ws.file('prompts.jsonl', [prompt()])}", f"output_dir={ws.out()}",
+                     *_cpu_sampler(ws.root / 'no_model')],
+         "FileNotFoundError", ("sampler.model", "no_model", "does not exist")),
+    Case("sample: tokenizer without a chat template", "sample",
+         lambda ws: [f"prompts={ws.file('prompts.jsonl', [prompt()])}", f"output_dir={ws.out()}",
+                     *_cpu_sampler(ws.base), "sampler.chat_format=tokenizer"],
+         "ValueError", ("/policy'", "has no chat_template", "apertus")),
+    Case("sample: shards written with other settings (resume refused)", "sample",
+         lambda ws: _other_settings(ws),
+         "ValueError", ("other settings", "use a new output_dir")),
+    Case("annotate: reward model path missing", "annotate",
+         lambda ws: [f"input={ws.file('in.jsonl', [annotated('a')])}", f"output_dir={ws.out()}",
+                     "provider=reward_model", f"model={ws.root / 'no_rm'}", "device=cpu"],
+         "FileNotFoundError", ("model", "no_rm", "does not exist")),
+    Case("annotate: reward model without a chat template", "annotate",
+         lambda ws: [f"input={ws.file('in.jsonl', [annotated('a')])}", f"output_dir={ws.out()}",
+                     "provider=reward_model", f"model={ws.rm_plain}", "device=cpu"],
+         "ValueError", ("chat template",)),
+    Case("annotate: reward model with pad equal to EOS", "annotate",
+         lambda ws: [f"input={ws.file('in.jsonl', [annotated('a')])}", f"output_dir={ws.out()}",
+                     "provider=reward_model", f"model={ws.rm_pad_eos}", "device=cpu"],
+         "ValueError", ("pad", "EOS")),
+    Case("annotate: prompt longer than max_length (skip)", "annotate",
+         lambda ws: [f"input={ws.file('in.jsonl', [annotated('a', messages=[{'role': 'user', 'content': 'word ' * 200}])])}",
+                     f"output_dir={ws.out()}",
+                     "provider=reward_model", f"model={ws.rm}", "device=cpu", "max_length=32"],
+         None, check=_check_annotate_skip("max_length")),
+    # --- evaluate, decontaminate, judge-validate -------------------------------------------
+    Case("evaluate: prompts missing", "evaluate",
+         lambda ws: [f"prompts={ws.root / 'held_out.jsonl'}", "baseline=a",
+                     "policies=[{name: a, model: m}, {name: b, model: n}]"],
+         "FileNotFoundError", ("prompts", "held_out.jsonl", "does not exist")),
+    Case("evaluate: policy model missing", "evaluate",
+         lambda ws: [f"prompts={ws.file('p.jsonl', [prompt('a', answer='yes')])}", "baseline=a",
+                     f"output_dir={ws.out()}",
+                     f"policies=[{{name: a, model: {ws.policy}}}, {{name: b, model: {ws.root / 'gone'}}}]"],
+         "FileNotFoundError", ("policies[1]", "'b'", "gone", "does not exist")),
+    Case("evaluate: verifiable reward without answer", "evaluate",
+         lambda ws: [f"prompts={ws.file('p.jsonl', [prompt('a')])}", "baseline=a", f"output_dir={ws.out()}",
+                     f"policies=[{{name: a, model: {ws.policy}}}, {{name: b, model: {ws.policy}}}]"],
+         "RecordError", ("record 'a'", "'answer'")),
+    Case("evaluate: duplicate prompt ids", "evaluate",
+         lambda ws: [f"prompts={ws.file('p.jsonl', [prompt('a', answer='y'), prompt('a', answer='n')])}",
+                     "baseline=a", f"output_dir={ws.out()}",
+                     f"policies=[{{name: a, model: {ws.policy}}}, {{name: b, model: {ws.policy}}}]"],
+         "RecordError", ("record 'a'", "'id'", "rows 0 and 1")),
+    Case("decontaminate: benchmark file missing", "decontaminate",
+         lambda ws: [f"train_path={ws.file('train.jsonl', [prompt('a')])}", f"output_dir={ws.out()}",
+                     f"benchmarks=[{{name: b, path: {ws.root / 'bench.jsonl'}}}]"],
+         "ValueError", ("bench.jsonl", "not found")),
+    Case("decontaminate: benchmark without the text field", "decontaminate",
+         lambda ws: [f"train_path={ws.file('train.jsonl', [prompt('a')])}", f"output_dir={ws.out()}",
+                     f"benchmarks=[{{name: b, path: {ws.file('bench.jsonl', [{'question': 'q'}])}}}]"],
+         "RecordError", ("bench.jsonl", "'prompt'")),
+    Case("decontaminate: malformed training file", "decontaminate",
+         lambda ws: [f"train_path={ws.file('train.jsonl', [prompt('a'), '{oops'])}", f"output_dir={ws.out()}",
+                     f"benchmarks=[{{name: b, path: {ws.file('bench.jsonl', [{'prompt': 'q'}])}}}]"],
+         "ValueError", ("train.jsonl", "line 2", "not valid JSON")),
+    Case("decontaminate: empty benchmark", "decontaminate",
+         lambda ws: [f"train_path={ws.file('train.jsonl', [prompt('a')])}", f"output_dir={ws.out()}",
+                     f"benchmarks=[{{name: b, path: {ws.file('bench.jsonl', [])}}}]"],
+         "ValueError", ("bench.jsonl", "benchmark 'b'", "empty")),
+    Case("evaluate: policy completions missing", "evaluate",
+         lambda ws: [f"prompts={ws.file('p.jsonl', [prompt('a', answer='yes')])}", "baseline=a",
+                     f"output_dir={ws.out()}",
+                     f"policies=[{{name: a, model: {ws.policy}}}, {{name: b, completions: {ws.root / 'old'}}}]"],
+         "FileNotFoundError", ("policies[1]", "'b'", "completions=", "does not exist")),
+    Case("judge-validate: a prompt without a good completion (skip)", "judge-validate",
+         lambda ws: [f"input={ws.file('in.jsonl', [prompt('a'), prompt('b', completion=GOOD)])}",
+                     f"output_dir={ws.out()}", f"model={ws.policy}", "device=cpu", "pairwise=false",
+                     "resamples=10", "steps=2"],
+         None, check=lambda ws, out, err: _assert_in(
+             "'a'", repr([(s["id"], s["reason"]) for s in json.loads((ws.out() / "report.json").read_text())["skipped"]
+                         if "no good completion" in s["reason"]]))),
+    Case("judge-validate: no judge model", "judge-validate",
+         lambda ws: [f"input={ws.file('in.jsonl', [prompt('a', completion='yes')])}", f"output_dir={ws.out()}"],
+         "ValueError", ("judge-validate: set model", "the judge")),
+    Case("judge-validate: input missing", "judge-validate",
+         lambda ws: [f"input={ws.root / 'ladders.jsonl'}", f"output_dir={ws.out()}", f"model={ws.policy}"],
+         "FileNotFoundError", ("input", "ladders.jsonl", "does not exist")),
+]
+
+
+def _other_settings(ws: Workspace) -> list:
+    """Shard 0 of 2 sampled with n=2; shard 1 started with n=3 into the same directory is refused."""
+    prompts = ws.file("prompts.jsonl", [prompt(f"p{i}") for i in range(4)])
+    args = [f"prompts={prompts}", f"output_dir={ws.out()}", *_cpu_sampler(ws.policy), "num_shards=2"]
+    rc, _, err = run_main(["sample", *args, "shard_index=0"])
+    assert rc == 0, err
+    return [*args, "shard_index=1", "n=3"]
+
+
+def _write(path: Path, text: str) -> Path:
+    path.write_text(text)
+    return path
+
+
+def _pairs_dir(ws: Workspace) -> Path:
+    """A finished pairs output: pairs.jsonl and skipped.jsonl side by side."""
+    out = ws.root / "pairs"
+    jsonl(out / "pairs.jsonl", [pair("a")])
+    jsonl(out / "skipped.jsonl", [{"id": "b", "reason": "no pair"}])
+    (out / "_COMPLETE.json").write_text(json.dumps({"stage": "pairs"}))
+    return out
+
+
+def run_main(args: list) -> tuple[int, str, str]:
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        rc = main([str(a) for a in args])
+    return rc, out.getvalue(), err.getvalue()
+
+
+@pytest.mark.parametrize("case", CASES, ids=[c.name for c in CASES])
+def test_bad_input(case: Case, models, tmp_path, monkeypatch):
+    import torch
+
+    monkeypatch.delenv("ALIGN_TRACEBACK", raising=False)
+    for var in ("SLURM_ARRAY_TASK_ID", "SLURM_ARRAY_TASK_COUNT", "RANK", "WORLD_SIZE"):
+        monkeypatch.delenv(var, raising=False)
+    monkeypatch.chdir(tmp_path)
+    ws = Workspace(root=tmp_path, **models)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        rc, out, err = run_main([case.stage, *case.make(ws)])
+    finally:
+        torch.set_num_threads(threads)
+    if case.error is None:
+        assert rc == 0, err
+        case.check(ws, out, err)
+        return
+    assert rc == 2, f"exit {rc}\nstdout: {out[-2000:]}\nstderr: {err[-2000:]}"
+    lines = [line for line in err.splitlines() if line.startswith(f"align {case.stage}: ")]
+    assert len(lines) == 1, err
+    message = lines[0][len(f"align {case.stage}: "):]
+    assert message.startswith(f"{case.error}: "), message
+    for needle in case.needles:
+        assert needle.format(root=tmp_path) in message, f"{needle!r} not in {message!r}"
+
+
+def test_corpus_size_and_doc_table():
+    """At least 40 entries, and docs/bad-inputs.md has a row for each."""
+    assert len(CASES) >= 40
+    assert len({c.name for c in CASES}) == len(CASES)
+    doc = (Path(__file__).resolve().parents[1] / "docs" / "bad-inputs.md").read_text()
+    missing = [c.name for c in CASES if f"| {c.name} |" not in doc]
+    assert not missing, missing
+
+
+def test_nested_override_keeps_the_field_default():
+    """`sampler.device=cpu` on evaluate keeps its sampler's transformers backend (not a fresh
+    SamplerConfig's vllm): one nested key changes one key."""
+    from align.config import load_config
+    from align.stages.evaluate import Config
+
+    config = load_config(Config, None, ["sampler.device=cpu", "prompts=p.jsonl"])
+    assert (config.sampler.backend, config.sampler.device) == ("transformers", "cpu")
+
+
+def test_torn_last_line_is_tolerated_in_job_shards_only(tmp_path):
+    """A job shard's half-written last line is skipped (the job redoes it); in an input file
+    the same line is an error naming file:line; a last line that parses is read either way."""
+    from align.io import read_records
+
+    torn = json.dumps(prompt("a")) + "\n" + TORN
+    shard = tmp_path / "job" / "shard-00000-of-00001.jsonl"
+    shard.parent.mkdir()
+    shard.write_text(torn)
+    assert [r["id"] for r in read_records(shard.parent)] == ["a"]
+    assert [r["id"] for r in read_records(shard)] == ["a"]
+    (tmp_path / "input.jsonl").write_text(torn)
+    with pytest.raises(ValueError, match=r"input\.jsonl:2: truncated last line"):
+        read_records(tmp_path / "input.jsonl")
+    (tmp_path / "no_newline.jsonl").write_text(json.dumps(prompt("a")) + "\n" + json.dumps(prompt("b")))
+    assert [r["id"] for r in read_records(tmp_path / "no_newline.jsonl")] == ["a", "b"]
