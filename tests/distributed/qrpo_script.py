@@ -31,8 +31,13 @@ CHAT_DATE = "2025-01-01"
 MAX_LENGTH = 128
 
 
-def config_for(mode: str, model: str, out: Path):
-    """The same QRPO setup in every mode; only the device/backend switches differ."""
+def config_for(mode: str, model: str, out: Path, max_steps: int = 3, save_steps: int | None = None,
+               resume: bool = False, lora: bool = False):
+    """The same QRPO setup in every mode; only the device/backend switches differ.
+
+    ``save_steps``: checkpoint every that many steps (else none); ``resume``: start from the
+    last checkpoint in ``OUT/model``; ``lora``: train a LoRA adapter (r=4) instead of all weights.
+    """
     from align.trainers.preference_config import PreferenceConfig
 
     world = int(os.environ.get("WORLD_SIZE", "1"))
@@ -53,11 +58,14 @@ def config_for(mode: str, model: str, out: Path):
         seed=0,
         per_device_train_batch_size=PER_DEVICE_PAIRS,
         gradient_accumulation_steps=GLOBAL_PAIRS // (PER_DEVICE_PAIRS * world),
-        max_steps=3,
+        max_steps=max_steps,
         learning_rate=1e-3,
         max_grad_norm=1.0,
         logging_steps=1,
-        save_strategy="no",
+        save_strategy="steps" if save_steps else "no",
+        save_steps=save_steps or 500,
+        resume_from_checkpoint=True if resume else None,
+        **({"lora_r": 4, "lora_alpha": 8, "lora_dropout": 0.0} if lora else {}),
         disable_tqdm=True,
         max_length=MAX_LENGTH,
         chat_date=CHAT_DATE,
@@ -71,6 +79,11 @@ def main() -> None:
     parser.add_argument("--data", required=True)
     parser.add_argument("--out", required=True, type=Path)
     parser.add_argument("--mode", required=True, choices=["single", "ddp", "deepspeed"])
+    parser.add_argument("--max-steps", type=int, default=3)
+    parser.add_argument("--save-steps", type=int, default=None)
+    parser.add_argument("--resume", action="store_true", help="resume from the last checkpoint in OUT/model")
+    parser.add_argument("--lora", action="store_true")
+    parser.add_argument("--no-gen-eval", action="store_true", help="leave the generation callback out")
     cli = parser.parse_args()
 
     from transformers import AutoTokenizer
@@ -85,7 +98,8 @@ def main() -> None:
     tokenizer = AutoTokenizer.from_pretrained(cli.model)
     callback = GenerationEvalCallback(prompts, VerifiableReward(), tokenizer, eval_steps=2, date=CHAT_DATE,
                                       max_tokens=8, batch_size=4)
-    trainer = train(config_for(cli.mode, cli.model, cli.out), rows, tokenizer=tokenizer, callbacks=[callback])
+    config = config_for(cli.mode, cli.model, cli.out, cli.max_steps, cli.save_steps, cli.resume, cli.lora)
+    trainer = train(config, rows, tokenizer=tokenizer, callbacks=None if cli.no_gen_eval else [callback])
     facts = rank_facts(trainer)
     facts["gradient_accumulation_steps"] = trainer.args.gradient_accumulation_steps
     facts["gen_eval"] = callback.history

@@ -46,8 +46,13 @@ def sft_rows(n: int = 40) -> list[dict]:
     return rows
 
 
-def config_for(mode: str, model: str, out: Path, prompt_loss_weight: float):
-    """The same training setup in every mode; only the device/backend switches differ."""
+def config_for(mode: str, model: str, out: Path, prompt_loss_weight: float, max_steps: int = 3,
+               save_steps: int | None = None, resume: bool = False):
+    """The same training setup in every mode; only the device/backend switches differ.
+
+    ``save_steps``: checkpoint every that many steps (else none); ``resume``: start from the
+    last checkpoint in ``OUT/model``.
+    """
     from align.trainers.sft_config import SFTConfig
 
     switches = {
@@ -64,14 +69,16 @@ def config_for(mode: str, model: str, out: Path, prompt_loss_weight: float):
         seed=0,
         per_device_train_batch_size=PER_DEVICE_BATCH,
         global_batch_size=GLOBAL_BATCH,
-        max_steps=3,
+        max_steps=max_steps,
         learning_rate=1e-3,
         optimizer="ademamix",
         ademamix_beta3=0.99,
         lr_scheduler_type="linear",
         max_grad_norm=1.0,
         logging_steps=1,
-        save_strategy="no",
+        save_strategy="steps" if save_steps else "no",
+        save_steps=save_steps or 500,
+        resume_from_checkpoint=True if resume else None,
         chat_date="2025-01-01",
         max_length=256,
         prompt_loss_weight=prompt_loss_weight,
@@ -86,11 +93,15 @@ def main() -> None:
     parser.add_argument("--out", required=True, type=Path)
     parser.add_argument("--mode", required=True, choices=["single", "ddp", "deepspeed"])
     parser.add_argument("--prompt-loss-weight", type=float, default=0.0)
+    parser.add_argument("--max-steps", type=int, default=3)
+    parser.add_argument("--save-steps", type=int, default=None)
+    parser.add_argument("--resume", action="store_true", help="resume from the last checkpoint in OUT/model")
     cli = parser.parse_args()
 
     from align.trainers.sft_trainer import train_sft
 
-    config = config_for(cli.mode, cli.model, cli.out, cli.prompt_loss_weight)
+    config = config_for(cli.mode, cli.model, cli.out, cli.prompt_loss_weight, cli.max_steps, cli.save_steps,
+                        cli.resume)
     trainer = train_sft(config, sft_rows())
     facts = rank_facts(trainer)
     facts["gradient_accumulation_steps"] = trainer.args.gradient_accumulation_steps
