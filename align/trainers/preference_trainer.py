@@ -296,7 +296,9 @@ class PreferenceTrainer(Trainer):
             processing_class = AutoTokenizer.from_pretrained(unwrap_model(model).name_or_path)
         if peft_config is not None:
             from peft import get_peft_model
+            from transformers import set_seed
 
+            set_seed(args.seed)  # the adapter's random init (LoRA A) follows the seed: a resumed run, or a rerun, matches
             model = get_peft_model(model, peft_config)
         if is_peft_model(model) and args.gradient_checkpointing:
             model.enable_input_require_grads()

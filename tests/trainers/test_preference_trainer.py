@@ -234,6 +234,20 @@ def test_lora_trainable_weights_moved_frozen_ones_did_not(base, data, tiny_token
             assert torch.equal(param, before[name]), f"frozen {name} changed"
 
 
+def test_lora_adapter_init_follows_the_seed_not_the_global_rng_state(base, data, tiny_tokenizer, tmp_path):
+    """Else a LoRA run resumed from a checkpoint (or rerun) cannot match an uninterrupted one."""
+    from align.trainers.preference_trainer import lora_config
+
+    cfg = config(tmp_path, lora_r=4)
+    inits = []
+    for draws in (1, 2):
+        torch.manual_seed(draws)  # the global RNG in another state each time
+        trainer = PreferenceTrainer(copy.deepcopy(base), cfg, train_dataset=data[:4], processing_class=tiny_tokenizer,
+                                    peft_config=lora_config(cfg))
+        inits.append({n: p.detach().clone() for n, p in trainer.model.named_parameters() if "lora_A" in n})
+    assert inits[0] and all(torch.equal(inits[0][n], inits[1][n]) for n in inits[0])
+
+
 def test_full_finetune_moves_every_weight(base, data, tiny_tokenizer, tmp_path):
     model = copy.deepcopy(base)
     PreferenceTrainer(model, config(tmp_path), train_dataset=data, processing_class=tiny_tokenizer).train()
