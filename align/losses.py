@@ -1,6 +1,6 @@
 """Preference losses as pure tensor functions: QRPO and DPO, plain and length-normalised.
 
-Source: the Apertus report §3.4 / Appendix E.4 (SPEC §8), QRPO (Matrenok et al., 2025,
+Source: the Apertus report §3.4 / Appendix E.4 (docs/method.md, QRPO), QRPO (Matrenok et al., 2025,
 arXiv:2507.08068), DPO (Rafailov et al., 2023, arXiv:2305.18290).
 
 All log-probabilities are *sums* over completion tokens, one value per sample (shape
@@ -42,7 +42,7 @@ class LossType(str, enum.Enum):
 
     @property
     def uses_quantile_rewards(self) -> bool:
-        """QRPO regresses on R_q (SPEC §6); DPO only needs the order of the pair."""
+        """QRPO regresses on R_q (docs/method.md, Quantile rewards); DPO only needs the order of the pair."""
         return self is LossType.QRPO
 
     @property
@@ -67,7 +67,7 @@ def _as_vector(
 
 
 def _check_lengths(lengths: Tensor, name: str) -> None:
-    """|y| ≤ 0 gives β/|y| = ∞ and a NaN loss (DEMO-NOTES): refuse it, naming the sample."""
+    """|y| ≤ 0 gives β/|y| = ∞ and a NaN loss (docs/method.md, What the trainer computes): refuse it, naming the sample."""
     bad = torch.nonzero(~(lengths > 0)).flatten()
     if bad.numel():
         i = int(bad[0])
@@ -99,7 +99,7 @@ def _log1mexp(u: Tensor) -> Tensor:
 
 
 def qrpo_log_z(beta_i: Tensor) -> Tensor:
-    """log Z for Z = β(exp(1/β) − 1) (SPEC §8), in log space so it never overflows.
+    """log Z for Z = β(exp(1/β) − 1) (docs/method.md, log Z in log space), in log space so it never overflows.
 
     log Z = log β + log(exp(u) − 1) with u = 1/β and log(exp(u) − 1) = u + log(1 − exp(−u)).
     Finite for any β > 0 (u = 800 at β/|y| = 5/4000, where exp(u) overflows float64).
@@ -112,12 +112,12 @@ def qrpo_log_z(beta_i: Tensor) -> Tensor:
 
 
 def qrpo_beta_log_z(beta_i: Tensor) -> Tensor:
-    """β·log Z, the offset in the QRPO target; tends to 1 + β·log β as β → 0 (DEMO-NOTES)."""
+    """β·log Z, the offset in the QRPO target; tends to 1 + β·log β as β → 0 (docs/method.md, log Z in log space)."""
     return beta_i * qrpo_log_z(beta_i)
 
 
 def _check_quantiles(rewards: Tensor) -> None:
-    """R_q lies in [0, 1] (SPEC §6); anything else is most likely a raw reward passed by mistake."""
+    """R_q lies in [0, 1] (docs/method.md, Quantile rewards); anything else is most likely a raw reward passed by mistake."""
     bad = torch.nonzero(~((rewards >= 0) & (rewards <= 1))).flatten()
     if bad.numel():
         i = int(bad[0])
@@ -163,7 +163,7 @@ def qrpo_terms(
     beta_clamp: float | None = None,
     normalize_loss_by_length: bool = False,
 ) -> QRPOTerms:
-    """All QRPO quantities for a batch (SPEC §8); ``qrpo_loss`` returns their ``losses``.
+    """All QRPO quantities for a batch (docs/method.md, QRPO); ``qrpo_loss`` returns their ``losses``.
 
     With ``length_normalize`` (the Apertus method) β_i = β/|y_i| in every term, log Z
     included; ``beta_clamp`` caps β_i (0.1 reproduces the published runs). With
@@ -208,7 +208,7 @@ def qrpo_loss(
     beta_clamp: float | None = None,
     normalize_loss_by_length: bool = False,
 ) -> Tensor:
-    """Per-sample QRPO loss (R_q − β_i·log Z_i − β_i·logratio)², shape ``(B,)`` (SPEC §8).
+    """Per-sample QRPO loss (R_q − β_i·log Z_i − β_i·logratio)², shape ``(B,)`` (docs/method.md, QRPO).
 
     Arguments as in ``qrpo_terms``. A zero or negative length is a ValueError naming the
     sample index, never a NaN.
@@ -236,7 +236,7 @@ def dpo_loss(
     rejected_lengths: Tensor | Sequence[int] | None = None,
     length_normalize: bool = False,
 ) -> Tensor:
-    """Per-sample DPO loss −log σ(β·(logratio_c − logratio_r)), shape ``(B,)`` (SPEC §8).
+    """Per-sample DPO loss −log σ(β·(logratio_c − logratio_r)), shape ``(B,)`` (docs/method.md, DPO and length-normalised DPO).
 
     With ``length_normalize`` each log-ratio is divided by its completion length first
     (−log σ(β·(logratio_c/|y_c| − logratio_r/|y_r|)), the variant the report found better).

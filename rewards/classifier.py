@@ -1,4 +1,4 @@
-"""Controversy classifier (SPEC §5, report §E.4.4): does the answer depend on one's values?
+"""Controversy classifier (docs/method.md, Controversy classifier; report §E.4.4): does the answer depend on one's values?
 
 An LLM reads a system prompt (the classification instructions) and the sample's system
 prompt + first user turn, and answers with JSON

@@ -2,14 +2,14 @@
 
 A comparison asks the judge "A or B?" twice, with the two completions in both positions,
 and averages P(first is better) over the two orders; this cancels the judge's position
-bias (SPEC §5). P(first is better) in one order is P("A") / (P("A") + P("B")) at the
+bias (docs/method.md, "Constitutional judge, pairwise"). P(first is better) in one order is P("A") / (P("A") + P("B")) at the
 first answer position (a label outside the backend's top-k counts as probability 0).
 
 The sort is odd–even transposition: in each phase the disjoint neighbour pairs (0,1),
 (2,3), ... or (1,2), (3,4), ... are compared and swapped when the second is better.
 `k` phases sort any `k` items under a consistent comparison, and the worst case needs
 all `k` (5 phases for 5 items; checked exhaustively in the tests), so the default limit
-is `k` phases, not the "4 passes for 5" of SPEC §5. The sort stops early once two
+is `k` phases, not the "4 passes for 5" of an earlier specification. The sort stops early once two
 consecutive phases swap nothing (every neighbour pair is then in order). Comparisons are
 remembered, so a pair is never asked twice; all pending comparisons of a phase, over
 every prompt in the batch, go to the judge in one call.

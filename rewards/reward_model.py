@@ -1,6 +1,6 @@
 """Sequence-classifier reward models (Skywork-Reward-V2 and any one-label classifier).
 
-SPEC §5: render `[user, assistant]` with the reward model's *own* chat template, strip a
+docs/method.md, Reward model: render `[user, assistant]` with the reward model's *own* chat template, strip a
 leading BOS the template wrote (the tokenizer adds its own), score = raw `logits[0][0]`
 (no softmax), at most 16,384 tokens, no system prompt.
 
@@ -49,7 +49,7 @@ class RewardModelConfig:
     model_name_or_path: hub id or local dir of a one-label AutoModelForSequenceClassification.
     batch_size:   sequences per forward pass (default 8).
     max_length:   token budget per rendered conversation; longer ones are truncated on the
-                  right and flagged (default 16,384, the Skywork-Reward-V2 limit, SPEC §5).
+                  right and flagged (default 16,384, the Skywork-Reward-V2 limit).
     device:       "cuda", "cpu", ...; None picks cuda when available.
     dtype:        "bfloat16", "float32", ...; None means bf16 on GPU, fp32 on CPU.
     sort_by_length: batch inputs of similar length together (default True; False keeps
@@ -135,7 +135,7 @@ def check_padding(tokenizer: Any, model: Any, name: str) -> int:
 
 
 class RewardModel(RewardProvider):
-    """Score completions with a one-label sequence classifier (raw logit, SPEC §5)."""
+    """Score completions with a one-label sequence classifier (raw logit; docs/method.md, Reward model)."""
 
     name = "reward_model"
 

@@ -1,6 +1,6 @@
 """Text helpers shared by the providers: plain message text, transcripts, BOS-safe encoding.
 
-Records may hold structured message content (the Apertus shapes of SPEC §2: system
+Records may hold structured message content (the Apertus shapes of docs/method.md, The Apertus chat format; system
 `{"text"}`, user `{"parts": [...]}`, assistant `{"blocks": [...]}`). Reward models and
 judges read plain text, so structured content is flattened here: the text parts of a
 user turn, and the `response` blocks of an assistant turn (its thoughts and tool calls are
@@ -44,7 +44,7 @@ def plain_messages(conversation: Conversation, *, drop_system: bool = True) -> l
     """Messages as {"role", "content": str}; system turns dropped unless asked to keep them.
 
     Providers drop the system prompt because offline completions were produced under
-    different system prompts (SPEC §4), and the reward must rate the answer to the user,
+    different system prompts (docs/method.md, Reference completions), and the reward must rate the answer to the user,
     not whichever instruction the generator happened to receive.
     """
     out = []

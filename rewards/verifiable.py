@@ -1,6 +1,6 @@
 """Verifiable reward: 1.0 when the completion's final answer matches the reference, else 0.0.
 
-The cheap provider that lets the whole pipeline run without a GPU (SPEC §5), and the
+The cheap provider that lets the whole pipeline run without a GPU (docs/method.md, Verifiable reward), and the
 right one for math and short-answer prompts. The answer is taken from the completion as
 the last `\\boxed{...}` if there is one, else a final "answer: ..." / "answer is ..."
 line, else the whole completion when it is short (a bare answer). Both sides are then

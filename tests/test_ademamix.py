@@ -1,4 +1,4 @@
-"""AdEMAMix against a float64 implementation of the SPEC §9 formulas written here."""
+"""AdEMAMix against a float64 implementation of the formulas in docs/method.md, AdEMAMix, written here."""
 
 from __future__ import annotations
 
@@ -29,7 +29,7 @@ def spec_beta3(t, beta1, beta3, t_beta3):
 
 
 def spec_run(theta, grads, *, lr, betas, alpha, t_alpha, t_beta3, eps, weight_decay):
-    """SPEC §9 step by step on plain float64 tensors, no in-place tricks."""
+    """docs/method.md, AdEMAMix, step by step on plain float64 tensors, no in-place tricks."""
     beta1, beta2, beta3 = betas
     m1 = m2 = nu = torch.zeros_like(theta)
     for t, g in enumerate(grads, start=1):

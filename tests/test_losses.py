@@ -1,4 +1,4 @@
-"""QRPO and DPO losses against the SPEC §8 formulas, computed independently in the test."""
+"""QRPO and DPO losses against the formulas of docs/method.md (QRPO; DPO and length-normalised DPO), computed independently in the test."""
 
 from __future__ import annotations
 
@@ -128,7 +128,7 @@ def test_qrpo_u_800_stays_finite_and_exact(dtype, rel):
 
 
 def test_small_beta_target_tends_to_one_plus_beta_log_beta():
-    """DEMO-NOTES: for small b, b·log Z → 1 + b·log b (so the targets grow as b shrinks)."""
+    """docs/method.md, log Z in log space: for small b, b·log Z → 1 + b·log b (so the targets grow as b shrinks)."""
     b = torch.tensor([1e-4, 1e-3], dtype=torch.float64)
     torch.testing.assert_close(qrpo_beta_log_z(b), 1 + b * torch.log(b), rtol=1e-12, atol=1e-15)
 

@@ -1,4 +1,4 @@
-"""Quantile rewards (SPEC §6) and pair selection (SPEC §7)."""
+"""Quantile rewards and pair selection (docs/method.md, Quantile rewards and Pair selection)."""
 
 from __future__ import annotations
 
@@ -82,7 +82,7 @@ def test_buckets_high_and_low():
 
 
 def test_binary_rewards_nine_of_ten_correct_rejects_the_wrong_one():
-    """DEMO-NOTES: an interpolated 20th percentile of [0, 1×9] is 1, which would admit a
+    """docs/method.md, Pair selection: an interpolated 20th percentile of [0, 1×9] is 1, which would admit a
     correct answer as rejected; on R_q the wrong answer has 1/10 and is the only low one."""
     rewards = [1.0] * 9 + [0.0]
     rewards = rewards[4:] + rewards[:4]  # wrong answer at index 5

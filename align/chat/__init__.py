@@ -13,7 +13,7 @@ Public API::
     format_tool_calls(calls, format="apertus") -> str   # the inverse of parse_tool_calls
     FORMATS: name -> ChatFormat (bos, eos, turn_end, special tokens, ...)
 
-Formats: ``apertus`` (SPEC §2; see ``align.chat.apertus`` for every rendering choice),
+Formats: ``apertus`` (docs/method.md, The Apertus chat format; see ``align.chat.apertus`` for every rendering choice),
 ``llama3`` (Lucie-7B style) and ``chatml``; the last two have no tool or thought markup
 and raise when given tools, tool messages or thoughts.
 """

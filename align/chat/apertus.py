@@ -1,4 +1,4 @@
-"""The Apertus chat format (SPEC §2), rendered as labelled segments.
+"""The Apertus chat format (docs/method.md, The Apertus chat format), rendered as labelled segments.
 
 Layout (one line; the only newlines are inside the developer block and the texts)::
 

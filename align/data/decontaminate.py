@@ -1,6 +1,6 @@
 """Remove training prompts that copy or closely paraphrase benchmark prompts.
 
-Method (Apertus report §E.1.2, SPEC §10): every training prompt is checked against every
+Method (Apertus report §E.1.2; docs/method.md, Decontamination): every training prompt is checked against every
 benchmark prompt that shares a token 8-gram with it; the pair is aligned with
 ``difflib.SequenceMatcher`` (Ratcliff–Obershelp, autojunk off), blocks shorter than 5
 tokens are dropped, and the prompt is contaminated when the summed block length exceeds

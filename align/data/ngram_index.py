@@ -1,6 +1,6 @@
 """Token n-gram index and Ratcliff–Obershelp overlap for benchmark decontamination.
 
-The rule (Apertus report §E.1.2, SPEC §10): a training prompt is compared with a
+The rule (Apertus report §E.1.2; docs/method.md, Decontamination): a training prompt is compared with a
 benchmark prompt only if they share a token n-gram (n = 8); the two token sequences are
 then aligned with ``difflib.SequenceMatcher`` (autojunk off), matching blocks shorter than
 ``min_block`` tokens are dropped, and the pair is contaminated when the summed length of

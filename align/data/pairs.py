@@ -1,6 +1,6 @@
-"""Chosen/rejected selection per prompt from quantile rewards (SPEC §7, report L1339).
+"""Chosen/rejected selection per prompt from quantile rewards (docs/method.md, Pair selection; report L1339).
 
-Buckets by R_q against the n reference rewards (SPEC §6, ties count for the candidate):
+Buckets by R_q against the n reference rewards (docs/method.md, Quantile rewards; ties count for the candidate):
 
 - high:   R_q = 1, the reward is ≥ every reference reward;
 - low:    R_q ≤ max(low_threshold, 1/n), "below the 20th percentile"; the 1/n floor keeps
@@ -109,7 +109,7 @@ def select_pair(
     seed: int | str | None = None,
     low_threshold: float = 0.2,
 ) -> Pair | Skip:
-    """Pick chosen and rejected completions of one prompt by SPEC §7 (see module docstring).
+    """Pick chosen and rejected completions of one prompt by docs/method.md, Pair selection (see module docstring).
 
     ``rewards``/``quantiles``: one per completion, None for a completion that could not be
     scored (it is not a candidate). ``n_ref``: how many reference rewards the quantiles

@@ -1,4 +1,4 @@
-"""Quantile rewards: a reward's rank among one prompt's reference rewards (SPEC §6).
+"""Quantile rewards: a reward's rank among one prompt's reference rewards (docs/method.md, Quantile rewards).
 
 R_q(x, y) = (1/n)·#{j : R(x, y_j) ≤ R(x, y)} over the n reference rewards (report L1389,
 QRPO's empirical CDF). Ties count for the candidate, so a reference completion scored
@@ -26,7 +26,7 @@ def _as_reward(value: object, field: str) -> float:
     except (TypeError, ValueError) as error:
         raise ValueError(f"{field} must be a number, got {value!r}") from error
     if math.isnan(reward):
-        raise ValueError(f"{field} is NaN (NaN rewards are an error, SPEC §6)")
+        raise ValueError(f"{field} is NaN (NaN rewards are an error)")
     return reward
 
 

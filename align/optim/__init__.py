@@ -6,7 +6,7 @@ Recipe keys (all optional but ``lr``)::
     ademamix: lr, beta1=0.9, beta2=0.999, beta3=0.9999, alpha=8.0,
               t_alpha=total_steps, t_beta3=total_steps, eps=1e-8, weight_decay=0.0
 
-Apertus (report §E.3/§E.4, SPEC §3, §8): ``ademamix`` with beta3=0.99, alpha=8 and both
+Apertus (report §E.3/§E.4; docs/method.md, AdEMAMix): ``ademamix`` with beta3=0.99, alpha=8 and both
 warmups over all training steps, which is what ``t_alpha``/``t_beta3`` default to when
 ``total_steps`` is given; pass 0 to turn a warmup off. A key the chosen optimizer does not
 use is an error, never silently ignored.

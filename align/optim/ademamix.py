@@ -1,7 +1,7 @@
 """AdEMAMix (Pagliardini et al., 2025, arXiv:2409.03137): Adam plus a slow EMA of gradients.
 
 Apertus trains SFT and QRPO with it (report §E.3, §E.4: β3 = 0.99, α = 8, T_α = T_β3 =
-total steps). Update rule, exactly SPEC §9, at step t = 1, 2, ...::
+total steps). Update rule, exactly as in docs/method.md, AdEMAMix, at step t = 1, 2, ...::
 
     m1 ← β1·m1 + (1−β1)·g          (fast EMA, bias-corrected)
     m2 ← β3(t)·m2 + (1−β3(t))·g    (slow EMA, not bias-corrected)
@@ -22,14 +22,14 @@ __all__ = ["AdEMAMix", "alpha_schedule", "beta3_schedule"]
 
 
 def alpha_schedule(step: int, alpha: float, t_alpha: int | None) -> float:
-    """α(t) = min(t·α/T_α, α): a linear warmup, since a large α early on diverges (SPEC §9)."""
+    """α(t) = min(t·α/T_α, α): a linear warmup, since a large α early on diverges (docs/method.md, AdEMAMix)."""
     if not t_alpha:
         return alpha
     return min(step * alpha / t_alpha, alpha)
 
 
 def beta3_schedule(step: int, beta1: float, beta3: float, t_beta3: int | None) -> float:
-    """β3(t) = min(exp(ln β1·ln β3 / ((1−t/T)·ln β3 + (t/T)·ln β1)), β3) (SPEC §9).
+    """β3(t) = min(exp(ln β1·ln β3 / ((1−t/T)·ln β3 + (t/T)·ln β1)), β3) (docs/method.md, AdEMAMix).
 
     Starts at β1 and grows so that the slow EMA's half-life rises linearly in t; t is
     capped at T, where the formula reaches β3 exactly.
@@ -74,7 +74,7 @@ def _check_hyperparameters(
 
 
 class AdEMAMix(torch.optim.Optimizer):
-    """AdEMAMix with the α and β3 warmups and decoupled weight decay (SPEC §9).
+    """AdEMAMix with the α and β3 warmups and decoupled weight decay (docs/method.md, AdEMAMix).
 
     Args:
         lr: learning rate η.
@@ -139,7 +139,7 @@ class AdEMAMix(torch.optim.Optimizer):
             raise ValueError(f"{where} is complex; AdEMAMix supports real parameters only")
 
     def _update(self, param: Tensor, group: dict[str, Any]) -> None:
-        """Apply SPEC §9 to one parameter, advancing its step count."""
+        """Apply the update rule (docs/method.md, AdEMAMix) to one parameter, advancing its step count."""
         grad = param.grad
         state = self.state[param]
         if not state:

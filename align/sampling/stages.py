@@ -92,7 +92,7 @@ def sample_references(
     num_shards: int = 1,
     batch_size: int = 16,
 ) -> dict[str, int]:
-    """Sample ``n`` reference completions per prompt from the policy (SPEC §4).
+    """Sample ``n`` reference completions per prompt from the policy (docs/method.md, Reference completions).
 
     Completions get ``is_reference=True`` and a ``source`` naming the model and the
     sampling parameters. Returns counts over the output written so far (all shards).

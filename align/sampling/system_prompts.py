@@ -1,4 +1,4 @@
-"""System-prompt families for offline completions (SPEC §4; Apertus report §E.4.3).
+"""System-prompt families for offline completions (docs/method.md, Reference completions; Apertus report §E.4.3).
 
 Offline completions (from models other than the policy) get a system prompt that steers
 them towards one attribute, so the completion pool is diverse. The scheme follows the

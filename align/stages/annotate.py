@@ -1,6 +1,6 @@
 """Score completions (or classify prompts) with one reward provider, as a resumable job.
 
-Providers (SPEC §5):
+Providers (docs/method.md, Reward providers):
 - ``reward_model``: any one-label sequence classifier (Skywork-Reward-V2 family): the raw
   logit as the reward, the reward model's own chat template, length-sorted batches.
 - ``judge``: the constitutional LLM judge: pointwise 1-9 probability-weighted scores

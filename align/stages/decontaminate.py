@@ -1,4 +1,4 @@
-"""Remove training prompts that overlap benchmark prompts (SPEC §10, Apertus §E.1.2).
+"""Remove training prompts that overlap benchmark prompts (Apertus §E.1.2; docs/method.md, Decontamination).
 
 An 8-gram prefilter over an inverted index, then Ratcliff-Obershelp matching blocks of at
 least 5 tokens; a prompt is contaminated when its blocks cover more than half of a

@@ -1,4 +1,4 @@
-"""One offline pass of reference log-probs for the pairs (SPEC §8).
+"""One offline pass of reference log-probs for the pairs (docs/method.md, QRPO).
 
 For each pair row it adds ``ref_chosen_logps``, ``ref_rejected_logps`` (sums of
 completion-token log-probs under the reference policy) and ``chosen_length``,

@@ -1,4 +1,4 @@
-"""Quantile rewards against the n reference rewards, then chosen/rejected pairs (SPEC §6-7).
+"""Quantile rewards against the n reference rewards, then chosen/rejected pairs (docs/method.md, Quantile rewards and Pair selection).
 
 Reads annotated prompt records (``completions`` + ``rewards``) and writes
 ``pairs.jsonl`` (the columns the preference trainer reads) and ``skipped.jsonl`` (every
@@ -24,7 +24,10 @@ class Config:
     output_dir: str = field(default="runs/pairs", metadata={"help": "where pairs.jsonl and skipped.jsonl go"})
     seed: int = field(default=0, metadata={"help": "seed of the random choice inside each bucket"})
     low_threshold: float = field(
-        default=0.2, metadata={"help": "rejected pool: R_q <= max(low_threshold, 1/n) (SPEC §7)"}
+        default=0.2,
+        metadata={
+            "help": "rejected pool: R_q <= max(low_threshold, 1/n) (docs/method.md, Pair selection)"
+        },
     )
     num_ref_rewards: int | None = field(
         default=None,

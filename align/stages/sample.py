@@ -1,7 +1,7 @@
 """Sample completions per prompt: n references from the policy, or offline completions.
 
 ``mode: reference`` (default) draws ``n`` completions at T = 1 from the SFT policy
-(``is_reference=True``; SPEC §4). ``mode: offline`` draws from another model, steered by
+(``is_reference=True``; docs/method.md, Reference completions). ``mode: offline`` draws from another model, steered by
 the system-prompt families (truthful / helpful / honest, persona prompts for prompts
 flagged controversial). Output: prompt records with ``completions``, as append-only job
 shards that a killed run resumes; as a SLURM array, each task takes its shard
@@ -26,7 +26,9 @@ class Config:
     output_dir: str = field(default="runs/sample", metadata={"help": "job output directory (shards)"})
     sampler: SamplerConfig = field(default_factory=SamplerConfig, metadata={"help": "backend, model and engine settings"})
     mode: Literal["reference", "offline"] = field(default="reference", metadata={"help": "reference | offline"})
-    n: int = field(default=10, metadata={"help": "completions per prompt (SPEC §4: 10 references)"})
+    n: int = field(
+        default=10, metadata={"help": "completions per prompt (Apertus report E.4: 10 references)"}
+    )
     temperature: float = field(default=1.0, metadata={"help": "sampling temperature"})
     top_p: float = field(default=1.0, metadata={"help": "nucleus sampling"})
     max_tokens: int = field(default=4096, metadata={"help": "completion length budget"})

@@ -1,4 +1,4 @@
-"""Supervised fine-tuning on chat data, with loss masks from ``align.chat`` (SPEC §3).
+"""Supervised fine-tuning on chat data, with loss masks from ``align.chat`` (docs/method.md, Supervised fine-tuning).
 
 Reads conversation rows (``messages``, optional ``tools``) and trains on the assistant
 tokens only (or with ``prompt_loss_weight`` on the rest), on TRL's SFTTrainer. Saves the

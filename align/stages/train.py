@@ -1,4 +1,4 @@
-"""QRPO or DPO preference training (SPEC §8), reading reference log-probs from the data.
+"""QRPO or DPO preference training (docs/method.md, QRPO; DPO and length-normalised DPO), reading reference log-probs from the data.
 
 Reads pair rows with reference log-prob columns (``align logprobs`` output), so no
 reference model sits in memory (``reference=model`` or ``reference=adapter`` for runs

@@ -6,8 +6,9 @@ log-probs in both (the test "padding-free equals padded" pins this):
 * **padded** — one sequence per row, right-padded to the longest row, 2D attention mask;
 * **padding-free** — sequences concatenated into as few rows as possible, ``position_ids``
   restarting at 0 for each sequence, and an attention pattern that keeps them apart. Which
-  pattern depends on the attention implementation (ENVIRONMENT.md: ``position_ids`` alone
-  are NOT enough on ``sdpa``/``eager``; the second sequence then attends to the first):
+  pattern depends on the attention implementation (docs/environment.md, "Padding-free
+  batches: CPU against GPU": ``position_ids`` alone are NOT always enough on
+  ``sdpa``/``eager``; with a KV cache the second sequence attends to the first):
 
   - ``sdpa``: 4D block-diagonal causal mask ``(rows, 1, L, L)``, boolean (True = attend)
     or additive float;

@@ -21,7 +21,7 @@ def _bf16_available() -> bool:
 
 @dataclass
 class PreferenceConfig(TrainingArguments):
-    r"""Configuration of [`PreferenceTrainer`]: QRPO or DPO on pair rows (SPEC §8).
+    r"""Configuration of [`PreferenceTrainer`]: QRPO or DPO on pair rows (docs/method.md, QRPO; DPO and length-normalised DPO).
 
     Only the fields below are specific to preference training; every
     `transformers.TrainingArguments` field works as usual (batch size, accumulation,

@@ -17,7 +17,7 @@ Loss scaling is exact per-sample mean over the whole optimizer step: the trainer
 the samples of all accumulated micro-batches on all processes (``num_items_in_batch``)
 and every micro-batch contributes Σ losses / count. So per-device batch 8 × accumulation
 1 equals batch 1 × accumulation 8, and the last short accumulation window is right too.
-A QRPO sample is one completion (2 per pair, SPEC §7: trained on independently); a DPO
+A QRPO sample is one completion (2 per pair, Apertus report E.2: trained on independently); a DPO
 sample is one pair.
 """
 
@@ -100,7 +100,11 @@ def pair_quantiles(row: Mapping[str, Any], num_ref_rewards: int | None, index: i
             if not 0.0 <= q <= 1.0:
                 raise RecordError(rid, name, f"is {q}, outside [0, 1]")
             if n and abs(q * n - round(q * n)) > 1e-6:
-                raise RecordError(rid, name, f"is {q}, not a multiple of 1/n with n = {n} (SPEC §6)")
+                raise RecordError(
+                    rid,
+                    name,
+                    f"is {q}, not a multiple of 1/n with n = {n} (docs/method.md, Quantile rewards)",
+                )
             values.append(q)
         return values[0], values[1]
     if row.get("ref_rewards") is None or row.get("chosen_reward") is None or row.get("rejected_reward") is None:

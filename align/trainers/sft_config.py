@@ -2,7 +2,7 @@
 
 `SFTConfig` extends TRL's `SFTConfig` (itself a `transformers.TrainingArguments`), so every
 TRL and transformers field still works; the fields below are what align adds. The Apertus
-recipe values (report §E.1, SPEC §3) come from `apertus_sft_defaults` / `SFTConfig.apertus`.
+recipe values (report §E.1; docs/method.md, Supervised fine-tuning) come from `apertus_sft_defaults` / `SFTConfig.apertus`.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from align.optim import OPTIMIZERS
 
 __all__ = ["APERTUS_SFT_SIZES", "SFTConfig", "apertus_sft_defaults", "checkpointing_field"]
 
-# Per model size: (global batch in sequences, peak learning rate), report §E.1 / SPEC §3.
+# Per model size: (global batch in sequences, peak learning rate), report §E.1 / docs/method.md, Supervised fine-tuning.
 APERTUS_SFT_SIZES: dict[str, tuple[int, float]] = {"8b": (512, 5e-6), "70b": (1024, 2e-6)}
 
 

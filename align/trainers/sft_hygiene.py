@@ -1,4 +1,4 @@
-"""SFT data hygiene from the seeds (SPEC §3): strip ``\\boxed{}`` and drop other models' identities.
+"""SFT data hygiene from the seeds (docs/method.md, Supervised fine-tuning): strip ``\\boxed{}`` and drop other models' identities.
 
 * ``\\boxed{42}`` → ``42`` in assistant answers: the boxed style of math datasets is an
   evaluation artefact the chat model should not learn to emit.

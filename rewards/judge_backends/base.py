@@ -12,7 +12,7 @@ LabelLogprobs = dict[str, float]
 from the dict was not among the tokens the backend could see (outside the top-k)."""
 
 DEFAULT_CHAT_TEMPLATE_KWARGS: dict[str, Any] = {"enable_thinking": False}
-"""Thinking disabled (SPEC §5): Qwen3-style templates read `enable_thinking`; templates
+"""Thinking disabled (Apertus report E.4.2): Qwen3-style templates read `enable_thinking`; templates
 that do not know the variable ignore it."""
 
 

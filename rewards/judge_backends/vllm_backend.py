@@ -2,7 +2,7 @@
 
 `SamplingParams(max_tokens=1, temperature=0, logprobs=20)` returns the 20 most likely
 first answer tokens with their logprobs; the judge's score uses the scale labels among
-them (SPEC §5), a label's probability summed over every token id that spells it ("9",
+them (docs/method.md, "Constitutional judge, pointwise"), a label's probability summed over every token id that spells it ("9",
 " 9", "▁9"; see `label_token_ids`). With `enable_prefix_caching=True` vLLM keeps the
 charter's KV blocks and reuses them for every prompt that starts with it, so no prefix
 handling is needed here. A ready-made `llm` without prefix caching still works, but

@@ -1,6 +1,6 @@
 """One shared list of test conversations, each with its expected text and trained text.
 
-Every expected string is written out by hand from SPEC §2; ``trained`` lists the runs of
+Every expected string is written out by hand from docs/method.md, The Apertus chat format; ``trained`` lists the runs of
 consecutive trained tokens, decoded, in order.
 """
 

@@ -1,6 +1,6 @@
 """Launching the scripts of tests/distributed with 2 CPU processes, and reading what they saw.
 
-ENVIRONMENT.md, "DeepSpeed on CPU": real ZeRO-2/3 on CPU takes `DS_ACCELERATOR=cpu
+docs/environment.md, "DeepSpeed ZeRO-2/3 on CPU (2 processes, gloo)": real ZeRO-2/3 on CPU takes `DS_ACCELERATOR=cpu
 accelerate launch` with a DEEPSPEED config that has `use_cpu: true` and `num_processes: 2`,
 while the trainer config has `use_cpu=False`, `ddp_backend="gloo"` and `bf16=False`.
 Plain DDP on CPU takes `torchrun --nproc_per_node 2` (`accelerate launch` silently runs one

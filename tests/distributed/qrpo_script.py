@@ -5,7 +5,7 @@
         --mode deepspeed
 
 PAIRS.jsonl holds pair rows with their reference log-probs (from `align.logprobs`), so no
-reference model is in memory (SPEC §8). Every mode trains with 4 pairs per optimizer step
+reference model is in memory (docs/method.md, What the trainer computes). Every mode trains with 4 pairs per optimizer step
 (2 per device, accumulating to 4), so losses and weights must agree across modes. Each
 rank writes ``OUT/facts_rank{R}.json`` (see facts.py); the model is saved to ``OUT/model``.
 

@@ -58,7 +58,7 @@ def config_for(mode: str, model: str, out: Path, prompt_loss_weight: float, max_
     switches = {
         "single": {"use_cpu": True},
         "ddp": {"use_cpu": True, "ddp_backend": "gloo"},
-        # ENVIRONMENT.md: use_cpu=True would silently disable DeepSpeed.
+        # docs/environment.md, DeepSpeed ZeRO-2/3 on CPU: use_cpu=True would silently disable DeepSpeed.
         "deepspeed": {"use_cpu": False, "ddp_backend": "gloo"},
     }[mode]
     return SFTConfig(

@@ -30,7 +30,7 @@ def test_five_phases_sort_every_order_of_five_and_four_do_not():
         assert ranking.phases <= 5
         limited = odd_even_rank([list(range(5))], by_quality(quality)[0], max_phases=4)[0]
         four_phases_fail += [perm[i] for i in limited.order] != [4, 3, 2, 1, 0]
-    assert four_phases_fail > 0  # why the default limit is k phases, not SPEC's "4 passes"
+    assert four_phases_fail > 0  # why the default limit is k phases, not the "4 passes" of an earlier specification
 
 
 def test_no_pair_is_asked_twice_and_phases_are_batched_across_groups():

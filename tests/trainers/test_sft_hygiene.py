@@ -1,4 +1,4 @@
-"""SFT data hygiene: \\boxed{} stripping and the identity filter (SPEC §3)."""
+"""SFT data hygiene: \\boxed{} stripping and the identity filter (docs/method.md, Supervised fine-tuning)."""
 
 from __future__ import annotations
 
