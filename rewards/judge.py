@@ -1,4 +1,4 @@
-"""Constitutional LLM judge (docs/method.md, "Constitutional judge, pointwise" and "pairwise"; report L1468-1484).
+"""Constitutional LLM judge (docs/method.md, "Constitutional judge, pointwise" and "pairwise"; Apertus report, Appendix E.4).
 
 Pointwise: the prompt is the charter followed by an instruction to rate the
 QUESTION/RESPONSE pair on the scale (default 1–9, 9 best) and to answer with the number

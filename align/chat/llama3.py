@@ -1,4 +1,4 @@
-"""The Llama-3 header format as Lucie-7B-Instruct uses it (docs/method.md, The Apertus chat format; seed 002 L1316)::
+"""The Llama-3 header format as Lucie-7B-Instruct uses it (docs/method.md, The Apertus chat format; the Lucie-7B report)::
 
     <s><|start_header_id|>user<|end_header_id|>\\n\\n{text}\\n\\n<|eot_id|>
     <|start_header_id|>assistant<|end_header_id|>\\n\\n{text}\\n\\n<|eot_id|>

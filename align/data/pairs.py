@@ -1,4 +1,4 @@
-"""Chosen/rejected selection per prompt from quantile rewards (docs/method.md, Pair selection; report L1339).
+"""Chosen/rejected selection per prompt from quantile rewards (docs/method.md, Pair selection; Apertus report §3.4).
 
 Buckets by R_q against the n reference rewards (docs/method.md, Quantile rewards; ties count for the candidate):
 

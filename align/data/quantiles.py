@@ -1,6 +1,6 @@
 """Quantile rewards: a reward's rank among one prompt's reference rewards (docs/method.md, Quantile rewards).
 
-R_q(x, y) = (1/n)·#{j : R(x, y_j) ≤ R(x, y)} over the n reference rewards (report L1389,
+R_q(x, y) = (1/n)·#{j : R(x, y_j) ≤ R(x, y)} over the n reference rewards (Apertus report §3.4,
 QRPO's empirical CDF). Ties count for the candidate, so a reference completion scored
 against its own set gets at least 1/n, and every value is one of 0, 1/n, ..., 1: computed as
 ``count / n``, so k/n compares exactly equal to the same fraction computed elsewhere.

@@ -40,7 +40,7 @@ class PreferenceConfig(TrainingArguments):
         whole-sequence DPO β).
     length_normalize (`bool`, defaults to `True`):
         QRPO: β_i = β/|y_i| in every term, log Z included. DPO: each log-ratio divided by its
-        completion length. The report found it helps both (L1405).
+        completion length. The Apertus report found it helps both (§3.4).
     beta_clamp (`float` or `None`, defaults to `None`):
         Cap on β_i. The published QRPO code clamps at 0.1 ("otherwise grad norm is too
         high"); `None` follows the paper.

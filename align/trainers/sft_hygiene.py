@@ -1,10 +1,10 @@
-"""SFT data hygiene from the seeds (docs/method.md, Supervised fine-tuning): strip ``\\boxed{}`` and drop other models' identities.
+"""SFT data hygiene from the Apertus and Lucie-7B reports (docs/method.md, Supervised fine-tuning): strip ``\\boxed{}`` and drop other models' identities.
 
 * ``\\boxed{42}`` → ``42`` in assistant answers: the boxed style of math datasets is an
   evaluation artefact the chat model should not learn to emit.
 * Identity filter: a conversation whose assistant text names another model or its maker
   ("I am ChatGPT, made by OpenAI") would teach the model a wrong identity. Following the
-  Lucie-7B report (seed 002 §5.2.1), any assistant text containing one of the keywords
+  Lucie-7B report (§5.2.1), any assistant text containing one of the keywords
   drops the row; the dropped rows are returned with the reason, never silently lost.
 
 Only assistant text is touched: system/user/tool text is context, not a target.
