@@ -1,0 +1,75 @@
+"""The demo's training figure: a few panels that each answer a question, in words.
+
+Each panel holds one or more series of (step, value) points. Noisy per-step values are
+drawn faint, with an exponential moving average over them, so the trend reads at a glance
+and the noise stays visible.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+Points = Sequence[tuple[float, float]]
+MAX_PANELS = 6
+
+
+@dataclass
+class Panel:
+    """One subplot: a title in words, a y label, named series, an optional reference line."""
+
+    title: str
+    ylabel: str
+    series: dict[str, Points] = field(default_factory=dict)
+    hline: float | None = None
+    hline_label: str | None = None
+    smooth: bool = True
+
+
+def ema(values: Sequence[float], weight: float = 0.8) -> list[float]:
+    """Exponential moving average, bias-corrected so the first points are not pulled to 0."""
+    out, avg = [], 0.0
+    for i, value in enumerate(values, start=1):
+        avg = weight * avg + (1 - weight) * value
+        out.append(avg / (1 - weight**i))
+    return out
+
+
+def plot_panels(panels: Sequence[Panel], path: Path, *, title: str) -> Path:
+    """Draw up to six panels (two rows of three) into one PNG."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    panels = [p for p in panels if any(p.series.values())]
+    if len(panels) > MAX_PANELS:
+        raise ValueError(f"{len(panels)} panels: a figure a person reads holds at most {MAX_PANELS}")
+    cols = min(3, max(len(panels), 1))
+    rows = (len(panels) + cols - 1) // cols or 1
+    fig, axes = plt.subplots(rows, cols, figsize=(4.6 * cols, 3.4 * rows), squeeze=False)
+    for ax, panel in zip(axes.flat, panels):
+        for label, points in panel.series.items():
+            if not points:
+                continue
+            steps, values = zip(*points)
+            if panel.smooth and len(points) > 3:
+                raw = ax.plot(steps, values, alpha=0.25, linewidth=0.8)[0]
+                ax.plot(steps, ema(values), color=raw.get_color(), label=label)
+            else:
+                ax.plot(steps, values, marker="o", markersize=3, label=label)
+        if panel.hline is not None:
+            ax.axhline(panel.hline, color="gray", linestyle="--", linewidth=0.8, label=panel.hline_label)
+        ax.set_title(panel.title, fontsize=10)
+        ax.set_xlabel("optimizer step")
+        ax.set_ylabel(panel.ylabel)
+        if len(panel.series) > 1 or panel.hline_label:
+            ax.legend(fontsize=8)
+    for ax in list(axes.flat)[len(panels):]:
+        ax.axis("off")
+    fig.suptitle(title)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return path
