@@ -230,6 +230,24 @@ class Sampler(abc.ABC):
 
     backend: str = "?"
 
+    def _prepare(
+        self,
+        conversations: Sequence[Conversation],
+        n: int,
+        temperature: float,
+        top_p: float,
+        max_tokens: int,
+        seed: int | Sequence[int],
+        tools: Sequence[Sequence[Any] | None] | None,
+    ) -> tuple[list[list[int]], list[int], list[int]]:
+        """What every backend's ``sample`` starts with: checked arguments, then per conversation
+        the prompt ids (no doubled BOS), the token budget that fits the context, and the seed."""
+        check_sampling_args(n, temperature, top_p, max_tokens)
+        seeds = per_conversation_seeds(seed, len(conversations))
+        tools = list(tools) if tools is not None else [None] * len(conversations)
+        prompts = [self.encoder.prompt_ids(c, t) for c, t in zip(conversations, tools)]
+        return prompts, self._budgets(prompts, max_tokens), seeds
+
     def _budgets(self, prompts: Sequence[Sequence[int]], max_tokens: int) -> list[int]:
         """Per-prompt token budget: max_tokens, cut to what the context length leaves."""
         budgets = []

@@ -19,9 +19,7 @@ from align.sampling.base import (
     Conversation,
     PromptEncoder,
     Sampler,
-    check_sampling_args,
     derive_seed,
-    per_conversation_seeds,
     stream_seed,
 )
 
@@ -132,11 +130,7 @@ class TransformersSampler(Sampler):
         seed: int | Sequence[int] = 0,
         tools: Sequence[Sequence[Any] | None] | None = None,
     ) -> list[list[Completion]]:
-        check_sampling_args(n, temperature, top_p, max_tokens)
-        seeds = per_conversation_seeds(seed, len(conversations))
-        tools = list(tools) if tools is not None else [None] * len(conversations)
-        prompts = [self.encoder.prompt_ids(c, t) for c, t in zip(conversations, tools)]
-        budgets = self._budgets(prompts, max_tokens)
+        prompts, budgets, seeds = self._prepare(conversations, n, temperature, top_p, max_tokens, seed, tools)
         results: list[list[Completion]] = []
         for start in range(0, len(prompts), self.batch_size):
             stop = start + self.batch_size

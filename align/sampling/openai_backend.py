@@ -28,8 +28,6 @@ from align.sampling.base import (
     Conversation,
     PromptEncoder,
     Sampler,
-    check_sampling_args,
-    per_conversation_seeds,
     stream_seed,
 )
 
@@ -106,11 +104,7 @@ class OpenAISampler(Sampler):
         seed: int | Sequence[int] = 0,
         tools: Sequence[Sequence[Any] | None] | None = None,
     ) -> list[list[Completion]]:
-        check_sampling_args(n, temperature, top_p, max_tokens)
-        seeds = per_conversation_seeds(seed, len(conversations))
-        tools = list(tools) if tools is not None else [None] * len(conversations)
-        prompts = [self.encoder.prompt_ids(c, t) for c, t in zip(conversations, tools)]
-        budgets = self._budgets(prompts, max_tokens)
+        prompts, budgets, seeds = self._prepare(conversations, n, temperature, top_p, max_tokens, seed, tools)
         bodies = [
             {"model": self.model, "prompt": ids, "n": n, "temperature": temperature, "top_p": top_p,
              "max_tokens": budget, "seed": stream_seed(s, ids), "stop_token_ids": self.encoder.stop_ids,

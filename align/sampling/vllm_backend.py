@@ -18,8 +18,6 @@ from align.sampling.base import (
     Conversation,
     PromptEncoder,
     Sampler,
-    check_sampling_args,
-    per_conversation_seeds,
     stream_seed,
 )
 
@@ -105,11 +103,7 @@ class VLLMSampler(Sampler):
         from vllm import SamplingParams
         from vllm.inputs import TokensPrompt
 
-        check_sampling_args(n, temperature, top_p, max_tokens)
-        seeds = per_conversation_seeds(seed, len(conversations))
-        tools = list(tools) if tools is not None else [None] * len(conversations)
-        prompts = [self.encoder.prompt_ids(c, t) for c, t in zip(conversations, tools)]
-        budgets = self._budgets(prompts, max_tokens)
+        prompts, budgets, seeds = self._prepare(conversations, n, temperature, top_p, max_tokens, seed, tools)
         params = [
             SamplingParams(
                 n=n, temperature=temperature, top_p=top_p, max_tokens=budget,
