@@ -285,6 +285,7 @@ def run(config: Config) -> dict[str, Any]:
 
     with timer("pairs"):
         pairs, skips = make_pairs(annotated, seed=config.seed, n_ref=config.n)
+        pairs = _encodable(pairs, tokenizer, skips)
         write_jsonl(out / "pairs" / "pairs.jsonl", pairs)
         write_jsonl(out / "pairs" / "skipped.jsonl", skips)
         if not pairs:
@@ -390,6 +391,26 @@ def run(config: Config) -> dict[str, Any]:
     print(f"Report: {out / 'report.json'}, {out / 'evaluate' / 'report.md'}; plots: {out / 'training.png'}, "
           f"{out / 'evaluate'}/*.png")
     return report
+
+
+def _encodable(pairs: list[dict], tokenizer: Any, skips: list[dict]) -> list[dict]:
+    """Pairs whose completions the trainer can tokenize; the others become recorded skips.
+
+    A tiny model early in SFT sometimes samples the text of a format token (e.g.
+    ``<|system_end|>``), which cannot be trained on as a completion.
+    """
+    from align.data.records import RecordError
+    from align.logprobs import encode_record
+
+    kept = []
+    for pair in pairs:
+        try:
+            encode_record(tokenizer, pair, chat_format="apertus", max_length=128, chat_date=DATE)
+        except RecordError as error:
+            skips.append({"id": pair["id"], "reason": f"unencodable: {error}"})
+            continue
+        kept.append(pair)
+    return kept
 
 
 def _series(logs: list[dict], key: str) -> list[tuple[int, float]]:
