@@ -15,14 +15,11 @@ prompts are vLLM's extensions of the OpenAI API. Only the standard library is us
 from __future__ import annotations
 
 import datetime as _dt
-import json
-import time
-import urllib.error
-import urllib.request
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
+from align.io import request_json
 from align.sampling.base import (
     Completion,
     Conversation,
@@ -137,26 +134,5 @@ class OpenAISampler(Sampler):
 
     def _request(self, method: str, path: str, body: dict[str, Any] | None = None) -> dict[str, Any]:
         """One JSON request, retrying connection errors and 5xx answers."""
-        url = self.base_url + path
-        headers = {"Content-Type": "application/json"}
-        if self.api_key:
-            headers["Authorization"] = f"Bearer {self.api_key}"
-        data = json.dumps(body).encode() if body is not None else None
-        for attempt in range(self.max_retries + 1):
-            request = urllib.request.Request(url, data=data, headers=headers, method=method)
-            try:
-                with urllib.request.urlopen(request, timeout=self.timeout_s) as response:
-                    raw = response.read().decode(errors="replace")
-                try:
-                    return json.loads(raw)
-                except json.JSONDecodeError:
-                    raise RuntimeError(f"{url}: answer is not JSON: {raw[:200]!r}") from None
-            except urllib.error.HTTPError as error:
-                detail = error.read().decode(errors="replace")[:300]
-                if error.code < 500 or attempt == self.max_retries:
-                    raise RuntimeError(f"{url}: HTTP {error.code}: {detail}") from None
-            except (urllib.error.URLError, TimeoutError, ConnectionError) as error:
-                if attempt == self.max_retries:
-                    raise RuntimeError(f"{url}: request failed after {attempt + 1} tries: {error}") from None
-            time.sleep(0.5 * 2**attempt)
-        raise AssertionError("unreachable")
+        return request_json(self.base_url + path, body, method=method, api_key=self.api_key,
+                            timeout_s=self.timeout_s, max_retries=self.max_retries)

@@ -14,13 +14,10 @@ Only the standard library is used (urllib, json).
 
 from __future__ import annotations
 
-import json
-import time
-import urllib.error
-import urllib.request
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from align.io import request_json
 from rewards.judge_backends.base import JudgeBackend, LabelLogprobs, label_text, logsumexp
 
 
@@ -102,28 +99,8 @@ class OpenAIJudgeBackend(JudgeBackend):
 
     def _post(self, body: dict[str, Any]) -> dict[str, Any]:
         """POST JSON, retrying connection errors and 5xx answers with a short backoff."""
-        headers = {"Content-Type": "application/json"}
-        if self.api_key:
-            headers["Authorization"] = f"Bearer {self.api_key}"
-        data = json.dumps(body).encode()
-        for attempt in range(self.max_retries + 1):
-            request = urllib.request.Request(self.url, data=data, headers=headers, method="POST")
-            try:
-                with urllib.request.urlopen(request, timeout=self.timeout_s) as response:
-                    raw = response.read().decode(errors="replace")
-                try:
-                    return json.loads(raw)
-                except json.JSONDecodeError:
-                    raise RuntimeError(f"{self.url}: answer is not JSON: {raw[:200]!r}") from None
-            except urllib.error.HTTPError as error:
-                detail = error.read().decode(errors="replace")[:300]
-                if error.code < 500 or attempt == self.max_retries:
-                    raise RuntimeError(f"{self.url}: HTTP {error.code}: {detail}") from None
-            except (urllib.error.URLError, TimeoutError, ConnectionError) as error:
-                if attempt == self.max_retries:
-                    raise RuntimeError(f"{self.url}: request failed after {attempt + 1} tries: {error}") from None
-            time.sleep(0.5 * 2**attempt)
-        raise AssertionError("unreachable")
+        return request_json(self.url, body, api_key=self.api_key, timeout_s=self.timeout_s,
+                            max_retries=self.max_retries)
 
 
 def labels_from_top(top: Mapping[str, float], labels: Sequence[str]) -> LabelLogprobs:
