@@ -21,6 +21,10 @@ from align.chat.formats import ChatFormat, get_format
 from align.chat.render import render, render_segments
 from align.chat.segments import Segment
 
+# The label of a token off the loss mask: PyTorch's cross-entropy (and transformers' losses)
+# skip it. The one definition; the SFT labels, the collators and the log-prob kernels import it.
+IGNORE_INDEX = -100
+
 
 @dataclass
 class EncodedChat:

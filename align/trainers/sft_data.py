@@ -22,6 +22,7 @@ from typing import Any
 from datasets import Dataset
 
 from align.chat import encode
+from align.chat.encode import IGNORE_INDEX
 from align.data.records import RecordError, record_id
 from align.io import rows_to_dataset
 
@@ -35,7 +36,6 @@ __all__ = [
     "truncate_sft_dataset",
 ]
 
-IGNORE_INDEX = -100
 logger = logging.getLogger(__name__)
 
 
