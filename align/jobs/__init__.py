@@ -11,7 +11,7 @@ last line is dropped and redone, so the output equals an uninterrupted run's.
 
 from align.jobs.reader import is_complete, output_files, read_output
 from align.jobs.runner import JobResult, done_ids, run_job
-from align.jobs.sharding import shard_from_env, shard_of
+from align.jobs.sharding import resolve_shard, shard_from_env, shard_of
 from align.jobs.store import shard_name
 
 __all__ = [
@@ -20,6 +20,7 @@ __all__ = [
     "is_complete",
     "output_files",
     "read_output",
+    "resolve_shard",
     "run_job",
     "shard_from_env",
     "shard_name",

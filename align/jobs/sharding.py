@@ -60,3 +60,11 @@ def shard_from_env(env: Mapping[str, str] | None = None) -> tuple[int, int]:
         return 0, 1
     check_shard(index, count)
     return index, count
+
+
+def resolve_shard(shard_index: int | None, num_shards: int | None) -> tuple[int, int]:
+    """A stage's shard: the configured one (either value set; the other defaults to 0 or 1),
+    else the one the environment gives (``shard_from_env``: SLURM array, ranks)."""
+    if shard_index is None and num_shards is None:
+        return shard_from_env()
+    return shard_index or 0, num_shards or 1

@@ -140,7 +140,7 @@ def run(config: Config) -> dict:
     from align.io import is_complete
     from align.jobs import is_complete as all_written
     from align.jobs import read_output
-    from align.stages.sample import shard
+    from align.jobs import resolve_shard
     from rewards.annotate import annotate
     from rewards.classifier import classify_records
 
@@ -153,7 +153,7 @@ def run(config: Config) -> dict:
     records = read_input(config.input, "annotate", "input")
     if config.provider != "verifiable" and config.backend != "openai":
         check_model_path(config.model, "annotate", "model")
-    index, count = shard(config)
+    index, count = resolve_shard(config.shard_index, config.num_shards)
     provider = build_provider(config)
     common = {"shard_index": index, "num_shards": count, "batch_size": config.batch_size}
     if config.provider == "classifier":

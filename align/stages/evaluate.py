@@ -147,7 +147,7 @@ def build_provider(reward: RewardConfig) -> Any:
 def run(config: Config) -> dict:
     """Evaluate this shard; the task that completes the last shard writes the report."""
     from align.eval.evaluate import EvalSettings, check_policies, evaluate
-    from align.stages.sample import shard
+    from align.jobs import resolve_shard
 
     if already_done(config.output_dir, "evaluate", overwrite=config.overwrite):
         return {}
@@ -158,7 +158,7 @@ def run(config: Config) -> dict:
     check_policies([p.name for p in config.policies], config.baseline)  # before loading any model
     check_output_dir(config.output_dir, "evaluate")
     prompts = read_input(config.prompts, "evaluate", "prompts")
-    index, count = shard(config)
+    index, count = resolve_shard(config.shard_index, config.num_shards)
     settings = EvalSettings(
         greedy=config.greedy, n=config.n, temperature=config.temperature, top_p=config.top_p,
         max_tokens=config.max_tokens, seed=config.seed, judge_pairwise=config.judge_pairwise,

@@ -46,19 +46,11 @@ class Config:
     personas_file: str | None = field(default=None, metadata={"help": "offline: persona list (JSONL/text); default: built-in pool"})
 
 
-def shard(config) -> tuple[int, int]:
-    """The configured shard, else the one the environment (SLURM array, ranks) gives."""
-    from align.jobs import shard_from_env
-
-    if config.shard_index is None and config.num_shards is None:
-        return shard_from_env()
-    return config.shard_index or 0, config.num_shards or 1
-
-
 def run(config: Config) -> dict:
     """Sample this shard's prompts; mark the output complete once every prompt is in."""
     from align.io import is_complete
     from align.jobs import is_complete as all_written
+    from align.jobs import resolve_shard
     from align.sampling.config import build_sampler
     from align.sampling.stages import sample_offline, sample_references
 
@@ -71,7 +63,7 @@ def run(config: Config) -> dict:
     records = read_input(config.prompts, "sample", "prompts")
     if config.sampler.backend != "openai":
         check_model_path(config.sampler.model, "sample", "sampler.model")
-    index, count = shard(config)
+    index, count = resolve_shard(config.shard_index, config.num_shards)
     sampler = build_sampler(config.sampler)
     common = {"output_dir": config.output_dir, "n": config.n, "temperature": config.temperature,
               "top_p": config.top_p, "max_tokens": config.max_tokens, "seed": config.seed,
