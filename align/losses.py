@@ -30,7 +30,11 @@ __all__ = [
 
 
 class LossType(str, enum.Enum):
-    """The preference losses; trainers ask these properties instead of comparing names."""
+    """The preference losses; trainers ask these properties instead of comparing names.
+
+    Both are defined on log π_θ − log π_ref, so every type needs the reference log-probs
+    (the offline pass): nothing to ask.
+    """
 
     QRPO = "qrpo"
     DPO = "dpo"
@@ -44,11 +48,6 @@ class LossType(str, enum.Enum):
     def uses_quantile_rewards(self) -> bool:
         """QRPO regresses on R_q (docs/method.md, Quantile rewards); DPO only needs the order of the pair."""
         return self is LossType.QRPO
-
-    @property
-    def needs_reference_logps(self) -> bool:
-        """Both losses are defined on log π_θ − log π_ref (read from the offline pass)."""
-        return True
 
 
 def _compute_dtype(dtype: torch.dtype) -> torch.dtype:

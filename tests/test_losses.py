@@ -297,4 +297,3 @@ def test_loss_type_capabilities():
     assert LossType("qrpo") is LossType.QRPO and LossType("dpo") is LossType.DPO
     assert LossType.DPO.pairwise and not LossType.QRPO.pairwise
     assert LossType.QRPO.uses_quantile_rewards and not LossType.DPO.uses_quantile_rewards
-    assert all(t.needs_reference_logps for t in LossType)
