@@ -4,16 +4,17 @@ from __future__ import annotations
 
 import datetime as _dt
 from collections.abc import Callable, Mapping, Sequence
+from functools import partial
 from typing import Any
 
-from align.chat import apertus, chatml, llama3
+from align.chat import apertus, headers
 from align.chat.formats import get_format
 from align.chat.segments import Segment
 
 _RENDERERS: dict[str, Callable[..., list[Segment]]] = {
     "apertus": apertus.segments,
-    "llama3": llama3.segments,
-    "chatml": chatml.segments,
+    "llama3": partial(headers.segments, style=headers.LLAMA3_HEADERS),
+    "chatml": partial(headers.segments, style=headers.CHATML_HEADERS),
 }
 
 
