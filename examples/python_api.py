@@ -21,7 +21,7 @@ from datasets import Dataset
 from align.chat import install_format
 from align.data.pairs import make_pairs
 from align.io import read_records
-from align.jobs import read_output
+from align.io import read_output
 from align.logprobs import compute_ref_logprobs, load_ref_logprobs
 from align.sampling import TransformersSampler, sample_references
 from align.testing.tiny import build_causal_lm, build_tokenizer

@@ -26,8 +26,8 @@ from typing import Any
 from align.data.records import RecordError, record_id, validate_prompt
 from align.eval import stats
 from align.eval.summary import BREAKDOWN_COLUMNS, build_report
-from align.jobs import is_complete as all_written
-from align.jobs import read_output, run_job
+from align.io import job_is_complete, read_output
+from align.jobs import run_job
 from align.sampling.base import Sampler, derive_seed
 
 
@@ -382,7 +382,7 @@ def evaluate(
         kl, kl_notes = _kl_all(policies, baseline, by_id, generations, out, settings)
         jobs += [out / "kl" / name for name in kl]
 
-    unfinished = [str(p.relative_to(out)) for p in jobs if not all_written(p, ids, settings.num_shards)]
+    unfinished = [str(p.relative_to(out)) for p in jobs if not job_is_complete(p, ids, settings.num_shards)]
     if unfinished:
         print(f"[align evaluate] shard {settings.shard_index} of {settings.num_shards} done; waiting for other "
               f"shards of {', '.join(unfinished)}")

@@ -17,17 +17,16 @@ from typing import Any
 
 from tqdm.auto import tqdm
 
-from align.jobs.sharding import check_shard, shard_of
-from align.jobs.store import (
+from align.io.markers import mark_shard_done
+from align.io.shards import (
     ShardWriter,
     check_fingerprint,
     check_shard_count,
-    done_path,
     encode_record,
     iter_lines,
     shard_name,
-    write_json_atomic,
 )
+from align.jobs.sharding import check_shard, shard_of
 
 ProcessBatch = Callable[[list[dict]], list[dict]]
 
@@ -175,8 +174,8 @@ def run_job(
                 writer.sync()
                 processed += len(chunk)
                 bar.update(len(chunk))
-        write_json_atomic(
-            done_path(output_dir, shard_index, num_shards),
+        mark_shard_done(
+            output_dir, shard_index, num_shards,
             {"shard_index": shard_index, "num_shards": num_shards, "num_records": len(mine),
              "finished_at": time.strftime("%Y-%m-%dT%H:%M:%S%z")},
         )

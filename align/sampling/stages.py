@@ -24,7 +24,8 @@ from pathlib import Path
 from typing import Any, Literal
 
 from align.data.records import RecordError, record_id, validate_all, validate_prompt
-from align.jobs import read_output, run_job
+from align.io import read_output
+from align.jobs import run_job
 from align.sampling.base import Completion, Sampler, derive_seed
 from align.sampling.system_prompts import (
     DEFAULT_PERSONAS,

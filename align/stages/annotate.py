@@ -137,16 +137,14 @@ def run(config: Config) -> dict:
     """Annotate this shard; mark the output complete once every record is in."""
     # Not `rewards.annotate(...)`: once the submodule rewards.annotate is imported, that
     # attribute of the package is the module, not the function.
-    from align.io import is_complete
-    from align.jobs import is_complete as all_written
-    from align.jobs import read_output
+    from align.io import job_is_complete, read_output, stage_is_complete
     from align.jobs import resolve_shard
     from rewards.annotate import annotate
     from rewards.classifier import classify_records
 
     if not config.input:
         raise ValueError("annotate: set input (records with completions, e.g. the sample stage's output)")
-    if is_complete(config.output_dir):
+    if stage_is_complete(config.output_dir):
         print(f"[align annotate] {config.output_dir} is already complete; skipping")
         return {}
     check_output_dir(config.output_dir, "annotate")
@@ -160,7 +158,7 @@ def run(config: Config) -> dict:
         classify_records(records, provider, config.output_dir, **common)
     else:
         annotate(records, provider, config.output_dir, **common)
-    if not all_written(config.output_dir, records, count):
+    if not job_is_complete(config.output_dir, records, count):
         print(f"[align annotate] shard {index} of {count} written to {config.output_dir}; other shards still to run")
         return {"shard": index}
     rows = read_output(config.output_dir)

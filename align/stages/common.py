@@ -7,12 +7,17 @@ from pathlib import Path
 from typing import Any
 
 from align.config import to_dict
-from align.io import COMPLETE_MARKER, completion_info, is_complete, mark_complete
+from align.io import (
+    STAGE_COMPLETE_MARKER,
+    mark_stage_complete,
+    stage_completion_info,
+    stage_is_complete,
+)
 
 
 def already_done(output_dir: str | Path, stage: str, *, overwrite: bool = False) -> bool:
     """True (and say so) when a stage's output is complete and not to be overwritten."""
-    if is_complete(output_dir) and not overwrite:
+    if stage_is_complete(output_dir) and not overwrite:
         print(f"[align {stage}] {output_dir} is already complete; skipping (overwrite=true redoes it)")
         return True
     return False
@@ -35,11 +40,11 @@ def check_stage_input(path: str | Path, stage: str, key: str) -> None:
     path = Path(path)
     if not path.is_dir():
         return
-    info = completion_info(path)
+    info = stage_completion_info(path)
     if info is None:
         if (path / "_job.json").exists() or any(path.glob("shard-*-of-*.jsonl")):
             raise ValueError(
-                f"{stage}: {key}={str(path)!r} is an unfinished stage output (no {COMPLETE_MARKER}): "
+                f"{stage}: {key}={str(path)!r} is an unfinished stage output (no {STAGE_COMPLETE_MARKER}): "
                 "finish the stage that writes it first (rerun it; for a SLURM array, every task)"
             )
         return
@@ -137,7 +142,7 @@ def finish(stage: str, config: Any, output_dir: str | Path, summary: dict[str, A
     """
     if not is_main_process():
         return summary
-    mark_complete(output_dir, stage=stage, config=to_dict(config), summary=summary)
+    mark_stage_complete(output_dir, stage=stage, config=to_dict(config), summary=summary)
     print(f"[align {stage}] wrote {output_dir}")
     print(f"[align {stage}] " + json.dumps(summary, default=str))
     return summary

@@ -48,15 +48,14 @@ class Config:
 
 def run(config: Config) -> dict:
     """Sample this shard's prompts; mark the output complete once every prompt is in."""
-    from align.io import is_complete
-    from align.jobs import is_complete as all_written
+    from align.io import job_is_complete, stage_is_complete
     from align.jobs import resolve_shard
     from align.sampling.config import build_sampler
     from align.sampling.stages import sample_offline, sample_references
 
     if not config.prompts:
         raise ValueError("sample: set prompts (the prompt records to sample for)")
-    if is_complete(config.output_dir):
+    if stage_is_complete(config.output_dir):
         print(f"[align sample] {config.output_dir} is already complete; skipping")
         return {}
     check_output_dir(config.output_dir, "sample")
@@ -79,7 +78,7 @@ def run(config: Config) -> dict:
             records, sampler, controversial_field=config.controversial_field, on_unclassified=config.on_unclassified,
             default_prompt=config.default_prompt, charter_persona=config.charter_persona, personas=personas, **common,
         )
-    if not all_written(config.output_dir, records, count):
+    if not job_is_complete(config.output_dir, records, count):
         print(f"[align sample] shard {index} of {count} written to {config.output_dir}; other shards still to run")
         return summary
     return finish("sample", config, config.output_dir, summary)

@@ -12,7 +12,7 @@ import sys
 import time
 from pathlib import Path
 
-from align.jobs import is_complete, read_output, shard_name
+from align.io import job_is_complete, read_output, shard_name
 
 SCRIPT = Path(__file__).with_name("slow_job.py")
 N = 120
@@ -67,7 +67,7 @@ def test_sigkilled_job_resumes_to_the_uninterrupted_output(tmp_path):
     assert got == expected
     raw = _lines(killed)
     assert len(raw) == N and len({r["id"] for r in raw}) == N
-    assert is_complete(killed, IDS, 1)
+    assert job_is_complete(killed, IDS, 1)
 
 
 def test_three_killed_shards_union_is_the_whole_set(tmp_path):
@@ -83,7 +83,7 @@ def test_three_killed_shards_union_is_the_whole_set(tmp_path):
     assert set().union(*per_shard) == set(IDS)
     assert all(per_shard), "hash sharding left a shard empty for 120 ids"
     assert read_output(sharded, expect_ids=IDS) == read_output(clean, expect_ids=IDS)
-    assert is_complete(sharded, IDS, 3)
+    assert job_is_complete(sharded, IDS, 3)
 
 
 def _lines_of(path: Path) -> list[dict]:

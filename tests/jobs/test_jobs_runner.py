@@ -1,4 +1,4 @@
-"""run_job / read_output / is_complete / sharding: behaviour on good and bad input."""
+"""run_job / read_output / job_is_complete / sharding: behaviour on good and bad input."""
 
 from __future__ import annotations
 
@@ -7,17 +7,9 @@ import json
 import pytest
 
 from align.data.records import RecordError
-from align.jobs import (
-    done_ids,
-    is_complete,
-    output_files,
-    read_output,
-    run_job,
-    shard_from_env,
-    shard_name,
-    shard_of,
-)
-from align.jobs.store import ShardWriter
+from align.io import job_is_complete, output_files, read_output, shard_name
+from align.io.shards import ShardWriter
+from align.jobs import done_ids, run_job, shard_from_env, shard_of
 
 
 def _records(n: int) -> list[dict]:
@@ -36,7 +28,7 @@ def test_writes_every_record_once_and_marks_done(tmp_path):
     assert [r["y"] for r in rows] == [i * i for i in range(10)]
     marker = json.loads((tmp_path / "shard-00000-of-00001.done.json").read_text())
     assert marker["num_records"] == 10
-    assert is_complete(tmp_path, _records(10), 1)
+    assert job_is_complete(tmp_path, _records(10), 1)
 
 
 def test_resume_skips_done_ids_and_only_processes_the_rest(tmp_path):
@@ -131,19 +123,19 @@ def test_datasets_input_and_load_dataset_over_the_output(tmp_path):
     ds = datasets.Dataset.from_list(_records(9))
     for shard in range(2):
         run_job(ds, _square, tmp_path, shard_index=shard, num_shards=2, batch_size=4)
-    assert is_complete(tmp_path, ds, 2)
+    assert job_is_complete(tmp_path, ds, 2)
     loaded = datasets.load_dataset("json", data_files=output_files(tmp_path), split="train")
     assert sorted(zip(loaded["id"], loaded["y"])) == sorted((f"r{i}", i * i) for i in range(9))
 
 
-def test_is_complete_is_false_until_every_shard_is_done(tmp_path):
+def test_job_is_complete_is_false_until_every_shard_is_done(tmp_path):
     records = _records(30)
     run_job(records, _square, tmp_path, shard_index=0, num_shards=3)
-    assert not is_complete(tmp_path, records, 3)
+    assert not job_is_complete(tmp_path, records, 3)
     run_job(records, _square, tmp_path, shard_index=1, num_shards=3)
     run_job(records, _square, tmp_path, shard_index=2, num_shards=3)
-    assert is_complete(tmp_path, records, 3)
-    assert not is_complete(tmp_path, _records(31), 3)
+    assert job_is_complete(tmp_path, records, 3)
+    assert not job_is_complete(tmp_path, _records(31), 3)
 
 
 def test_resuming_with_another_shard_count_is_refused(tmp_path):

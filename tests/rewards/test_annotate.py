@@ -9,7 +9,7 @@ import pytest
 from reward_cases import prompt
 
 from align.data.records import RecordError, validate_rewards
-from align.jobs import output_files, read_output
+from align.io import output_files, read_output
 from rewards.annotate import annotate, score_records
 from rewards.base import RewardProvider, Score, checked
 

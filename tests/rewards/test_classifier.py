@@ -127,7 +127,7 @@ def test_real_tiny_model_answers_are_recorded_failures(judge_lm, chat_tokenizer)
 
 
 def test_classification_stage_resumes(tmp_path):
-    from align.jobs import read_output
+    from align.io import read_output
 
     generate, _ = scripted(*[lambda c: answer("3")] * 2)
     records = [{"id": f"p{i}", "messages": prompt(f"Question {i}?")} for i in range(5)]

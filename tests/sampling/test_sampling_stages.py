@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from align.data.records import RecordError, validate_completions
-from align.jobs import read_output
+from align.io import read_output
 from align.sampling.hf import TransformersSampler
 from align.sampling.stages import offline_variants, sample_offline, sample_references
 

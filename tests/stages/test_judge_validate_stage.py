@@ -12,7 +12,7 @@ from stage_helpers import run_cli
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "rewards"))
 from validation_cases import records
 
-from align.io import completion_info
+from align.io import stage_completion_info
 
 
 @pytest.fixture(scope="module")
@@ -38,7 +38,7 @@ def test_judge_validate_stage_writes_report_plot_and_verdicts(judge_dir, tmp_pat
                        "model_batch_size=16", "min_kendall_tau=0.5", "single_order=skip"])
     assert f"[align judge-validate] wrote {out}" in printed
     assert "[align judge-validate] en: NOT qualified" in printed and "[align judge-validate] de: NOT qualified" in printed
-    info = completion_info(out)
+    info = stage_completion_info(out)
     assert info["stage"] == "judge-validate" and info["summary"]["ladders"] == len(records())
     assert info["summary"]["qualified"] == {"en": False, "de": False, "all": False}
     report = json.loads((out / "report.json").read_text())

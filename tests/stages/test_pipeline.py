@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 from stage_helpers import make_workspace, run_cli, subprocess_env
 
-from align.io import COMPLETE_MARKER, completion_info, read_records
+from align.io import STAGE_COMPLETE_MARKER, stage_completion_info, read_records
 
 STAGES = ("sft", "sample", "annotate", "pairs", "logprobs", "train", "evaluate")
 OUTPUTS = {"sft": "sft", "sample": "sample", "annotate": "annotate", "pairs": "pairs", "logprobs": "logprobs",
@@ -53,14 +53,14 @@ def test_pipeline_runs_every_stage_in_order(uninterrupted):
     assert starts == sorted(starts)
     for stage in STAGES:
         assert f"[align {stage}] wrote runs/tiny/{OUTPUTS[stage]}\n" in printed
-        info = completion_info(out_dir(workspace, stage))
+        info = stage_completion_info(out_dir(workspace, stage))
         assert info is not None and info["stage"] == stage
     pairs = read_records(out_dir(workspace, "pairs") / "pairs.jsonl")
     logprobs = read_records(out_dir(workspace, "logprobs"))
     assert len(pairs) > 0 and {r["id"] for r in logprobs} == {r["id"] for r in pairs}
-    assert completion_info(out_dir(workspace, "train"))["summary"]["steps"] == 4
+    assert stage_completion_info(out_dir(workspace, "train"))["summary"]["steps"] == 4
     assert (out_dir(workspace, "train") / "model.safetensors").is_file()
-    report = completion_info(out_dir(workspace, "evaluate"))["summary"]
+    report = stage_completion_info(out_dir(workspace, "evaluate"))["summary"]
     assert report["prompts"] == 16 and len(report["verdicts"]) == 4
     assert (out_dir(workspace, "evaluate") / "report.md").is_file()
 
@@ -101,10 +101,10 @@ def test_killed_pipeline_resumes_without_redoing_finished_work(tmp_path, uninter
     written = _complete_lines(shard)
     lines = written.count(b"\n")
     assert 1 <= lines < 24, f"the kill should land inside the sample stage, after {lines} of 24 prompts"
-    sft_marker = out_dir(workspace, "sft") / COMPLETE_MARKER
+    sft_marker = out_dir(workspace, "sft") / STAGE_COMPLETE_MARKER
     sft_files = tree_digest(out_dir(workspace, "sft"))
     sft_mtime = sft_marker.stat().st_mtime_ns
-    assert not (out_dir(workspace, "sample") / COMPLETE_MARKER).exists()
+    assert not (out_dir(workspace, "sample") / STAGE_COMPLETE_MARKER).exists()
 
     second = subprocess.run(command, cwd=workspace, env=subprocess_env(), capture_output=True, text=True,
                             timeout=300, check=False)
@@ -125,7 +125,7 @@ def test_killed_pipeline_resumes_without_redoing_finished_work(tmp_path, uninter
     for name in ("pairs.jsonl", "skipped.jsonl"):
         assert read_records(out_dir(workspace, "pairs") / name) == read_records(out_dir(reference, "pairs") / name)
     for stage in STAGES:
-        resumed, once = completion_info(out_dir(workspace, stage)), completion_info(out_dir(reference, stage))
+        resumed, once = stage_completion_info(out_dir(workspace, stage)), stage_completion_info(out_dir(reference, stage))
         if stage in ("sft", "train"):  # trainer summaries carry the loss; counts must match exactly
             assert resumed["summary"]["steps"] == once["summary"]["steps"], stage
         else:

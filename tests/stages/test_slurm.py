@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 from stage_helpers import RECIPES, TINY_RECIPE, run_cli, subprocess_env
 
-from align.io import COMPLETE_MARKER, completion_info, read_records
+from align.io import STAGE_COMPLETE_MARKER, stage_completion_info, read_records
 
 SCRIPTS = sorted((RECIPES / "slurm").glob("*.sbatch"))
 ARRAY = RECIPES / "slurm" / "annotate_array.sbatch"
@@ -53,7 +53,7 @@ def test_array_tasks_each_take_their_shard_and_the_last_marks_complete(tmp_path,
     assert f"[align annotate] shard 0 of 2 written to {out}; other shards still to run" in first.stdout
     assert sorted(p.name for p in out.glob("shard-*.json*")) == ["shard-00000-of-00002.done.json",
                                                                  "shard-00000-of-00002.jsonl"]
-    assert not (out / COMPLETE_MARKER).exists()
+    assert not (out / STAGE_COMPLETE_MARKER).exists()
     half = read_records(out / "shard-00000-of-00002.jsonl")
     assert 0 < len(half) < 24
     with pytest.raises(ValueError, match="unfinished stage output"):  # the next stage waits for all shards
@@ -62,7 +62,7 @@ def test_array_tasks_each_take_their_shard_and_the_last_marks_complete(tmp_path,
     second = _array_task(1, 2, *args)
     assert second.returncode == 0, second.stderr[-3000:]
     assert f"[align annotate] wrote {out}" in second.stdout
-    info = completion_info(out)
+    info = stage_completion_info(out)
     assert info["stage"] == "annotate" and info["summary"]["records"] == 24
     rows = read_records(out)
     ids = [r["id"] for r in rows]

@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 from stage_helpers import TINY_DATA, TINY_RECIPE, run_cli, subprocess_env
 
-from align.io import COMPLETE_MARKER, completion_info, read_records
+from align.io import STAGE_COMPLETE_MARKER, stage_completion_info, read_records
 
 pytestmark = pytest.mark.slow
 
@@ -57,7 +57,7 @@ def kill_and_resume(stage_args: list[str], out: Path, total: int, log: Path) -> 
     written = _complete_lines(shard)
     lines = written.count(b"\n")
     assert after <= lines < total, f"the kill (aimed after {after} rows) should land mid-stage, after {lines} of {total}"
-    assert not (out / COMPLETE_MARKER).exists()
+    assert not (out / STAGE_COMPLETE_MARKER).exists()
 
     again = subprocess.run(command, env=subprocess_env(), capture_output=True, text=True, timeout=600, check=False)
     assert again.returncode == 0, again.stdout[-2000:] + again.stderr[-3000:]
@@ -72,7 +72,7 @@ def assert_same_rows(resumed: Path, once: Path, expected_ids: set[str], stage: s
     assert set(ids) == expected_ids, f"rows lost: {sorted(expected_ids - set(ids))}"
     by_id = lambda rs: sorted(rs, key=lambda r: r["id"])
     assert by_id(rows) == by_id(read_records(once))
-    info, reference = completion_info(resumed), completion_info(once)
+    info, reference = stage_completion_info(resumed), stage_completion_info(once)
     assert info is not None and info["stage"] == stage and info["summary"] == reference["summary"]
 
 

@@ -24,7 +24,7 @@ from align.data.records import (
     validate_completions,
     validate_rewards,
 )
-from align.io import completion_info, read_records
+from align.io import stage_completion_info, read_records
 
 PROMPTS = read_records(TINY_DATA / "prompts.jsonl")
 PROMPT_IDS = {r["id"] for r in PROMPTS}
@@ -32,7 +32,7 @@ N = 4  # sample.n in the tiny recipe
 
 
 def marker(out: Path, stage: str) -> dict:
-    info = completion_info(out)
+    info = stage_completion_info(out)
     assert info is not None, f"{out} has no completion marker"
     assert info["stage"] == stage
     return info

@@ -29,7 +29,7 @@ if not hasattr(vllm, "LLM"):  # `tests/vllm` itself, imported as a namespace pac
 
 from test_vllm_judge import CHARTER, CONVERSATIONS, RESPONSES, judge_dir  # noqa: F401 (a fixture)
 
-from align.jobs import read_output
+from align.io import read_output
 from align.sampling import OpenAISampler, VLLMSampler, sample_references
 from rewards.judge import ConstitutionalJudge
 from rewards.judge_backends import VLLMJudgeBackend

@@ -1,9 +1,11 @@
-"""Append-only JSONL shard files that survive being killed at any instant.
+"""Job shards: append-only JSONL files that survive being killed at any instant, and
+reading a job's output back (merged shards, ``datasets`` loading).
 
 Layout of an output directory (N = num_shards)::
 
     shard-00000-of-0000N.jsonl       one JSON object per line, appended as work finishes
     shard-00000-of-0000N.done.json   written (atomically) when shard 0 has every record
+                                     (``align.io.markers``: the job's completion markers)
     shard-00000-of-0000N.lock        flock'ed by the process writing shard 0
     _job.json                        the job's fingerprint (settings), when one was given
 
@@ -19,9 +21,11 @@ import fcntl
 import json
 import os
 import re
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Self
+
+from align.io.files import iter_jsonl
 
 SHARD_RE = re.compile(r"^shard-(\d{5})-of-(\d{5})\.jsonl$")
 JOB_FILE = "_job.json"
@@ -30,11 +34,6 @@ JOB_FILE = "_job.json"
 def shard_name(shard_index: int, num_shards: int) -> str:
     """File name of one shard's JSONL output."""
     return f"shard-{shard_index:05d}-of-{num_shards:05d}.jsonl"
-
-
-def done_path(output_dir: Path, shard_index: int, num_shards: int) -> Path:
-    """The marker that says a shard holds all of its records."""
-    return output_dir / shard_name(shard_index, num_shards).replace(".jsonl", ".done.json")
 
 
 def shard_files(output_dir: str | Path) -> list[Path]:
@@ -82,20 +81,13 @@ def encode_record(record: Mapping[str, Any], record_id: str) -> bytes:
 
 
 def iter_lines(path: Path) -> Iterator[tuple[int, dict]]:
-    """(line number, record) for each complete line; a trailing partial line is skipped."""
-    with open(path, "rb") as f:
-        data = f.read()
-    end = data.rfind(b"\n") + 1
-    for number, raw in enumerate(data[:end].splitlines(), start=1):
-        if not raw.strip():
-            continue
-        try:
-            record = json.loads(raw)
-        except json.JSONDecodeError as err:
-            raise ValueError(f"{path}:{number}: corrupt JSON line ({err})") from err
-        if not isinstance(record, dict):
-            raise TypeError(f"{path}:{number}: expected a JSON object per line")
-        yield number, record
+    """(line number, record) for each complete line of a shard; a trailing partial line is skipped."""
+    return iter_jsonl(path, torn_tail=True)
+
+
+def is_job_shard(path: Path) -> bool:
+    """A shard that `align.jobs` appends to (``shard-00000-of-00004.jsonl``)."""
+    return SHARD_RE.match(path.name) is not None
 
 
 class ShardWriter:
@@ -147,16 +139,6 @@ class ShardWriter:
         self.close()
 
 
-def write_json_atomic(path: Path, payload: Mapping[str, Any]) -> None:
-    """Write a small JSON file so that readers see the old or the new one, never half."""
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    with open(tmp, "w") as f:
-        json.dump(payload, f, indent=2, sort_keys=True)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-
-
 def check_fingerprint(output_dir: Path, fingerprint: Mapping[str, Any]) -> None:
     """Record the job's settings on first run; refuse to resume with different ones."""
     output_dir.mkdir(parents=True, exist_ok=True)
@@ -180,3 +162,49 @@ def check_fingerprint(output_dir: Path, fingerprint: Mapping[str, Any]) -> None:
             "use a new output_dir or the same settings"
         )
 
+
+# --------------------------------------------------------------------------- reading a job's output
+
+
+def output_files(output_dir: str | Path) -> list[str]:
+    """The shard files, for `datasets.load_dataset("json", data_files=output_files(d))`.
+
+    Load only a complete output (`align.io.job_is_complete`): a shard being written may end in a torn
+    line that `read_output` skips but the `datasets` JSON reader would reject.
+    """
+    return [str(p) for p in shard_files(output_dir)]
+
+
+def read_output(
+    output_dir: str | Path, *, expect_ids: Iterable[str] | None = None, id_field: str = "id"
+) -> list[dict]:
+    """All records of all shards; in `expect_ids` order (and checked against it) if given.
+
+    Raises on an id written twice (corruption, or two jobs sharing a directory) and, with
+    `expect_ids`, on ids missing from the output or present but not expected.
+    """
+    merged: dict[str, dict] = {}
+    where: dict[str, str] = {}
+    for path in shard_files(output_dir):
+        for number, record in iter_lines(path):
+            rid = record.get(id_field)
+            if rid in merged:
+                raise ValueError(f"id {rid!r} is written twice: {where[rid]} and {path.name}:{number}")
+            merged[rid], where[rid] = record, f"{path.name}:{number}"
+    if expect_ids is None:
+        return list(merged.values())
+    expected = list(expect_ids)
+    missing = [rid for rid in expected if rid not in merged]
+    extra = sorted(set(merged) - set(expected))
+    if missing or extra:
+        raise ValueError(
+            f"output in {output_dir} does not match the expected ids: "
+            f"{len(missing)} missing {missing[:10]}, {len(extra)} unexpected {extra[:10]}"
+        )
+    return [merged[rid] for rid in expected]
+
+
+def ids_of(records_or_ids: Sequence[Any] | Any, id_field: str) -> list[str]:
+    if hasattr(records_or_ids, "column_names"):
+        return list(records_or_ids[id_field])
+    return [r[id_field] if isinstance(r, Mapping) else r for r in records_or_ids]

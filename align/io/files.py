@@ -1,0 +1,90 @@
+"""JSON and JSONL files: the one line reader, and writers that replace a file atomically.
+
+Every writer goes through ``atomic_write`` (a temp file in the same directory, fsync'ed,
+then renamed over the target), so a reader sees the old file or the new one, never half.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from pathlib import Path
+from typing import IO, Any
+
+
+def _file_line(path: Path, line: int) -> str:
+    return f"{path}:{line}"
+
+
+def iter_jsonl(path: str | Path, *, torn_tail: bool = False,
+               where: Callable[[Path, int], str] = _file_line) -> Iterator[tuple[int, dict[str, Any]]]:
+    """(line number, record) for each non-blank line of a JSONL file, one JSON object a line.
+
+    A final line without its newline is, with ``torn_tail`` (a job shard, see
+    ``align.io.shards``), a record a killed writer left half-written: skipped, the job redoes
+    it. Otherwise it is read when it parses, and a truncated file (a ``ValueError``) when
+    it does not. Any other bad line is a ``ValueError`` naming ``file:line`` (``where`` writes
+    that location).
+    """
+    path = Path(path)
+    with path.open(encoding="utf-8") as handle:
+        for number, line in enumerate(handle, 1):
+            if not line.strip():
+                continue
+            if not line.endswith("\n"):
+                if torn_tail:
+                    break  # a trailing half-written line from a killed writer is not a record
+                try:
+                    record = json.loads(line)
+                except json.JSONDecodeError as exc:
+                    raise ValueError(f"{where(path, number)}: truncated last line (not valid JSON, no newline: "
+                                     f"{exc.msg}); the file was cut short") from exc
+            else:
+                try:
+                    record = json.loads(line)
+                except json.JSONDecodeError as exc:
+                    raise ValueError(f"{where(path, number)}: not valid JSON ({exc.msg})") from exc
+            if not isinstance(record, dict):
+                raise ValueError(  # noqa: TRY004 (bad data, reported by the CLI like every other)
+                    f"{where(path, number)}: expected a JSON object per line, got {type(record).__name__}")
+            yield number, record
+
+
+def atomic_write(path: str | Path, write: Callable[[IO[str]], None]) -> Path:
+    """Create or replace ``path`` with what ``write(handle)`` writes: temp file, fsync, rename."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w") as handle:
+            write(handle)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    return path
+
+
+def write_jsonl(path: str | Path, records: Iterable[Mapping[str, Any]], *,
+                default: Callable[[Any], Any] | None = None) -> Path:
+    """Write records atomically, one JSON object a line (``default``: as in ``json.dumps``)."""
+
+    def write(handle: IO[str]) -> None:
+        for record in records:
+            handle.write(json.dumps(record, ensure_ascii=False, default=default) + "\n")
+
+    return atomic_write(path, write)
+
+
+def write_json(path: str | Path, data: Any) -> Path:
+    """Write one JSON document atomically (indented, non-ASCII kept, a final newline)."""
+
+    def write(handle: IO[str]) -> None:
+        json.dump(data, handle, indent=2, ensure_ascii=False, default=str)
+        handle.write("\n")
+
+    return atomic_write(path, write)
