@@ -44,7 +44,7 @@ _LAZY: dict[str, tuple[str, str]] = {
     "EvalSettings": ("align.eval.evaluate", "EvalSettings"),
     "decontaminate": ("align.data.decontaminate", "decontaminate"),
     "read_records": ("align.io", "read_records"),
-    "read_output": ("align.jobs", "read_output"),
+    "read_output": ("align.io", "read_output"),
 }
 
 __all__ = sorted(_LAZY)
