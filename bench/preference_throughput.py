@@ -77,7 +77,7 @@ def make_rows(tokenizer, count: int, min_len: int, max_len: int, seed: int) -> l
 
 def encoded_tokens(tokenizer, rows: list[dict], max_length: int) -> list[int]:
     """Useful tokens per pair: prompt + chosen + prompt + rejected (align's tokenization, no padding)."""
-    from align.logprobs import encode_record
+    from align.scoring import encode_record
 
     out = []
     for row in rows:

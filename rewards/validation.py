@@ -3,7 +3,7 @@
 From prompts with good completions, `rewards.degrade` builds ladders whose step number is
 the true rank (step j carries j flaws). The judge scores every ladder item pointwise, and
 compares every pair of items of a ladder in both orders; then, per prompt (the unit of
-every 95% bootstrap interval, `align.eval.stats`):
+every 95% bootstrap interval, `align.bootstrap`):
 
 - Kendall τ_b and Spearman ρ between the judge's scores and the ladder order (higher
   score for fewer flaws = positive), pointwise (the probability-weighted score) and
@@ -38,6 +38,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from align.bootstrap import bootstrap_mean
 from rewards.degrade import Degrader, Ladder, RuleDegrader, build_ladders
 
 # --------------------------------------------------------------------------- rank statistics
@@ -179,8 +180,6 @@ class LadderResult:
 
 def _interval(values: Sequence[float], *, weights: Sequence[float] | None = None, resamples: int, seed: int,
               confidence: float) -> dict[str, Any] | None:
-    from align.eval.stats import bootstrap_mean
-
     if not values:
         return None
     return bootstrap_mean(values, weights=weights, resamples=resamples, seed=seed, confidence=confidence).to_dict()

@@ -16,16 +16,14 @@ import torch
 from align.data.records import RecordError
 from align.logprobs import (
     CACHE_KEY_FIELDS,
-    LogprobsConfig,
     cache_fields_for,
     compute_ref_logprobs,
-    encode_record,
     load_ref_logprobs,
     missing_ids,
     ref_cache_key,
-    resolved_output_dir,
-    run,
 )
+from align.scoring import encode_record
+from align.stages.logprobs import LogprobsConfig, resolved_output_dir, run_pass
 from align.testing.tiny import build_causal_lm, corpus_text
 
 DATE = "2025-09-01"
@@ -215,7 +213,7 @@ def test_run_reuses_a_finished_output_by_its_cache_key(tiny_dirs, tmp_path, monk
     data = write_jsonl(tmp_path / "pairs.jsonl", make_rows(4))
     config = LogprobsConfig(model_name_or_path=str(tiny_dirs["policy"]), dataset=data, cache_dir=str(tmp_path / "c"),
                             max_length=256, chat_date=DATE, batch_size=2)
-    first = run(config)
+    first = run_pass(config)
     assert first.parent == tmp_path / "c" and first.name.startswith("ref_logps-")
     assert len(load_ref_logprobs(first, make_rows(4))) == 4
 
@@ -225,7 +223,7 @@ def test_run_reuses_a_finished_output_by_its_cache_key(tiny_dirs, tmp_path, monk
         raise AssertionError("the model was loaded although the output is complete")
 
     monkeypatch.setattr(transformers.AutoModelForCausalLM, "from_pretrained", no_loading)
-    assert run(config) == first
+    assert run_pass(config) == first
     other = LogprobsConfig(**{**config.__dict__, "max_length": 128})
     assert resolved_output_dir(other, "k" * 64) != first
 
@@ -236,9 +234,9 @@ def test_two_processes_take_one_shard_each_and_check_the_merge(tiny_dirs, tmp_pa
     data = write_jsonl(tmp_path / "pairs.jsonl", rows)
     out = tmp_path / "out"
     env = {**os.environ, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
-    command = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "-m", "align.logprobs",
-               "--model_name_or_path", str(tiny_dirs["policy"]), "--dataset", data, "--output_dir", str(out),
-               "--max_length", "256", "--chat_date", DATE, "--batch_size", "2"]
+    command = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "-m", "align", "logprobs",
+               f"model_name_or_path={tiny_dirs['policy']}", f"dataset={data}", f"output_dir={out}",
+               "max_length=256", f"chat_date={DATE}", "batch_size=2"]
     subprocess.run(command, check=True, env=env, cwd=tmp_path, timeout=300, capture_output=True)
     assert sorted(p.name for p in out.glob("shard-*.jsonl")) == ["shard-00000-of-00002.jsonl",
                                                                  "shard-00001-of-00002.jsonl"]
@@ -260,8 +258,7 @@ def build_causal_lm_from(path):
 
 def test_tiled_head_gives_the_models_log_probs_and_gradients(rows, tiny_tokenizer):
     """The tiled projection (no (K, V) logits held) equals the model's own head, values and gradients."""
-    from align.logprobs import completion_logps, tiled_head
-    from align.trainers.collators import SequenceCollator
+    from align.scoring import SequenceCollator, completion_logps, tiled_head
 
     model = build_causal_lm(tiny_tokenizer)
     assert tiled_head(model) is model.lm_head
@@ -281,7 +278,7 @@ def test_tiled_head_gives_the_models_log_probs_and_gradients(rows, tiny_tokenize
 
 
 def test_tiles_smaller_than_the_batch_give_the_same_values(rows, model, tiny_tokenizer):
-    from align.logprobs import tiled_token_logps
+    from align.scoring import tiled_token_logps
 
     hidden = torch.randn(50, model.config.hidden_size, requires_grad=True)
     targets = torch.randint(0, model.config.vocab_size, (50,))

@@ -264,7 +264,7 @@ def _pair_or_skip(
             "rejected_finish_reason": completions[choice.rejected]["finish_reason"],
             "num_ref_dropped": dropped,
             # the tool declarations the completions were sampled with: the trainer and the
-            # log-prob pass render the prompt with them (align.logprobs.encode_record)
+            # log-prob pass render the prompt with them (align.scoring.encode_record)
             **({"tools": record["tools"]} if record.get("tools") else {}),
         })
     return rows

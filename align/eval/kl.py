@@ -10,7 +10,7 @@ completion's tokens is an unbiased estimate of the prompt's KL, and its mean ove
 or with nucleus filtering are not draws from π, so the estimate is refused for them.
 
 The log-probs come from the same scoring kernel as the reference log-prob pass and the
-trainers (`align.logprobs.completion_logps`: float32 token log-probs, float64 sums), over
+trainers (`align.scoring.completion_logps`: float32 token log-probs, float64 sums), over
 the exact token ids the sampler generated (its prompt ids, then the completion's ids up to
 and including the stop token, or up to the budget for a cut completion), so nothing is
 re-tokenized.
@@ -22,8 +22,7 @@ from collections.abc import Sequence
 
 import torch
 
-from align.logprobs import completion_logps
-from align.trainers.collators import SequenceCollator
+from align.scoring import SequenceCollator, completion_logps
 
 Sequences = Sequence[tuple[Sequence[int], Sequence[int]]]
 

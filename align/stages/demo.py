@@ -216,8 +216,7 @@ def run(config: Config) -> dict[str, Any]:
     from align.demo.task import batch_by_kind, build_demo_model, build_demo_tokenizer, make_splits
     from align.eval.callback import GenerationEvalCallback
     from align.eval.evaluate import EvalPolicy, EvalSettings, evaluate
-    from align.io import write_jsonl
-    from align.jobs import read_output
+    from align.io import read_output, write_jsonl
     from align.logprobs import compute_ref_logprobs, load_ref_logprobs
     from align.sampling.hf import TransformersSampler
     from align.sampling.stages import sample_references
@@ -400,7 +399,7 @@ def _encodable(pairs: list[dict], tokenizer: Any, skips: list[dict]) -> list[dic
     ``<|system_end|>``), which cannot be trained on as a completion.
     """
     from align.data.records import RecordError
-    from align.logprobs import encode_record
+    from align.scoring import encode_record
 
     kept = []
     for pair in pairs:

@@ -11,7 +11,24 @@ Example: ``accelerate launch --num_processes 8 -m align logprobs recipes/apertus
 
 from __future__ import annotations
 
-from align.logprobs import LogprobsConfig as Config
+import logging
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from align.io import job_is_complete, stage_is_complete
+from align.jobs import shard_from_env
+from align.logprobs import (
+    cache_fields_for,
+    compute_ref_logprobs,
+    load_records,
+    missing_ids,
+    ref_cache_key,
+    weights_fingerprint,
+)
+from align.scoring import check_truncated_policy
 from align.stages.common import (
     check_input_exists,
     check_model_path,
@@ -20,16 +37,68 @@ from align.stages.common import (
     finish,
 )
 
-__all__ = ["Config", "run"]
+__all__ = ["Config", "LogprobsConfig", "resolved_output_dir", "run", "run_pass"]
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class LogprobsConfig:
+    """Settings of ``align logprobs`` (the field names match ``PreferenceConfig``'s data fields).
+
+    model_name_or_path: the reference policy π_ref (the SFT checkpoint).
+    dataset: pair rows (JSONL/JSON/Parquet file, or a job output directory).
+    output_dir: where the rows with reference columns go; ``None``: under ``cache_dir``,
+        named by the cache key, so a second run with the same inputs reuses it.
+    cache_dir: root of keyed outputs when ``output_dir`` is None.
+    chat_format, max_length, enable_thinking, chat_date: as in ``PreferenceConfig``; they
+        must match the trainer's. ``chat_date`` None means today's date: pin it.
+    batch_size: rows per forward (each row is 2 sequences for pairs); does not change results.
+    dtype: weights dtype (``float32``, ``bfloat16``); part of the cache key.
+    attn_implementation: ``sdpa`` / ``eager`` / ``flash_attention_2``; None: transformers' choice.
+    padding_free / max_row_tokens: batch layout (does not change results).
+    device: ``cuda``, ``cpu``...; None: this process's accelerator (``LOCAL_RANK``) or CPU.
+    full_weight_hash: hash every weight byte for the key (slow) instead of samples.
+    truncated: ``exclude`` (default): a row whose chosen/rejected was cut at the token budget
+        (``*_finish_reason`` "length") is an error; ``train_without_end``: score it without
+        an end-of-turn token. Must match the trainer's ``truncated``.
+    """
+
+    model_name_or_path: str
+    dataset: str
+    output_dir: str | None = None
+    cache_dir: str | None = None
+    chat_format: str = "apertus"
+    max_length: int | None = 4096
+    enable_thinking: bool = False
+    chat_date: str | None = None
+    batch_size: int = 16
+    dtype: str = "float32"
+    attn_implementation: str | None = None
+    padding_free: bool = False
+    max_row_tokens: int | None = None
+    device: str | None = None
+    full_weight_hash: bool = False
+    truncated: str = "exclude"
+
+    def __post_init__(self) -> None:
+        check_truncated_policy(self.truncated)
+        if self.output_dir is None and self.cache_dir is None:
+            raise ValueError("set output_dir, or cache_dir to keep outputs under their cache key")
+        if self.batch_size < 1:
+            raise ValueError(f"batch_size={self.batch_size}: must be >= 1")
+        if self.max_length is not None and self.max_length < 2:
+            raise ValueError(f"max_length={self.max_length}: must be >= 2, or None")
+        if self.dtype not in ("float32", "bfloat16", "float16"):
+            raise ValueError(f"dtype={self.dtype!r}: choose float32, bfloat16 or float16")
+
+
+Config = LogprobsConfig
 
 
 def run(config: Config) -> dict:
     """Compute (or reuse) reference log-probs; mark the output complete when all rows are in."""
-    from align.io import is_complete
-    from align.logprobs import load_records, missing_ids
-    from align.logprobs import run as run_pass
-
-    if config.output_dir is not None and is_complete(config.output_dir):
+    if config.output_dir is not None and stage_is_complete(config.output_dir):
         print(f"[align logprobs] {config.output_dir} is already complete; skipping")
         return {}
     check_input_exists(config.dataset, "logprobs", "dataset")
@@ -47,3 +116,78 @@ def run(config: Config) -> dict:
         print(f"[align logprobs] this shard is done; {len(missing)} rows wait for other shards in {output_dir}")
         return {"missing": len(missing)}
     return finish("logprobs", config, output_dir, {"rows": len(records)})
+
+
+# --------------------------------------------------------------------------- the pass over a dataset
+
+
+def _device(config: LogprobsConfig) -> torch.device:
+    if config.device:
+        return torch.device(config.device)
+    if torch.cuda.is_available():
+        return torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
+    return torch.device("cpu")
+
+
+def resolved_output_dir(config: LogprobsConfig, key: str) -> Path:
+    """``output_dir``, or the keyed directory under ``cache_dir``."""
+    if config.output_dir is not None:
+        return Path(config.output_dir)
+    return Path(config.cache_dir) / f"ref_logps-{key[:16]}"
+
+
+def run_pass(config: LogprobsConfig) -> Path:
+    """Run this process's shard; under a distributed launch, wait for all and check the merge.
+
+    Returns the output directory. A finished output for the same cache key is reused
+    without loading the model.
+    """
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    shard_index, num_shards = shard_from_env()
+    records = load_records(config.dataset)
+    tokenizer = AutoTokenizer.from_pretrained(config.model_name_or_path)
+    if config.chat_date is None:
+        logger.warning("chat_date is None (today's date): pin it so the trainer renders the same prompts")
+    fields = cache_fields_for(
+        records, config.model_name_or_path, tokenizer, format=config.chat_format, max_length=config.max_length,
+        enable_thinking=config.enable_thinking, chat_date=config.chat_date, dtype=config.dtype,
+        model_fingerprint=weights_fingerprint(config.model_name_or_path, full=config.full_weight_hash))
+    key = ref_cache_key(fields)
+    output_dir = resolved_output_dir(config, key)
+    if job_is_complete(output_dir, records, num_shards):
+        logger.info("reference log-probs for key %s already complete in %s", key[:16], output_dir)
+    else:
+        model = AutoModelForCausalLM.from_pretrained(
+            config.model_name_or_path, dtype=getattr(torch, config.dtype),
+            **({"attn_implementation": config.attn_implementation} if config.attn_implementation else {}),
+        ).to(_device(config))
+        compute_ref_logprobs(
+            records, model, tokenizer, format=config.chat_format, batch_size=config.batch_size,
+            max_length=config.max_length, output_dir=output_dir, enable_thinking=config.enable_thinking,
+            chat_date=config.chat_date, shard_index=shard_index, num_shards=num_shards,
+            padding_free=config.padding_free, max_row_tokens=config.max_row_tokens, cache_fields=fields,
+            truncated=config.truncated)
+    _wait_for_other_shards()
+    if shard_index == 0 or num_shards == 1:
+        missing = missing_ids(output_dir, records)
+        if missing and _distributed():
+            raise RuntimeError(f"after all shards finished, {len(missing)} rows are missing in {output_dir}: "
+                               f"{missing[:10]}")
+        if missing:
+            logger.info("%d rows not written yet (other shards still running?): %s", len(missing), missing[:10])
+    return output_dir
+
+
+def _distributed() -> bool:
+    return torch.distributed.is_available() and torch.distributed.is_initialized()
+
+
+def _wait_for_other_shards() -> None:
+    """Barrier when launched with accelerate/torchrun (a SLURM array has none: check later)."""
+    if int(os.environ.get("WORLD_SIZE", "1")) > 1 and not _distributed():
+        backend = "nccl" if torch.cuda.is_available() else "gloo"
+        torch.distributed.init_process_group(backend=backend)
+    if _distributed():
+        torch.distributed.barrier()
+

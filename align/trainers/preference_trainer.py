@@ -3,12 +3,12 @@
 Stages, each a small function:
 
 1. ``prepare_dataset``: validate pair rows (errors name the row and field), attach
-   quantile rewards (QRPO), tokenize with ``align.logprobs.encode_record`` — the same
+   quantile rewards (QRPO), tokenize with ``align.scoring.encode_record`` — the same
    tokenization the reference log-prob pass used, a completion cut at the sampling budget
    included (``truncated``) — and check the pass scored exactly these token ids (its
    lengths, its per-completion token hash) with the same reference checkpoint.
 2. ``PreferenceCollator``: chosen and rejected of a batch in one padded or padding-free
-   batch (``align.trainers.collators``).
+   batch (``align.scoring.collators``).
 3. ``PreferenceTrainer.compute_loss``: one policy forward scores all 2B completions; the
    reference log-probs come from the dataset (default), a frozen model, or the policy
    with its PEFT adapter disabled; ``align.losses`` gives per-sample losses.
@@ -38,21 +38,19 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, T
 from align.data.quantiles import quantile_rewards
 from align.data.records import RecordError, record_id, validate_pair
 from align.io import rows_to_dataset
-from align.logprobs import (
+from align.logprobs import check_ref_tokens, load_records, pass_settings, reference_fingerprint
+from align.losses import LossType, dpo_loss, qrpo_terms
+from align.optim import build_optimizer
+from align.scoring import (
     PAIR_NAMES,
-    check_ref_tokens,
+    PreferenceCollator,
     completion_logps,
     count_truncated,
     encode_record,
-    load_records,
-    pass_settings,
-    reference_fingerprint,
+    is_flash_attention,
     unwrap_model,
 )
-from align.losses import LossType, dpo_loss, qrpo_terms
-from align.optim import build_optimizer
 from align.trainers.callbacks import bind_callbacks
-from align.trainers.collators import PreferenceCollator, is_flash_attention
 from align.trainers.preference_config import PreferenceConfig
 
 logger = logging.getLogger(__name__)

@@ -10,8 +10,9 @@ import pytest
 import torch
 
 from align.data.records import RecordError
-from align.logprobs import completion_logps, compute_ref_logprobs, encode_record, load_ref_logprobs
+from align.logprobs import compute_ref_logprobs, load_ref_logprobs
 from align.optim import AdEMAMix
+from align.scoring import completion_logps, encode_record
 from align.testing.tiny import build_causal_lm, corpus_text
 from align.trainers import PreferenceConfig, PreferenceTrainer, train
 

@@ -49,7 +49,7 @@ from typing import Any
 
 import torch
 
-IGNORE_INDEX = -100
+from align.chat.encode import IGNORE_INDEX
 
 FLASH_IMPLEMENTATIONS = ("flash_attention_2", "flash_attention_3", "kernels-community/flash-attn")
 

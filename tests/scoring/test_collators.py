@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from align.trainers.collators import (
+from align.scoring.collators import (
     PreferenceCollator,
     block_causal_mask,
     collate_padded,

@@ -1,0 +1,66 @@
+"""Scoring: (prompt, completion) token sequences, their batches, and their log-probs.
+
+Layer 2 (docs/architecture.md): used by the reference log-prob pass (`align.logprobs`),
+the preference trainer and the KL estimator (`align.eval.kl`), and imports none of them.
+
+- `align.scoring.encoding`: a pair row (or single-completion row) as prompt and
+  completion token ids, ``encode_record``: THE tokenization of preference training.
+- `align.scoring.collators`: padded and padding-free batches of such sequences
+  (``SequenceCollator``, ``PreferenceCollator``).
+- `align.scoring.logps`: ``completion_logps`` (Σ log π over each completion, float64) and
+  the token-level kernels under it (tiled LM head).
+"""
+
+from align.scoring.collators import (
+    IGNORE_INDEX,
+    PreferenceCollator,
+    SequenceCollator,
+    collate_padded,
+    collate_padding_free,
+    is_flash_attention,
+    model_inputs,
+)
+from align.scoring.encoding import (
+    PAIR_NAMES,
+    SINGLE_NAMES,
+    TRUNCATED_POLICIES,
+    check_truncated_policy,
+    completion_names,
+    count_truncated,
+    encode_record,
+    fit_to_max_length,
+    is_truncated_completion,
+)
+from align.scoring.logps import (
+    completion_logps,
+    model_logits,
+    tiled_head,
+    tiled_token_logps,
+    token_logps_at,
+    unwrap_model,
+)
+
+__all__ = [
+    "IGNORE_INDEX",
+    "PAIR_NAMES",
+    "SINGLE_NAMES",
+    "TRUNCATED_POLICIES",
+    "PreferenceCollator",
+    "SequenceCollator",
+    "check_truncated_policy",
+    "collate_padded",
+    "collate_padding_free",
+    "completion_logps",
+    "completion_names",
+    "count_truncated",
+    "encode_record",
+    "fit_to_max_length",
+    "is_flash_attention",
+    "is_truncated_completion",
+    "model_inputs",
+    "model_logits",
+    "tiled_head",
+    "tiled_token_logps",
+    "token_logps_at",
+    "unwrap_model",
+]

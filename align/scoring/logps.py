@@ -1,0 +1,156 @@
+"""Completion log-prob kernels: Σ_t log π(y_t | x, y_<t) per sequence of a collated batch.
+
+``completion_logps`` is the one function training, the reference log-prob pass and the KL
+estimator use to score completions: float32 token log-probs, float64 sums. Where the
+model allows it the LM head is applied in tiles (``tiled_head``, ``tiled_token_logps``),
+so the (tokens × vocabulary) logits never exist at once.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from align.scoring.collators import IGNORE_INDEX, model_inputs
+
+
+def unwrap_model(model: torch.nn.Module) -> torch.nn.Module:
+    """The transformers model under DDP / DeepSpeed / PEFT wrappers (for introspection only)."""
+    while hasattr(model, "module") and isinstance(model.module, torch.nn.Module):
+        model = model.module
+    if hasattr(model, "get_base_model"):
+        model = model.get_base_model()
+    return model
+
+
+def _keeps_logits_by_mask(model: torch.nn.Module) -> bool:
+    """Whether forward takes a 2D boolean ``logits_to_keep`` (transformers >= 5: lm_head on kept positions)."""
+    import inspect
+
+    from transformers import modeling_utils
+
+    if not hasattr(modeling_utils, "slice_logits_to_keep"):
+        return False
+    return "logits_to_keep" in inspect.signature(unwrap_model(model).forward).parameters
+
+
+_SCALED_HEAD_SETTINGS = ("final_logit_softcapping", "logit_scale", "output_multiplier", "lm_head_multiplier",
+                         "logits_scaling")
+
+
+def tiled_head(model: torch.nn.Module) -> torch.nn.Linear | None:
+    """The plain linear LM head to project in tiles ourselves, or None to let the model do it.
+
+    Tiling needs the head's full weight outside its own forward, so not under ZeRO-3 (sharded
+    weights), nor with heads that scale or cap logits, nor with an adapter on the head.
+    """
+    base = unwrap_model(model)
+    if not _keeps_logits_by_mask(model) or not hasattr(base, "get_output_embeddings"):
+        return None
+    head = base.get_output_embeddings()
+    if type(head) is not torch.nn.Linear or hasattr(head.weight, "ds_id"):
+        return None
+    config = base.config.get_text_config() if hasattr(base.config, "get_text_config") else base.config
+    if any(getattr(config, name, None) not in (None, 1.0) for name in _SCALED_HEAD_SETTINGS):
+        return None
+    return head
+
+
+def _logps_from_logits(logits: Tensor, targets: Tensor) -> Tensor:
+    """log softmax(logits)[target] in float32."""
+    logits = logits.float()
+    return logits.gather(-1, targets[:, None]).squeeze(-1) - logits.logsumexp(-1)
+
+
+def _head_logps(hidden: Tensor, targets: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:
+    """Target log-probs of one tile of positions, through the LM head."""
+    return _logps_from_logits(torch.nn.functional.linear(hidden, weight, bias), targets)
+
+
+def _map_tiles(fn, sliced: tuple[Tensor, ...], shared: tuple, rows: int, recompute: bool) -> Tensor:
+    """``fn`` over tiles of ``rows`` positions of ``sliced`` (plus ``shared``), concatenated.
+
+    With ``recompute`` each tile is checkpointed: its logits are rebuilt in backward, not stored.
+    """
+    from torch.utils.checkpoint import checkpoint
+
+    parts = []
+    for start in range(0, max(1, sliced[0].shape[0]), rows):
+        args = tuple(t[start : start + rows] for t in sliced) + shared
+        parts.append(checkpoint(fn, *args, use_reentrant=False) if recompute else fn(*args))
+    return torch.cat(parts)
+
+
+def tiled_token_logps(hidden: Tensor, head: torch.nn.Linear, targets: Tensor, tile_elements: int = 1 << 24) -> Tensor:
+    """Target log-probs (K,) from final hidden states (K, d), never holding all (K, V) logits.
+
+    The head is applied to tiles of about ``tile_elements`` logits; under autograd each tile
+    is recomputed in backward instead of stored, so memory is one tile, not K × V.
+    """
+    rows = max(1, tile_elements // head.out_features)
+    recompute = hidden.shape[0] > rows and torch.is_grad_enabled() and (
+        hidden.requires_grad or head.weight.requires_grad)
+    return _map_tiles(_head_logps, (hidden, targets), (head.weight, head.bias), rows, recompute)
+
+
+def model_logits(model: torch.nn.Module, inputs: Mapping[str, Any], keep: Tensor) -> Tensor:
+    """Logits at the positions in ``keep`` (rows, L), flattened row-major to (K, V), from the model's own head.
+
+    Where the model supports it, the vocabulary projection runs on those positions only,
+    which saves the (rows × L × V) logits of prompt and padding tokens.
+    """
+    if _keeps_logits_by_mask(model):
+        logits = model(**inputs, logits_to_keep=keep, use_cache=False).logits
+    else:
+        logits = model(**inputs, use_cache=False).logits
+    if logits.dim() == 3:
+        logits = logits[keep]
+    if logits.shape[0] != int(keep.sum()):
+        raise RuntimeError(f"model returned logits for {logits.shape[0]} positions, expected {int(keep.sum())}")
+    return logits
+
+
+def token_logps_at(model: torch.nn.Module, batch: Mapping[str, Any], keep: Tensor, targets: Tensor,
+                   *, tiled: bool | None = None) -> Tensor:
+    """log π(target | prefix) at the ``keep`` positions, float32, shape (K,).
+
+    ``tiled`` (None: wherever ``tiled_head`` allows) projects the final hidden states through
+    the LM head in tiles, so the (K, V) logits never exist at once; else the model's head
+    computes the kept positions' logits.
+    """
+    inputs = model_inputs(batch)
+    head = tiled_head(model) if tiled in (None, True) else None
+    if tiled and head is None:
+        raise ValueError("this model's LM head cannot be tiled (ZeRO-3, scaled logits or an adapter on the head)")
+    if head is None:
+        return _logits_token_logps(model_logits(model, inputs, keep), targets)
+    outputs = model(**inputs, logits_to_keep=torch.zeros_like(keep), output_hidden_states=True, use_cache=False)
+    return tiled_token_logps(outputs.hidden_states[-1][keep], head, targets)
+
+
+def _logits_token_logps(logits: Tensor, targets: Tensor, tile_elements: int = 1 << 24) -> Tensor:
+    """Target log-probs from the model's logits, upcast to float32 one tile at a time."""
+    rows = max(1, tile_elements // max(1, logits.shape[-1]))
+    recompute = logits.shape[0] > rows and torch.is_grad_enabled() and logits.requires_grad
+    return _map_tiles(_logps_from_logits, (logits, targets), (), rows, recompute)
+
+
+def completion_logps(model: torch.nn.Module, batch: Mapping[str, Any], *, tiled: bool | None = None) -> Tensor:
+    """Σ_t log π(y_t | x, y_<t) over each sequence's completion tokens: shape (S,), float64.
+
+    ``batch`` is a collated batch (``align.scoring.collators``) of S sequences. Token
+    log-probs are float32; the sums are float64 so that they do not depend on how many
+    tokens share a batch (fp32 sums of ~10³ tokens would differ in the 5th digit).
+    """
+    labels, owners = batch["labels"], batch["sequence_index"]
+    targets_at = labels[:, 1:] != IGNORE_INDEX  # position t predicts token t + 1
+    keep = torch.zeros_like(labels, dtype=torch.bool)
+    keep[:, :-1] = targets_at
+    logps = token_logps_at(model, batch, keep, labels[:, 1:][targets_at], tiled=tiled)
+    num_sequences = batch["lengths"].numel()
+    sums_dtype = torch.float32 if logps.device.type == "mps" else torch.float64
+    sums = torch.zeros(num_sequences, dtype=sums_dtype, device=logps.device)
+    return sums.index_add(0, owners[:, 1:][targets_at], logps.to(sums_dtype))
