@@ -21,7 +21,7 @@ import itertools
 import random
 import time
 
-from align.data.decontaminate import DecontaminationConfig, decontaminate
+from align.data.decontaminate import MatchSettings, decontaminate
 from align.data.ngram_index import NgramIndex, build_tokenizer, is_contaminated
 
 CONSONANTS = "bcdfghjklmnprstvz"
@@ -143,7 +143,7 @@ def main() -> None:
     records, planted = make_train(
         gen, bench, heads, args.train, args.planted, headed=args.train // 50
     )
-    config = DecontaminationConfig(num_workers=args.workers)
+    config = MatchSettings(num_workers=args.workers)
     print(
         f"train {len(records)} records, bench {len(bench)} prompts, planted {len(planted)}, "
         f"workers {config.workers()}"

@@ -58,7 +58,7 @@ def atomic_write(path: str | Path, write: Callable[[IO[str]], None]) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
-        with os.fdopen(fd, "w") as handle:
+        with os.fdopen(fd, "w", encoding="utf-8") as handle:
             write(handle)
             handle.flush()
             os.fsync(handle.fileno())
