@@ -1,7 +1,9 @@
 """Supervised fine-tuning on chat data, with loss masks from ``align.chat`` (docs/method.md, Supervised fine-tuning).
 
 Reads conversation rows (``messages``, optional ``tools``) and trains on the assistant
-tokens only (or with ``prompt_loss_weight`` on the rest), on TRL's SFTTrainer. Saves the
+tokens only (or with ``prompt_loss_weight`` on the rest), on TRL's SFTTrainer. With
+``identity_filter`` / ``strip_boxed`` the rows are cleaned first (Apertus report E.1.1);
+the summary records ``identity_dropped`` and ``boxed_stripped``. Saves the
 model and tokenizer (with the chat template installed) to ``output_dir``. Resumes from
 the last checkpoint in ``output_dir`` when one exists.
 
@@ -52,11 +54,19 @@ def run(config: Config) -> dict:
     if not trainer.is_world_process_zero():
         return {}
     summary = {"steps": trainer.state.global_step, "train_loss": _last_loss(trainer)}
+    hygiene = dict(getattr(trainer, "data_summary", {}) or {})
+    summary.update(hygiene)  # identity_dropped, boxed_stripped: what identity_filter / strip_boxed did
+    if hygiene.get("identity_dropped"):
+        print(f"[align sft] identity filter: dropped {hygiene['identity_dropped']} of {len(records)} rows whose "
+              "assistant text names another model or its maker")
+    if "boxed_stripped" in hygiene:
+        print(f"[align sft] stripped \\boxed{{}} from the answers of {hygiene['boxed_stripped']} rows")
     used = _rows_used(trainer, config)
     if used is not None:
-        summary.update(rows=len(records), rows_dropped=len(records) - used)
-        if used < len(records):  # said here, not only in a log line a CLI user never sees
-            print(f"[align sft] dropped {len(records) - used} of {len(records)} rows: no assistant token "
+        cleaned = len(records) - hygiene.get("identity_dropped", 0)
+        summary.update(rows=len(records), rows_dropped=cleaned - used)
+        if used < cleaned:  # said here, not only in a log line a CLI user never sees
+            print(f"[align sft] dropped {cleaned - used} of {cleaned} rows: no assistant token "
                   f"within max_length={config.max_length} (raise max_length, or shorten those conversations)")
     return finish("sft", config, config.output_dir, summary)
 

@@ -8,10 +8,16 @@ import torch
 from transformers import TrainingArguments
 
 from align.losses import LossType
+from align.trainers.common import (
+    LoraFields,
+    ModelFields,
+    OptimizerFields,
+    check_lora_fields,
+    check_model_fields,
+    check_optimizer_fields,
+)
 
 REFERENCE_MODES = ("precomputed", "model", "adapter")
-OPTIMIZER_NAMES = ("ademamix", "adamw")
-_HF_DEFAULT_OPTIM = "adamw_torch_fused"
 
 
 def _bf16_available() -> bool:
@@ -20,7 +26,7 @@ def _bf16_available() -> bool:
 
 
 @dataclass
-class PreferenceConfig(TrainingArguments):
+class PreferenceConfig(ModelFields, LoraFields, OptimizerFields, TrainingArguments):
     r"""Configuration of [`PreferenceTrainer`]: QRPO or DPO on pair rows (docs/method.md, QRPO; DPO and length-normalised DPO).
 
     Only the fields below are specific to preference training; every
@@ -99,33 +105,17 @@ class PreferenceConfig(TrainingArguments):
     pad_to_multiple_of (`int` or `None`, defaults to `None`):
         Round padded widths up to a multiple (tensor-core friendly shapes).
 
-    > Parameters that control the optimizer (`align.optim`)
+    > Parameters that control the optimizer, the model and the LoRA adapter
 
-    optimizer (`str` or `None`, defaults to `"ademamix"`):
-        `"ademamix"` (the Apertus optimizer) or `"adamw"`, built by `align.optim`, with
-        `adam_beta1`, `adam_beta2`, `adam_epsilon` and `weight_decay` from the usual fields.
-        `None` defers to transformers' `optim` field instead.
-    ademamix_beta3 (`float`, defaults to `0.99`):
-        AdEMAMix slow-EMA coefficient (Apertus: 0.99).
-    alpha (`float`, defaults to `8.0`):
-        AdEMAMix weight of the slow EMA (Apertus: 8).
-    ademamix_t_alpha, ademamix_t_beta3 (`int` or `None`, default `None`):
-        AdEMAMix warmup steps of α and β3; `None` is the total number of training steps
-        (Apertus); 0 turns a warmup off.
-
-    > Parameters for `align.trainers.train` (the Python/CLI entry point)
-
-    model_name_or_path (`str` or `None`): policy to load when no model object is given.
+    optimizer, ademamix_beta3, ademamix_alpha, ademamix_t_alpha, ademamix_t_beta3,
+    model_name_or_path, model_dtype, attn_implementation, lora_r, lora_alpha, lora_dropout,
+    lora_target_modules: shared with `SFTConfig`, one default each (`OptimizerFields`,
+    `ModelFields`, `LoraFields` in `align.trainers.common`): AdEMAMix with β3 0.99 and α 8,
+    T_α = T_β3 = total steps; the policy from `model_name_or_path` loaded in bf16 when `bf16`
+    is on, else float32; full fine-tuning unless `lora_r` is set.
     ref_model_name_or_path (`str` or `None`): reference for `reference="model"`; defaults
         to `model_name_or_path`. With `reference="precomputed"`: the checkpoint the pass's
         `ref_model_fingerprint` must match (when the policy starts elsewhere).
-    model_dtype (`str`, defaults to `"auto"`): dtype to load weights in (`"float32"`,
-        `"bfloat16"`, ...; `"auto"`: bf16 when `bf16` is on, else float32).
-    attn_implementation (`str` or `None`, defaults to `None`): `"sdpa"`, `"eager"`,
-        `"flash_attention_2"`, ...; `None` keeps transformers' choice.
-    lora_r (`int` or `None`, None = full fine-tuning), lora_alpha (`int`, 16), lora_dropout
-        (`float`, 0.0), lora_target_modules (`list[str]` or `None`: all linear layers):
-        train a LoRA adapter instead of the full model.
 
     Defaults that differ from `TrainingArguments`: `learning_rate` 5e-7 (Apertus 8B QRPO),
     `logging_steps` 10, `bf16` on only where a CUDA device supports it, and the optimizer
@@ -151,21 +141,8 @@ class PreferenceConfig(TrainingArguments):
     padding_free: bool = field(default=True, metadata={"help": "pack sequences instead of padding"})
     max_row_tokens: int | None = field(default=None, metadata={"help": "padding-free row budget (sdpa/eager)"})
     pad_to_multiple_of: int | None = field(default=None, metadata={"help": "round padded widths up"})
-    # Optimizer
-    optimizer: str | None = field(default="ademamix", metadata={"help": "ademamix | adamw | None (use optim)"})
-    ademamix_beta3: float = field(default=0.99, metadata={"help": "AdEMAMix β3"})
-    ademamix_alpha: float = field(default=8.0, metadata={"help": "AdEMAMix α"})
-    ademamix_t_alpha: int | None = field(default=None, metadata={"help": "α warmup steps (None: total steps)"})
-    ademamix_t_beta3: int | None = field(default=None, metadata={"help": "β3 warmup steps (None: total steps)"})
-    # Entry point
-    model_name_or_path: str | None = field(default=None, metadata={"help": "policy to load"})
+    # Entry point (the model, LoRA and optimizer keys: align.trainers.common)
     ref_model_name_or_path: str | None = field(default=None, metadata={"help": "reference to load"})
-    model_dtype: str = field(default="auto", metadata={"help": "auto | float32 | bfloat16 | float16"})
-    attn_implementation: str | None = field(default=None, metadata={"help": "sdpa | eager | flash_attention_2"})
-    lora_r: int | None = field(default=None, metadata={"help": "LoRA rank; None = full fine-tuning"})
-    lora_alpha: int = field(default=16, metadata={"help": "LoRA alpha"})
-    lora_dropout: float = field(default=0.0, metadata={"help": "LoRA dropout"})
-    lora_target_modules: list[str] | None = field(default=None, metadata={"help": "LoRA targets (None: all linear)"})
     # TrainingArguments defaults that differ
     learning_rate: float = field(default=5e-7, metadata={"help": "peak learning rate (Apertus 8B: 5e-7)"})
     logging_steps: float = field(default=10, metadata={"help": "log every N steps"})
@@ -177,9 +154,9 @@ class PreferenceConfig(TrainingArguments):
         self._check_loss()
         self._check_data()
         self._check_reference()
-        self._check_optimizer()
-        if self.lora_r is not None and self.lora_r < 1:
-            raise ValueError(f"lora_r={self.lora_r}: a LoRA rank must be >= 1 (None trains every weight)")
+        check_model_fields(self)
+        check_lora_fields(self)
+        check_optimizer_fields(self)
         super().__post_init__()
 
     @property
@@ -218,31 +195,3 @@ class PreferenceConfig(TrainingArguments):
     def _check_reference(self) -> None:
         if self.reference not in REFERENCE_MODES:
             raise ValueError(f"reference={self.reference!r}: choose one of {list(REFERENCE_MODES)}")
-
-    def _check_optimizer(self) -> None:
-        if self.optimizer is None:
-            return
-        if self.optimizer not in OPTIMIZER_NAMES:
-            raise ValueError(f"optimizer={self.optimizer!r}: choose one of {list(OPTIMIZER_NAMES)}, "
-                             "or None to use transformers' `optim`")
-        optim = getattr(self.optim, "value", self.optim)
-        if optim != _HF_DEFAULT_OPTIM:
-            raise ValueError(f"optim={optim!r} is ignored while optimizer={self.optimizer!r} picks the "
-                             "optimizer: set optimizer=None to use transformers' optimizers")
-        if not 0.0 <= self.ademamix_beta3 < 1.0:
-            raise ValueError(f"ademamix_beta3={self.ademamix_beta3}: must be in [0, 1) (Apertus: 0.99)")
-        if not self.ademamix_alpha >= 0:
-            raise ValueError(f"ademamix_alpha={self.ademamix_alpha}: must be >= 0 (Apertus: 8)")
-        for name in ("ademamix_t_alpha", "ademamix_t_beta3"):
-            value = getattr(self, name)
-            if value is not None and value < 0:
-                raise ValueError(f"{name}={value}: must be >= 0, or None for the total number of steps")
-
-    def optimizer_kwargs(self, total_steps: int) -> dict:
-        """Keyword arguments for `align.optim.build_optimizer(self.optimizer, ...)`."""
-        kwargs = {"lr": self.learning_rate, "beta1": self.adam_beta1, "beta2": self.adam_beta2,
-                  "eps": self.adam_epsilon, "weight_decay": self.weight_decay, "total_steps": total_steps}
-        if self.optimizer == "ademamix":
-            kwargs.update(beta3=self.ademamix_beta3, alpha=self.ademamix_alpha, t_alpha=self.ademamix_t_alpha,
-                          t_beta3=self.ademamix_t_beta3)
-        return kwargs

@@ -2,11 +2,12 @@
 
 Stages, each a small function:
 
-1. ``prepare_dataset``: validate pair rows (errors name the row and field), attach
-   quantile rewards (QRPO), tokenize with ``align.scoring.encode_record`` — the same
-   tokenization the reference log-prob pass used, a completion cut at the sampling budget
-   included (``truncated``) — and check the pass scored exactly these token ids (its
-   lengths, its per-completion token hash) with the same reference checkpoint.
+1. ``prepare_dataset`` (``align.trainers.preference_data``): validate pair rows (errors
+   name the row and field), attach quantile rewards (QRPO), tokenize with
+   ``align.scoring.encode_record`` — the same tokenization the reference log-prob pass
+   used, a completion cut at the sampling budget included (``truncated``) — and check the
+   pass scored exactly these token ids (its lengths, its per-completion token hash) with
+   the same reference checkpoint; a ``datasets.map`` run on the main process first.
 2. ``PreferenceCollator``: chosen and rejected of a batch in one padded or padding-free
    batch (``align.scoring.collators``).
 3. ``PreferenceTrainer.compute_loss``: one policy forward scores all 2B completions; the
@@ -23,238 +24,34 @@ sample is one pair.
 
 from __future__ import annotations
 
-import copy
 import logging
-import math
 from collections.abc import Mapping, Sequence
-from pathlib import Path
 from typing import Any
 
-import datasets
 import torch
 from torch import Tensor
-from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, Trainer
+from transformers import AutoTokenizer, PreTrainedModel, Trainer
 
-from align.data.quantiles import quantile_rewards
-from align.data.records import RecordError, record_id, validate_pair
-from align.io import rows_to_dataset
-from align.logprobs import check_ref_tokens, load_records, pass_settings, reference_fingerprint
 from align.losses import LossType, dpo_loss, qrpo_terms
-from align.optim import build_optimizer
-from align.scoring import (
-    PAIR_NAMES,
-    PreferenceCollator,
-    completion_logps,
-    count_truncated,
-    encode_record,
-    is_flash_attention,
-    unwrap_model,
-)
+from align.scoring import PreferenceCollator, completion_logps, is_flash_attention, unwrap_model
 from align.trainers.callbacks import bind_callbacks
+from align.trainers.common import (
+    create_optimizer,
+    deepspeed_reference,
+    is_peft_model,
+    load_causal_lm,
+    lora_config,
+)
 from align.trainers.preference_config import PreferenceConfig
+from align.trainers.preference_data import PREPARED_COLUMNS, prepare_dataset
+
+__all__ = ["PreferenceTrainer", "deepspeed_reference", "is_peft_model", "load_causal_lm", "lora_config",
+           "prepare_dataset", "train"]
 
 logger = logging.getLogger(__name__)
 
-PREPARED_COLUMNS = ("id", "prompt_ids", "chosen_ids", "rejected_ids", "chosen_quantile",
-                    "rejected_quantile", "ref_chosen_logps", "ref_rejected_logps")
 # Per-sequence numbers the collator emits; kept in float64 when batches move to the device.
 _EXACT_KEYS = ("ref_logps", "quantiles")
-
-
-# --------------------------------------------------------------------------- data stages
-
-
-def _number(row: Mapping[str, Any], name: str, rid: str) -> float:
-    value = row.get(name)
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-        raise RecordError(rid, name, f"expected a finite number, got {value!r}")
-    return float(value)
-
-
-def _num_ref_rewards(row: Mapping[str, Any], configured: int | None, rid: str) -> int | None:
-    """n from the config, checked against the row's own ``num_ref_rewards`` when it has one.
-
-    A row whose sampling dropped overlong references (``num_ref_dropped``, from the pairs
-    stage) has ``num_ref_rewards = n - num_ref_dropped``, its own grid.
-    """
-    found = row.get("num_ref_rewards")
-    if found is not None and configured is not None and found != configured:
-        dropped = row.get("num_ref_dropped") or 0
-        if dropped and found == configured - dropped:
-            return found
-        extra = f" minus num_ref_dropped={dropped}" if dropped else ""
-        raise RecordError(rid, "num_ref_rewards", f"is {found}, but the config says num_ref_rewards={configured}{extra}")
-    return configured if configured is not None else found
-
-
-def pair_quantiles(row: Mapping[str, Any], num_ref_rewards: int | None, index: int | None = None) -> tuple[float, float]:
-    """(R_q chosen, R_q rejected): precomputed columns, else from rewards vs. ``ref_rewards``."""
-    rid = record_id(row, index)
-    n = _num_ref_rewards(row, num_ref_rewards, rid)
-    if row.get("chosen_quantile") is not None and row.get("rejected_quantile") is not None:
-        values = []
-        for name in ("chosen_quantile", "rejected_quantile"):
-            q = _number(row, name, rid)
-            if not 0.0 <= q <= 1.0:
-                raise RecordError(rid, name, f"is {q}, outside [0, 1]")
-            if n and abs(q * n - round(q * n)) > 1e-6:
-                raise RecordError(
-                    rid,
-                    name,
-                    f"is {q}, not a multiple of 1/n with n = {n} (docs/method.md, Quantile rewards)",
-                )
-            values.append(q)
-        return values[0], values[1]
-    if row.get("ref_rewards") is None or row.get("chosen_reward") is None or row.get("rejected_reward") is None:
-        raise RecordError(rid, "chosen_quantile", "missing: QRPO needs chosen_quantile and rejected_quantile, "
-                          "or chosen_reward, rejected_reward and ref_rewards")
-    rewards = [_number(row, "chosen_reward", rid), _number(row, "rejected_reward", rid)]
-    try:
-        qc, qr = quantile_rewards(rewards, row["ref_rewards"], expected_n=n)
-    except ValueError as error:
-        raise RecordError(rid, "ref_rewards", str(error)) from error
-    return qc, qr
-
-
-def _check_ref_lengths(row: Mapping[str, Any], encoded: Mapping[str, list[int]], rid: str) -> None:
-    """The pass's |y| must equal ours: else it tokenized differently and its log-probs are for other tokens."""
-    for name in PAIR_NAMES:
-        expected, ours = row.get(f"{name}_length"), len(encoded[f"{name}_ids"])
-        if expected != ours:
-            raise RecordError(rid, f"{name}_length", f"is {expected} in the reference log-prob pass, but the trainer "
-                              f"tokenizes {ours} completion tokens: rerun `align logprobs` with the trainer's "
-                              "chat_format, chat_date, max_length and tokenizer")
-
-
-def prepare_row(row: Mapping[str, Any], index: int, tokenizer: Any, config: PreferenceConfig) -> dict[str, Any]:
-    """One pair row → the trainer's columns (token ids, quantiles, reference log-probs)."""
-    need_ref = config.reference == "precomputed"
-    validate_pair(row, index, need_ref_logps=need_ref)
-    rid = record_id(row, index)
-    encoded = encode_record(tokenizer, row, chat_format=config.chat_format, max_length=config.max_length,
-                            enable_thinking=config.enable_thinking, chat_date=config.chat_date, index=index,
-                            truncated=config.truncated)
-    out: dict[str, Any] = {"id": rid, **encoded}
-    if need_ref:
-        check_ref_tokens(row, encoded, rid, lambda: pass_settings(
-            tokenizer, chat_format=config.chat_format, chat_date=config.chat_date,
-            enable_thinking=config.enable_thinking, max_length=config.max_length, truncated=config.truncated))
-        _check_ref_lengths(row, encoded, rid)
-        out["ref_chosen_logps"] = float(row["ref_chosen_logps"])
-        out["ref_rejected_logps"] = float(row["ref_rejected_logps"])
-    if config.loss.uses_quantile_rewards:
-        out["chosen_quantile"], out["rejected_quantile"] = pair_quantiles(row, config.num_ref_rewards, index)
-    return out
-
-
-def expected_ref_fingerprint(config: PreferenceConfig, model: Any = None) -> str | None:
-    """The reference checkpoint's fingerprint as the trainer knows it: ``ref_model_name_or_path``,
-    else the policy's starting checkpoint (``model_name_or_path``, or the model's own path);
-    None when the model is held only in memory."""
-    return reference_fingerprint(config.ref_model_name_or_path or config.model_name_or_path or model)
-
-
-def check_ref_model(row: Mapping[str, Any], expected: str | None, rid: str) -> None:
-    """The pass's ``ref_model_fingerprint`` must be the trainer's reference checkpoint (when both are known)."""
-    found = row.get("ref_model_fingerprint")
-    if expected is not None and found is not None and found != expected:
-        raise RecordError(rid, "ref_model_fingerprint", f"is {str(found)[:16]}…, the weights the reference "
-                          f"log-prob pass scored with, but the trainer's reference checkpoint is {expected[:16]}…: "
-                          "rerun `align logprobs` with the checkpoint the policy starts from, or name the pass's "
-                          "checkpoint in ref_model_name_or_path")
-
-
-def prepare_dataset(dataset: Any, tokenizer: Any, config: PreferenceConfig, model: Any = None) -> datasets.Dataset:
-    """Pair rows (list, ``datasets.Dataset`` or a file path) → a dataset of trainer columns.
-
-    A dataset that already has ``prompt_ids`` is taken as prepared and returned as is.
-    With precomputed references every row's token hash is checked (``check_ref_tokens``),
-    and its ``ref_model_fingerprint`` against the reference checkpoint (``model``: the policy,
-    used when the config names no checkpoint path).
-    """
-    if isinstance(dataset, (str, Path)):
-        dataset = load_records(dataset)
-    if isinstance(dataset, datasets.IterableDataset):
-        raise TypeError("streaming datasets are not supported: pass a datasets.Dataset or a list of rows")
-    if isinstance(dataset, datasets.Dataset) and "prompt_ids" in dataset.column_names:
-        return dataset
-    if config.reference == "precomputed":
-        expected = expected_ref_fingerprint(config, model)
-        for i, row in enumerate(dataset):
-            check_ref_model(row, expected, record_id(row, i))
-    rows = [prepare_row(dict(row), i, tokenizer, config) for i, row in enumerate(dataset)]
-    if not rows:
-        raise ValueError("the preference dataset is empty")
-    num_cut = count_truncated(dataset) if config.truncated == "train_without_end" else 0
-    if num_cut:
-        logger.warning("preference data: %d truncated completions (finish_reason 'length') are trained without "
-                       "an end-of-turn token (truncated=train_without_end)", num_cut)
-    return rows_to_dataset(rows)
-
-
-# --------------------------------------------------------------------------- models
-
-
-def load_causal_lm(path: str, config: PreferenceConfig) -> PreTrainedModel:
-    """Load a policy or reference model with the config's dtype and attention implementation."""
-    dtype = config.model_dtype
-    if dtype == "auto":
-        dtype = "bfloat16" if config.bf16 else "float32"
-    kwargs: dict[str, Any] = {"dtype": getattr(torch, dtype)}
-    if config.attn_implementation:
-        kwargs["attn_implementation"] = config.attn_implementation
-    return AutoModelForCausalLM.from_pretrained(path, **kwargs)
-
-
-def lora_config(config: PreferenceConfig):
-    """The LoRA adapter the config describes (all linear layers unless told otherwise)."""
-    from peft import LoraConfig
-
-    return LoraConfig(r=config.lora_r, lora_alpha=config.lora_alpha, lora_dropout=config.lora_dropout,
-                      target_modules=config.lora_target_modules or "all-linear", task_type="CAUSAL_LM")
-
-
-def is_peft_model(model: torch.nn.Module) -> bool:
-    try:
-        from peft import PeftModel
-    except ImportError:
-        return False
-    return isinstance(model, PeftModel)
-
-
-def _fill_auto(config: dict, args: PreferenceConfig, hidden_size: int | None) -> dict:
-    """Concrete values for the ``"auto"`` entries a DeepSpeed config for inference may hold."""
-    micro = args.per_device_train_batch_size
-    fixed = {"train_micro_batch_size_per_gpu": micro, "gradient_accumulation_steps": args.gradient_accumulation_steps,
-             "train_batch_size": micro * args.gradient_accumulation_steps * args.world_size}
-    for key, value in fixed.items():
-        if config.get(key) == "auto":
-            config[key] = value
-    zero = config.get("zero_optimization", {})
-    if hidden_size:
-        sizes = {"reduce_bucket_size": hidden_size * hidden_size,
-                 "stage3_param_persistence_threshold": 10 * hidden_size,
-                 "stage3_prefetch_bucket_size": int(0.9 * hidden_size * hidden_size)}
-        for key, value in sizes.items():
-            if zero.get(key) == "auto":
-                zero[key] = value
-    return config
-
-
-def deepspeed_reference(model: PreTrainedModel, accelerator: Any, args: PreferenceConfig) -> torch.nn.Module:
-    """Wrap a frozen reference for DeepSpeed: sharded like the policy under ZeRO-3, replicated otherwise."""
-    import deepspeed
-
-    ds_config = copy.deepcopy(accelerator.state.deepspeed_plugin.deepspeed_config)
-    stage = ds_config.get("zero_optimization", {}).get("stage", 0)
-    if stage != 3:
-        ds_config["zero_optimization"] = {"stage": 0}
-    ds_config.pop("optimizer", None)
-    ds_config.pop("scheduler", None)
-    hidden = getattr(model.config, "hidden_size", None)
-    engine, *_ = deepspeed.initialize(model=model, config=_fill_auto(ds_config, args, hidden))
-    engine.eval()
-    return engine
 
 
 # --------------------------------------------------------------------------- trainer
@@ -382,17 +179,7 @@ class PreferenceTrainer(Trainer):
 
     def create_optimizer(self, model: torch.nn.Module | None = None) -> torch.optim.Optimizer:
         """``align.optim`` by ``optimizer`` (AdEMAMix: T_α, T_β3 default to the total steps)."""
-        if self.optimizer is not None or self.args.optimizer is None:
-            return super().create_optimizer(model)
-        opt_model = self.model if model is None else model
-        decay = set(self.get_decay_parameter_names(opt_model))
-        params = [(n, p) for n, p in opt_model.named_parameters() if p.requires_grad]
-        groups = [{"params": [p for n, p in params if n in decay], "weight_decay": self.args.weight_decay},
-                  {"params": [p for n, p in params if n not in decay], "weight_decay": 0.0}]
-        total = self.state.max_steps if self.state.max_steps > 0 else self.args.max_steps
-        self.optimizer = build_optimizer(self.args.optimizer, [g for g in groups if g["params"]],
-                                         **self.args.optimizer_kwargs(total_steps=total if total > 0 else None))
-        return self.optimizer
+        return create_optimizer(self, model, super().create_optimizer)
 
     def _get_num_items_in_batch(self, batch_samples: list, device: torch.device) -> Tensor:
         """Loss samples in this optimizer step, over all micro-batches and all processes."""

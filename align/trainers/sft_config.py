@@ -14,7 +14,14 @@ from typing import Any
 from transformers import TrainingArguments
 from trl import SFTConfig as TRLSFTConfig
 
-from align.optim import OPTIMIZERS
+from align.trainers.common import (
+    LoraFields,
+    ModelFields,
+    OptimizerFields,
+    check_lora_fields,
+    check_model_fields,
+    check_optimizer_fields,
+)
 
 __all__ = ["APERTUS_SFT_SIZES", "SFTConfig", "apertus_sft_defaults", "checkpointing_field"]
 
@@ -41,7 +48,8 @@ def apertus_sft_defaults(size: str = "8b") -> dict[str, Any]:
 
     8B: global batch 512, lr 5e-6; 70B: 1024, 2e-6. Both: linear decay without warmup, max
     length 4096, AdEMAMix (β1 0.9, β2 0.999, β3 0.99, α 8, T_α = T_β3 = total steps), one
-    epoch, grad clip 1.0, bf16, activation checkpointing. The parallelism (ZeRO-2 for 8B,
+    epoch, grad clip 1.0, bf16, activation checkpointing, and the data hygiene of E.1.1
+    (identity filter, ``\\boxed{}`` stripped). The parallelism (ZeRO-2 for 8B,
     ZeRO-3 for 70B) lives in `recipes/accelerate/`, not here.
     """
     key = size.lower()
@@ -68,23 +76,22 @@ def apertus_sft_defaults(size: str = "8b") -> dict[str, Any]:
         "bf16": True,
         checkpointing_field(): True,
         "prompt_loss_weight": 0.0,
+        "identity_filter": True,
+        "strip_boxed": True,
     }
 
 
 @dataclass
-class SFTConfig(TRLSFTConfig):
-    """TRL's `SFTConfig` plus the Apertus chat format, loss weighting and optimizer choice.
+class SFTConfig(ModelFields, LoraFields, OptimizerFields, TRLSFTConfig):
+    """TRL's `SFTConfig` plus the Apertus chat format, loss weighting, data hygiene and the
+    model, LoRA and optimizer keys shared with `PreferenceConfig` (`align.trainers.common`).
 
-    > Model
+    > Model, LoRA adapter, optimizer
 
-    model_name_or_path (`str` or `None`, default `None`):
-        Model to fine-tune when `train_sft` is called without a model.
-    lora_r (`int` or `None`, default `None`):
-        LoRA rank; `None` trains every weight. With a rank, only the adapter trains.
-    lora_alpha (`int`, default 16), lora_dropout (`float`, default 0.0):
-        LoRA scaling numerator and dropout.
-    lora_target_modules (`list[str]` or `None`, default `None`):
-        Modules that get an adapter; `None` means every linear layer but the LM head.
+    model_name_or_path, model_dtype, attn_implementation, lora_r, lora_alpha, lora_dropout,
+    lora_target_modules, optimizer, ademamix_beta3, ademamix_alpha, ademamix_t_alpha,
+    ademamix_t_beta3: see `ModelFields`, `LoraFields` and `OptimizerFields` in
+    `align.trainers.common` (defaults: AdEMAMix with β3 0.99 and α 8, full fine-tuning).
 
     > Data
 
@@ -93,6 +100,16 @@ class SFTConfig(TRLSFTConfig):
     chat_date (`str` or `None`, default `None`):
         Date written into the default system prompt of conversations without a system
         message. Set it so that tokenization does not depend on the day the job runs.
+    identity_filter (`bool`, default `False`):
+        Drop conversations whose assistant text names another model or its maker
+        ("I am ChatGPT, made by OpenAI"; Apertus report E.1.1, Lucie-7B §5.2.1), before
+        tokenizing. The count is logged and recorded in the stage summary (`identity_dropped`).
+    identity_keywords (`list[str]` or `None`, default `None`):
+        The names the identity filter looks for (whole words, case-sensitive); `None`:
+        `align.trainers.sft_hygiene.IDENTITY_KEYWORDS`.
+    strip_boxed (`bool`, default `False`):
+        Replace `\\boxed{X}` with `X` in assistant answers (not in thoughts) before
+        tokenizing (Apertus report E.1.1). Rows changed are counted (`boxed_stripped`).
 
     > Loss
 
@@ -101,62 +118,39 @@ class SFTConfig(TRLSFTConfig):
         tokens) relative to assistant tokens, which weigh 1. 0 trains on the assistant
         only (Apertus). The loss is Σ w·nll / Σ w over the global batch.
 
-    > Optimization
+    > Batching
 
-    optimizer (`str` or `None`, default `None`):
-        `"ademamix"` or `"adamw"` from `align.optim`, taking `learning_rate`,
-        `adam_beta1`, `adam_beta2`, `adam_epsilon` and `weight_decay` from this config.
-        `None` leaves the choice to transformers' `optim` field, which is then ignored.
-    ademamix_beta3 (`float`, default 0.9999), ademamix_alpha (`float`, default 8.0):
-        Slow-EMA decay β3 and its weight α (Pagliardini et al. 2025); Apertus: 0.99, 8.
-    ademamix_t_alpha, ademamix_t_beta3 (`int` or `None`, default `None`):
-        Warmup steps of α and β3; `None` means the run's total number of optimizer steps
-        (Apertus), 0 turns a warmup off.
     global_batch_size (`int` or `None`, default `None`):
         Sequences per optimizer step over all ranks. When set, the trainer derives
         `gradient_accumulation_steps` = global / (per-device batch × world size) and
         raises if that is not a whole number.
 
     Fields of TRL that align replaces: `assistant_only_loss` and `completion_only_loss`
-    (the mask comes from `align.chat`; use `prompt_loss_weight`) must stay unset.
-    Differences from TRL's defaults: `gradient_checkpointing` is unset (off; the Apertus
-    preset turns activation checkpointing on).
+    (the mask comes from `align.chat`; use `prompt_loss_weight`) must stay unset, and `optim`
+    only counts with `optimizer=None`. Differences from TRL's defaults:
+    `gradient_checkpointing` is unset (off; the Apertus preset turns activation
+    checkpointing on), and the optimizer is AdEMAMix (`optimizer`).
     """
 
-    model_name_or_path: str | None = field(default=None, metadata={"help": "Model to fine-tune."})
-    lora_r: int | None = field(
-        default=None, metadata={"help": "LoRA rank; None = full fine-tuning."}
-    )
-    lora_alpha: int = field(default=16, metadata={"help": "LoRA alpha."})
-    lora_dropout: float = field(default=0.0, metadata={"help": "LoRA dropout."})
-    lora_target_modules: list[str] | None = field(
-        default=None,
-        metadata={"help": "Modules that get a LoRA adapter; None = all linear layers."},
-    )
     chat_format: str = field(default="apertus", metadata={"help": "Chat format of align.chat."})
     chat_date: str | None = field(
         default=None,
         metadata={"help": "Date for the default system prompt (reproducible tokenization)."},
     )
+    identity_filter: bool = field(
+        default=False,
+        metadata={"help": "Drop conversations whose assistant text names another model or maker."},
+    )
+    identity_keywords: list[str] | None = field(
+        default=None,
+        metadata={"help": "Names the identity filter looks for; None = sft_hygiene.IDENTITY_KEYWORDS."},
+    )
+    strip_boxed: bool = field(
+        default=False, metadata={"help": "Replace \\boxed{X} with X in assistant answers."}
+    )
     prompt_loss_weight: float = field(
         default=0.0,
         metadata={"help": "Weight of non-assistant tokens in [0, 1]; 0 = assistant-only."},
-    )
-    optimizer: str | None = field(
-        default=None,
-        metadata={
-            "help": "align.optim optimizer: 'ademamix' or 'adamw'; None = transformers' optim."
-        },
-    )
-    ademamix_beta3: float = field(
-        default=0.9999, metadata={"help": "AdEMAMix slow-EMA decay beta3."}
-    )
-    ademamix_alpha: float = field(default=8.0, metadata={"help": "AdEMAMix slow-EMA weight alpha."})
-    ademamix_t_alpha: int | None = field(
-        default=None, metadata={"help": "Warmup steps of alpha; None = total steps, 0 = off."}
-    )
-    ademamix_t_beta3: int | None = field(
-        default=None, metadata={"help": "Warmup steps of beta3; None = total steps, 0 = off."}
     )
     global_batch_size: int | None = field(
         default=None, metadata={"help": "Sequences per optimizer step over all ranks."}
@@ -181,16 +175,15 @@ class SFTConfig(TRLSFTConfig):
             )
         if not 0.0 <= self.prompt_loss_weight <= 1.0:
             raise ValueError(f"prompt_loss_weight must be in [0, 1], got {self.prompt_loss_weight}")
-        if self.optimizer is not None and self.optimizer.lower() not in OPTIMIZERS:
-            raise ValueError(
-                f"optimizer: unknown {self.optimizer!r}; choose one of {sorted(OPTIMIZERS)} or None"
-            )
+        check_model_fields(self)
+        check_lora_fields(self)
+        check_optimizer_fields(self)
         if self.global_batch_size is not None and self.global_batch_size < 1:
             raise ValueError(
                 f"global_batch_size must be a positive int, got {self.global_batch_size}"
             )
-        if self.lora_r is not None and self.lora_r < 1:
-            raise ValueError(f"lora_r must be a positive int or None, got {self.lora_r}")
+        if self.identity_keywords is not None and not [k for k in self.identity_keywords if k]:
+            raise ValueError("identity_keywords: give at least one name, or None for the built-in list")
 
     @classmethod
     def apertus(cls, size: str = "8b", **overrides: Any) -> SFTConfig:

@@ -9,6 +9,12 @@ token is its id where the mask is 1 and -100 elsewhere. TRL's ``SFTTrainer`` tak
 dataset with ``input_ids`` and ``labels`` as already processed and uses the labels as they
 are, so this mask is exactly the one the loss sees.
 
+Before tokenizing, the data hygiene of the Apertus report (E.1.1; `align.trainers.sft_hygiene`)
+can run on conversation rows: ``identity_filter`` drops conversations whose assistant text
+names another model or its maker, ``strip_boxed`` turns ``\\boxed{X}`` into ``X`` in
+assistant answers. Both are counted (``summary``), and the dropped rows are logged with
+their reason, never lost silently.
+
 Each stage is ``Dataset → Dataset`` (pure, so ``map`` fingerprints cache it).
 """
 
@@ -25,9 +31,11 @@ from align.chat import encode
 from align.chat.encode import IGNORE_INDEX
 from align.data.records import RecordError, record_id
 from align.io import rows_to_dataset
+from align.trainers.sft_hygiene import IDENTITY_KEYWORDS, filter_identity, strip_boxed_messages
 
 __all__ = [
     "IGNORE_INDEX",
+    "clean_sft_dataset",
     "encode_sft_row",
     "labels_from_mask",
     "load_sft_dataset",
@@ -175,6 +183,61 @@ def truncate_sft_dataset(dataset: Dataset, max_length: int | None) -> Dataset:
     return kept
 
 
+def _messages_list(messages: Any) -> Any:
+    """A conversation given as a list or as its JSON text, as a list (else as it is)."""
+    if isinstance(messages, str):
+        try:
+            return json.loads(messages)
+        except json.JSONDecodeError:
+            return messages  # reported by `encode_sft_row`, naming the row
+    return messages
+
+
+def clean_sft_dataset(
+    dataset: Dataset,
+    *,
+    strip_boxed: bool = False,
+    identity_filter: bool = False,
+    identity_keywords: Sequence[str] | None = None,
+    summary: dict[str, Any] | None = None,
+) -> Dataset:
+    """The data hygiene of conversation rows: identity filter, then ``\\boxed{}`` stripping.
+
+    ``summary`` (when given) receives ``identity_dropped`` (rows dropped) and
+    ``boxed_stripped`` (rows whose answers lost a ``\\boxed{}``) for what was turned on.
+    Only assistant text is read or changed (`align.trainers.sft_hygiene`).
+    """
+    if not (strip_boxed or identity_filter):
+        return dataset
+    if "messages" not in dataset.column_names:
+        raise ValueError("strip_boxed / identity_filter read conversations: the SFT dataset needs a "
+                         "'messages' column (not pre-tokenized input_ids + labels)")
+    summary = {} if summary is None else summary
+    if identity_filter:
+        keywords = IDENTITY_KEYWORDS if identity_keywords is None else tuple(identity_keywords)
+        kept, dropped = filter_identity(dataset, keywords)
+        summary["identity_dropped"] = len(dropped)
+        if len(dropped):
+            examples = "; ".join(f"row {i}: {reason}" for i, reason in
+                                 zip(dropped["row_index"][:3], dropped["drop_reason"][:3]))
+            logger.warning("SFT identity filter: dropped %d of %d rows, e.g. %s", len(dropped), len(dataset),
+                           examples)
+        dataset = kept
+    if strip_boxed:
+        def _strip(row: dict[str, Any], index: int) -> dict[str, Any]:
+            messages = _messages_list(row["messages"])
+            if not isinstance(messages, list):
+                return {"messages": row["messages"], "_boxed": False}
+            stripped = strip_boxed_messages(messages, record_id(row, index))
+            out = json.dumps(stripped) if isinstance(row["messages"], str) else stripped
+            return {"messages": out, "_boxed": stripped != messages}
+
+        dataset = dataset.map(_strip, with_indices=True, desc="Stripping \\boxed{} from answers")
+        summary["boxed_stripped"] = int(sum(dataset["_boxed"]))
+        dataset = dataset.remove_columns("_boxed")
+    return dataset
+
+
 def prepare_sft_dataset(
     dataset: Dataset,
     tokenizer: Any,
@@ -183,14 +246,23 @@ def prepare_sft_dataset(
     date: str | None = None,
     max_length: int | None = None,
     num_proc: int | None = None,
+    strip_boxed: bool = False,
+    identity_filter: bool = False,
+    identity_keywords: Sequence[str] | None = None,
+    summary: dict[str, Any] | None = None,
 ) -> Dataset:
-    """Tokenize conversation rows (or check pre-tokenized ones), then truncate.
+    """Clean (``clean_sft_dataset``) and tokenize conversation rows (or check pre-tokenized
+    ones), then truncate. ``summary`` (when given) receives the hygiene counts.
 
     A dataset that already has ``input_ids`` must also have ``labels``: without them TRL
     would train on every token, the silent error this module exists to prevent.
     """
     columns = set(dataset.column_names)
     if "input_ids" in columns:
+        if strip_boxed or identity_filter:
+            raise ValueError("strip_boxed / identity_filter read conversations, but this SFT dataset is "
+                             "pre-tokenized (input_ids + labels): clean the rows before tokenizing them, or "
+                             "turn both off")
         if "labels" not in columns:
             raise ValueError(
                 "pre-tokenized SFT dataset has 'input_ids' but no 'labels' column; "
@@ -198,6 +270,10 @@ def prepare_sft_dataset(
             )
         dataset = dataset.select_columns(["input_ids", "labels"])
     elif "messages" in columns:
+        dataset = clean_sft_dataset(dataset, strip_boxed=strip_boxed, identity_filter=identity_filter,
+                                    identity_keywords=identity_keywords, summary=summary)
+        if len(dataset) == 0:
+            raise ValueError("SFT dataset: no row left after the identity filter")
         dataset = tokenize_sft_dataset(
             dataset, tokenizer, chat_format=chat_format, date=date, num_proc=num_proc
         )

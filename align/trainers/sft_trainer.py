@@ -15,7 +15,10 @@ What this adds to TRL's trainer, and why:
   from them, but only when no KV cache is created (TRL calls the model with
   ``use_cache=False``; with a cache the sequences attend to each other). Anything else
   raises, since the leak would be silent.
-* **Optimizers by name** from `align.optim` (AdEMAMix with T_α = T_β3 = total steps).
+* **Optimizers by name** from `align.optim` (AdEMAMix with T_α = T_β3 = total steps),
+  built as the preference trainer builds them (`align.trainers.common`).
+* **Data hygiene** (``identity_filter``, ``strip_boxed``) before tokenizing; the counts
+  are in ``trainer.data_summary``.
 * **Global batch size** turned into gradient accumulation for the world size at hand.
 
 Raises:
@@ -36,8 +39,8 @@ from datasets import Dataset
 from trl import SFTTrainer as TRLSFTTrainer
 
 from align.chat import install_format
-from align.optim import build_optimizer
 from align.trainers.callbacks import bind_callbacks
+from align.trainers.common import create_optimizer, load_causal_lm, lora_config
 from align.trainers.sft_config import SFTConfig
 from align.trainers.sft_data import IGNORE_INDEX, load_sft_dataset, prepare_sft_dataset
 
@@ -136,7 +139,8 @@ class SFTTrainer(TRLSFTTrainer):
             )
         if not isinstance(model, str):
             check_padding_free(args, getattr(model.config, "_attn_implementation", None))
-        train_dataset = self._prepare(train_dataset, processing_class, args)
+        self.data_summary: dict[str, Any] = {}
+        train_dataset = self._prepare(train_dataset, processing_class, args, self.data_summary)
         if eval_dataset is not None:
             eval_dataset = self._prepare(eval_dataset, processing_class, args)
         _set_accumulation_from_global_batch(args)
@@ -154,8 +158,9 @@ class SFTTrainer(TRLSFTTrainer):
         bind_callbacks(self)
 
     @staticmethod
-    def _prepare(dataset: Dataset, tokenizer: Any, args: SFTConfig) -> Dataset:
-        """Tokenize with align.chat on the main process first, so other ranks hit the cache."""
+    def _prepare(dataset: Dataset, tokenizer: Any, args: SFTConfig, summary: dict[str, Any] | None = None
+                 ) -> Dataset:
+        """Clean and tokenize with align.chat on the main process first, so other ranks hit the cache."""
         if args.process_index != 0:  # one set of `datasets` progress bars: the main process's
             datasets.disable_progress_bars()
         with args.main_process_first(desc="SFT dataset preparation"):
@@ -166,6 +171,10 @@ class SFTTrainer(TRLSFTTrainer):
                 date=args.chat_date,
                 max_length=args.max_length,
                 num_proc=args.dataset_num_proc,
+                strip_boxed=args.strip_boxed,
+                identity_filter=args.identity_filter,
+                identity_keywords=args.identity_keywords,
+                summary=summary,
             )
 
     # ---- loss -------------------------------------------------------------------------
@@ -253,42 +262,7 @@ class SFTTrainer(TRLSFTTrainer):
 
     def create_optimizer(self, model: torch.nn.Module | None = None) -> torch.optim.Optimizer:
         """The `align.optim` optimizer named by ``args.optimizer``, else transformers' choice."""
-        if self.args.optimizer is None or self.optimizer is not None:
-            return super().create_optimizer(model)
-        opt_model = self.model if model is None else model
-        decay = set(self.get_decay_parameter_names(opt_model))
-        trainable = [(n, p) for n, p in opt_model.named_parameters() if p.requires_grad]
-        groups = [
-            {
-                "params": [p for n, p in trainable if n in decay],
-                "weight_decay": self.args.weight_decay,
-            },
-            {"params": [p for n, p in trainable if n not in decay], "weight_decay": 0.0},
-        ]
-        self.optimizer = build_optimizer(
-            self.args.optimizer, [g for g in groups if g["params"]], **self._optimizer_kwargs()
-        )
-        return self.optimizer
-
-    def _optimizer_kwargs(self) -> dict[str, Any]:
-        """Recipe keys for `build_optimizer`, with T = the run's total optimizer steps."""
-        args = self.args
-        kwargs: dict[str, Any] = {
-            "lr": args.learning_rate,
-            "beta1": args.adam_beta1,
-            "beta2": args.adam_beta2,
-            "eps": args.adam_epsilon,
-            "weight_decay": args.weight_decay,
-            "total_steps": max(int(self.state.max_steps), 1),
-        }
-        if args.optimizer.lower() == "ademamix":
-            kwargs.update(
-                beta3=args.ademamix_beta3,
-                alpha=args.ademamix_alpha,
-                t_alpha=args.ademamix_t_alpha,
-                t_beta3=args.ademamix_t_beta3,
-            )
-        return kwargs
+        return create_optimizer(self, model, super().create_optimizer)
 
 
 def _set_accumulation_from_global_batch(args: SFTConfig) -> None:
@@ -319,21 +293,6 @@ def _set_accumulation_from_global_batch(args: SFTConfig) -> None:
     )
 
 
-def _lora_config(args: SFTConfig) -> Any:
-    """A PEFT LoRA config from the ``lora_*`` fields, or None for full fine-tuning."""
-    if args.lora_r is None:
-        return None
-    from peft import LoraConfig
-
-    return LoraConfig(
-        r=args.lora_r,
-        lora_alpha=args.lora_alpha,
-        lora_dropout=args.lora_dropout,
-        target_modules=args.lora_target_modules or "all-linear",
-        task_type="CAUSAL_LM",
-    )
-
-
 def _load(config: SFTConfig, model: Any, tokenizer: Any) -> tuple[Any, Any]:
     """Load whatever was not passed from ``config.model_name_or_path``."""
     if model is not None and tokenizer is not None:
@@ -342,14 +301,12 @@ def _load(config: SFTConfig, model: Any, tokenizer: Any) -> tuple[Any, Any]:
         raise ValueError(
             "model_name_or_path: required when train_sft is called without a model and tokenizer"
         )
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoTokenizer
 
     if tokenizer is None:
         tokenizer = AutoTokenizer.from_pretrained(config.model_name_or_path)
     if model is None:
-        model = AutoModelForCausalLM.from_pretrained(
-            config.model_name_or_path, **(config.model_init_kwargs or {})
-        )
+        model = load_causal_lm(config.model_name_or_path, config)
     return model, tokenizer
 
 
@@ -379,7 +336,7 @@ def train_sft(
         train_dataset=load_sft_dataset(dataset),
         processing_class=tokenizer,
         eval_dataset=eval_dataset,
-        peft_config=peft_config if peft_config is not None else _lora_config(config),
+        peft_config=peft_config if peft_config is not None else lora_config(config),
         callbacks=callbacks,
     )
     trainer.train(resume_from_checkpoint=config.resume_from_checkpoint)

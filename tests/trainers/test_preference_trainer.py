@@ -509,11 +509,11 @@ def test_truncated_completion_is_trained_without_end_of_turn_and_matches_the_pas
     compute_ref_logprobs(rows, base, tiny_tokenizer, format="apertus", batch_size=4, max_length=MAX_LENGTH,
                          output_dir=tmp_path / "ref", chat_date=DATE, truncated="train_without_end")
     scored = load_ref_logprobs(tmp_path / "ref", rows)
-    with caplog.at_level("WARNING", logger="align.trainers.preference_trainer"):
+    with caplog.at_level("WARNING", logger="align.trainers.preference_data"):
         trainer = PreferenceTrainer(base, config(tmp_path, truncated="train_without_end"), train_dataset=scored,
                                     processing_class=tiny_tokenizer)
     warnings = [r.getMessage() for r in caplog.records
-                if r.name == "align.trainers.preference_trainer" and "without an end-of-turn" in r.getMessage()]
+                if r.name == "align.trainers.preference_data" and "without an end-of-turn" in r.getMessage()]
     assert len(warnings) == 1 and warnings[0].startswith("preference data: 1 truncated")
     end = tiny_tokenizer.convert_tokens_to_ids("<|assistant_end|>")
     prepared = trainer.train_dataset

@@ -295,9 +295,9 @@ def test_batch_8_equals_batch_1_times_accumulation_8(tmp_path, chat_tok, prompt_
     assert len(loss_a) == 3
     assert loss_a == pytest.approx(loss_b, rel=1e-5)
     for name in params_a:
-        # Adam-type updates turn fp32 noise in near-zero gradients into up to ~1e-5
-        # (1% of one lr=1e-3 step).
-        torch.testing.assert_close(params_a[name], params_b[name], rtol=0, atol=1e-5, msg=name)
+        # Adam-type updates turn fp32 noise in near-zero gradients into up to ~1e-5 (1% of one
+        # lr=1e-3 step); AdEMAMix with β3 = 0.99 (the default) adds α·m2 of that noise: ~1.05e-5.
+        torch.testing.assert_close(params_a[name], params_b[name], rtol=0, atol=2e-5, msg=name)
 
 
 def test_resume_from_checkpoint_matches_uninterrupted_run(tmp_path, chat_tok):

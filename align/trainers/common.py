@@ -1,0 +1,265 @@
+"""What the SFT and preference trainers share: config keys, optimizer, LoRA, model loading.
+
+One definition, and one default, per setting:
+
+* ``ModelFields``, ``LoraFields``, ``OptimizerFields``: dataclass mixins holding the
+  recipe keys both ``SFTConfig`` and ``PreferenceConfig`` take (the model to load, the LoRA
+  adapter, the ``align.optim`` optimizer with its AdEMAMix settings), each with its field
+  help (``align <stage> --help``) and its checks (``check_model_fields`` and so on).
+* ``create_optimizer``: the optimizer a trainer builds from those keys (weight decay off for
+  biases and norms, as transformers does; T_α = T_β3 = the run's total optimizer steps).
+* ``lora_config``, ``load_causal_lm``, ``is_peft_model``: the adapter and the model.
+* ``deepspeed_reference``: a frozen reference model wrapped for DeepSpeed.
+
+Defaults follow the Apertus recipe (docs/method.md, AdEMAMix): AdEMAMix with β3 = 0.99
+("different from pre-training", the report's §3.4, E.3, E.4) and α = 8, both warmups over
+the whole run.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from align.optim import OPTIMIZERS, build_optimizer
+
+__all__ = [
+    "LoraFields",
+    "ModelFields",
+    "OptimizerFields",
+    "check_lora_fields",
+    "check_model_fields",
+    "check_optimizer_fields",
+    "create_optimizer",
+    "deepspeed_reference",
+    "is_peft_model",
+    "load_causal_lm",
+    "lora_config",
+    "optimizer_kwargs",
+]
+
+MODEL_DTYPES = ("auto", "float32", "bfloat16", "float16")
+
+
+# --------------------------------------------------------------------------- config mixins
+
+
+@dataclass
+class ModelFields:
+    """The model a trainer loads when it is given none.
+
+    model_name_or_path (`str` or `None`, default `None`):
+        Checkpoint directory or hub name to load (the SFT base model, or the policy of
+        preference training) when the Python entry point gets no model object.
+    model_dtype (`str`, default `"auto"`):
+        Dtype to load the weights in: `"float32"`, `"bfloat16"`, `"float16"`; `"auto"`:
+        bfloat16 when `bf16` is on, else float32. (SFT: TRL's `model_init_kwargs`, when
+        set, are passed to `from_pretrained` on top.)
+    attn_implementation (`str` or `None`, default `None`):
+        `"sdpa"`, `"eager"`, `"flash_attention_2"`, ...; `None` keeps transformers' choice.
+    """
+
+    model_name_or_path: str | None = field(default=None, metadata={"help": "model to load (SFT base / policy)"})
+    model_dtype: str = field(default="auto", metadata={"help": "auto (bf16 if bf16 else float32) | float32 | "
+                                                               "bfloat16 | float16"})
+    attn_implementation: str | None = field(default=None, metadata={"help": "sdpa | eager | flash_attention_2; "
+                                                                            "None: transformers' choice"})
+
+
+@dataclass
+class LoraFields:
+    """A LoRA adapter instead of full fine-tuning.
+
+    lora_r (`int` or `None`, default `None`):
+        LoRA rank; `None` trains every weight. With a rank, only the adapter trains.
+    lora_alpha (`int`, default 16), lora_dropout (`float`, default 0.0):
+        LoRA scaling numerator and dropout.
+    lora_target_modules (`list[str]` or `None`, default `None`):
+        Modules that get an adapter; `None` means every linear layer but the LM head.
+    """
+
+    lora_r: int | None = field(default=None, metadata={"help": "LoRA rank; None = full fine-tuning"})
+    lora_alpha: int = field(default=16, metadata={"help": "LoRA alpha"})
+    lora_dropout: float = field(default=0.0, metadata={"help": "LoRA dropout"})
+    lora_target_modules: list[str] | None = field(
+        default=None, metadata={"help": "modules that get a LoRA adapter; None = all linear layers"})
+
+
+@dataclass
+class OptimizerFields:
+    """The optimizer, built by `align.optim` (docs/method.md, AdEMAMix).
+
+    optimizer (`str` or `None`, default `"ademamix"`):
+        `"ademamix"` (the Apertus optimizer) or `"adamw"`, with `learning_rate`,
+        `adam_beta1`, `adam_beta2`, `adam_epsilon` and `weight_decay` from the usual fields.
+        `None` defers to transformers' `optim` field instead; setting `optim` while
+        `optimizer` is set is an error (one of the two would be ignored).
+    ademamix_beta3 (`float`, default 0.99), ademamix_alpha (`float`, default 8.0):
+        AdEMAMix slow-EMA decay β3 and its weight α (Pagliardini et al. 2025). Apertus:
+        0.99 and 8 for SFT and preference training (pretraining used 0.9999).
+    ademamix_t_alpha, ademamix_t_beta3 (`int` or `None`, default `None`):
+        Warmup steps of α and β3; `None` means the run's total number of optimizer steps
+        (Apertus), 0 turns a warmup off.
+    """
+
+    optimizer: str | None = field(default="ademamix", metadata={"help": "ademamix | adamw | None (use optim)"})
+    ademamix_beta3: float = field(default=0.99, metadata={"help": "AdEMAMix slow-EMA decay β3 (Apertus: 0.99)"})
+    ademamix_alpha: float = field(default=8.0, metadata={"help": "AdEMAMix slow-EMA weight α (Apertus: 8)"})
+    ademamix_t_alpha: int | None = field(default=None, metadata={"help": "α warmup steps; None = total steps, "
+                                                                          "0 = off"})
+    ademamix_t_beta3: int | None = field(default=None, metadata={"help": "β3 warmup steps; None = total steps, "
+                                                                          "0 = off"})
+
+    def optimizer_kwargs(self, total_steps: int | None) -> dict[str, Any]:
+        """Keyword arguments for ``align.optim.build_optimizer(self.optimizer, ...)``."""
+        return optimizer_kwargs(self, total_steps)
+
+
+def check_model_fields(config: Any) -> None:
+    if config.model_dtype not in MODEL_DTYPES:
+        raise ValueError(f"model_dtype={config.model_dtype!r}: choose one of {list(MODEL_DTYPES)}")
+
+
+def check_lora_fields(config: Any) -> None:
+    if config.lora_r is not None and config.lora_r < 1:
+        raise ValueError(f"lora_r={config.lora_r}: a LoRA rank must be >= 1 (None trains every weight)")
+
+
+def _default_optim(config: Any) -> Any:
+    """transformers' (or TRL's) default of ``optim`` for this config class."""
+    return next(f.default for f in dataclasses.fields(type(config)) if f.name == "optim")
+
+
+def check_optimizer_fields(config: Any) -> None:
+    """Refuse an unknown optimizer, a conflicting ``optim``, or AdEMAMix settings out of range."""
+    if config.optimizer is None:
+        return
+    name = config.optimizer.lower()
+    if name not in OPTIMIZERS:
+        raise ValueError(f"optimizer={config.optimizer!r}: choose one of {sorted(OPTIMIZERS)}, "
+                         "or None to use transformers' `optim`")
+    config.optimizer = name
+    optim = getattr(config.optim, "value", config.optim)
+    default = getattr(_default_optim(config), "value", _default_optim(config))
+    if optim != default:
+        raise ValueError(f"optim={optim!r} is ignored while optimizer={config.optimizer!r} picks the "
+                         "optimizer: set optimizer=None to use transformers' optimizers")
+    if not 0.0 <= config.ademamix_beta3 < 1.0:
+        raise ValueError(f"ademamix_beta3={config.ademamix_beta3}: must be in [0, 1) (Apertus: 0.99)")
+    if not config.ademamix_alpha >= 0:
+        raise ValueError(f"ademamix_alpha={config.ademamix_alpha}: must be >= 0 (Apertus: 8)")
+    for key in ("ademamix_t_alpha", "ademamix_t_beta3"):
+        value = getattr(config, key)
+        if value is not None and value < 0:
+            raise ValueError(f"{key}={value}: must be >= 0, or None for the total number of steps")
+
+
+# --------------------------------------------------------------------------- optimizer
+
+
+def optimizer_kwargs(config: Any, total_steps: int | None) -> dict[str, Any]:
+    """Keyword arguments for ``align.optim.build_optimizer(config.optimizer, ...)``."""
+    kwargs = {"lr": config.learning_rate, "beta1": config.adam_beta1, "beta2": config.adam_beta2,
+              "eps": config.adam_epsilon, "weight_decay": config.weight_decay, "total_steps": total_steps}
+    if config.optimizer == "ademamix":
+        kwargs.update(beta3=config.ademamix_beta3, alpha=config.ademamix_alpha, t_alpha=config.ademamix_t_alpha,
+                      t_beta3=config.ademamix_t_beta3)
+    return kwargs
+
+
+def create_optimizer(trainer: Any, model: torch.nn.Module | None, fallback: Any) -> torch.optim.Optimizer:
+    """``trainer.create_optimizer``: ``align.optim`` by ``args.optimizer``, else ``fallback(model)``
+    (transformers' own ``create_optimizer``, which reads ``optim``).
+
+    Weight decay applies to the parameters transformers decays (not biases and norms); T_α
+    and T_β3 left unset are the run's total optimizer steps.
+    """
+    if trainer.optimizer is not None or trainer.args.optimizer is None:
+        return fallback(model)
+    opt_model = trainer.model if model is None else model
+    decay = set(trainer.get_decay_parameter_names(opt_model))
+    params = [(n, p) for n, p in opt_model.named_parameters() if p.requires_grad]
+    groups = [{"params": [p for n, p in params if n in decay], "weight_decay": trainer.args.weight_decay},
+              {"params": [p for n, p in params if n not in decay], "weight_decay": 0.0}]
+    total = trainer.state.max_steps if trainer.state.max_steps > 0 else trainer.args.max_steps
+    trainer.optimizer = build_optimizer(trainer.args.optimizer, [g for g in groups if g["params"]],
+                                        **optimizer_kwargs(trainer.args, total if total > 0 else None))
+    return trainer.optimizer
+
+
+# --------------------------------------------------------------------------- model and adapter
+
+
+def lora_config(config: Any) -> Any:
+    """The PEFT LoRA config of the ``lora_*`` keys (all linear layers unless told otherwise), or None."""
+    if config.lora_r is None:
+        return None
+    from peft import LoraConfig
+
+    return LoraConfig(r=config.lora_r, lora_alpha=config.lora_alpha, lora_dropout=config.lora_dropout,
+                      target_modules=config.lora_target_modules or "all-linear", task_type="CAUSAL_LM")
+
+
+def is_peft_model(model: torch.nn.Module) -> bool:
+    try:
+        from peft import PeftModel
+    except ImportError:
+        return False
+    return isinstance(model, PeftModel)
+
+
+def load_causal_lm(path: str, config: Any) -> Any:
+    """A causal LM from ``path`` with the config's ``model_dtype`` and ``attn_implementation``
+    (and TRL's ``model_init_kwargs`` on top, where the config has them)."""
+    from transformers import AutoModelForCausalLM
+
+    dtype = config.model_dtype
+    if dtype == "auto":
+        dtype = "bfloat16" if config.bf16 else "float32"
+    kwargs: dict[str, Any] = {"dtype": getattr(torch, dtype)}
+    if config.attn_implementation:
+        kwargs["attn_implementation"] = config.attn_implementation
+    kwargs.update(getattr(config, "model_init_kwargs", None) or {})
+    return AutoModelForCausalLM.from_pretrained(path, **kwargs)
+
+
+# --------------------------------------------------------------------------- DeepSpeed
+
+
+def _fill_auto(ds_config: dict, args: Any, hidden_size: int | None) -> dict:
+    """Concrete values for the ``"auto"`` entries a DeepSpeed config for inference may hold."""
+    micro = args.per_device_train_batch_size
+    fixed = {"train_micro_batch_size_per_gpu": micro, "gradient_accumulation_steps": args.gradient_accumulation_steps,
+             "train_batch_size": micro * args.gradient_accumulation_steps * args.world_size}
+    for key, value in fixed.items():
+        if ds_config.get(key) == "auto":
+            ds_config[key] = value
+    zero = ds_config.get("zero_optimization", {})
+    if hidden_size:
+        sizes = {"reduce_bucket_size": hidden_size * hidden_size,
+                 "stage3_param_persistence_threshold": 10 * hidden_size,
+                 "stage3_prefetch_bucket_size": int(0.9 * hidden_size * hidden_size)}
+        for key, value in sizes.items():
+            if zero.get(key) == "auto":
+                zero[key] = value
+    return ds_config
+
+
+def deepspeed_reference(model: Any, accelerator: Any, args: Any) -> torch.nn.Module:
+    """Wrap a frozen reference for DeepSpeed: sharded like the policy under ZeRO-3, replicated otherwise."""
+    import deepspeed
+
+    ds_config = copy.deepcopy(accelerator.state.deepspeed_plugin.deepspeed_config)
+    stage = ds_config.get("zero_optimization", {}).get("stage", 0)
+    if stage != 3:
+        ds_config["zero_optimization"] = {"stage": 0}
+    ds_config.pop("optimizer", None)
+    ds_config.pop("scheduler", None)
+    hidden = getattr(model.config, "hidden_size", None)
+    engine, *_ = deepspeed.initialize(model=model, config=_fill_auto(ds_config, args, hidden))
+    engine.eval()
+    return engine

@@ -1,0 +1,194 @@
+"""Preference dataset preparation: pair rows → the trainer's columns (token ids, quantiles, ref log-probs).
+
+A pair row (``align.data.records``: ``messages``, ``chosen``, ``rejected``, optional
+``tools``) is validated (errors name the row and the field), tokenized with
+``align.scoring.encode_record`` (THE tokenization of the reference log-prob pass, a
+completion cut at the sampling budget included, ``truncated``), checked against what the pass
+scored (its lengths, its per-completion token hashes, its reference checkpoint), and given
+its quantile rewards (QRPO). The mirror of ``align.trainers.sft_data`` for pairs.
+
+``prepare_dataset`` runs it through ``datasets.map`` under
+``training_args.main_process_first()``, so the main process prepares first and the other
+ranks find its cache (for file-backed datasets) instead of all tokenizing at once.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import datasets
+
+from align.data.quantiles import quantile_rewards
+from align.data.records import RecordError, record_id, validate_pair
+from align.io import rows_to_dataset
+from align.logprobs import check_ref_tokens, load_records, pass_settings, reference_fingerprint
+from align.scoring import PAIR_NAMES, count_truncated, encode_record
+
+__all__ = [
+    "PREPARED_COLUMNS",
+    "check_ref_model",
+    "expected_ref_fingerprint",
+    "pair_quantiles",
+    "prepare_dataset",
+    "prepare_row",
+]
+
+logger = logging.getLogger(__name__)
+
+PREPARED_COLUMNS = ("id", "prompt_ids", "chosen_ids", "rejected_ids", "chosen_quantile",
+                    "rejected_quantile", "ref_chosen_logps", "ref_rejected_logps")
+# A list of rows goes through `datasets.map` as one JSON column: Arrow would unify the rows'
+# nested structures (a None for every key some message lacks), changing what is rendered.
+_JSON_ROW = "_row_json"
+
+
+def _number(row: Mapping[str, Any], name: str, rid: str) -> float:
+    value = row.get(name)
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        raise RecordError(rid, name, f"expected a finite number, got {value!r}")
+    return float(value)
+
+
+def _num_ref_rewards(row: Mapping[str, Any], configured: int | None, rid: str) -> int | None:
+    """n from the config, checked against the row's own ``num_ref_rewards`` when it has one.
+
+    A row whose sampling dropped overlong references (``num_ref_dropped``, from the pairs
+    stage) has ``num_ref_rewards = n - num_ref_dropped``, its own grid.
+    """
+    found = row.get("num_ref_rewards")
+    if found is not None and configured is not None and found != configured:
+        dropped = row.get("num_ref_dropped") or 0
+        if dropped and found == configured - dropped:
+            return found
+        extra = f" minus num_ref_dropped={dropped}" if dropped else ""
+        raise RecordError(rid, "num_ref_rewards", f"is {found}, but the config says num_ref_rewards={configured}{extra}")
+    return configured if configured is not None else found
+
+
+def pair_quantiles(row: Mapping[str, Any], num_ref_rewards: int | None, index: int | None = None) -> tuple[float, float]:
+    """(R_q chosen, R_q rejected): precomputed columns, else from rewards vs. ``ref_rewards``."""
+    rid = record_id(row, index)
+    n = _num_ref_rewards(row, num_ref_rewards, rid)
+    if row.get("chosen_quantile") is not None and row.get("rejected_quantile") is not None:
+        values = []
+        for name in ("chosen_quantile", "rejected_quantile"):
+            q = _number(row, name, rid)
+            if not 0.0 <= q <= 1.0:
+                raise RecordError(rid, name, f"is {q}, outside [0, 1]")
+            if n and abs(q * n - round(q * n)) > 1e-6:
+                raise RecordError(
+                    rid,
+                    name,
+                    f"is {q}, not a multiple of 1/n with n = {n} (docs/method.md, Quantile rewards)",
+                )
+            values.append(q)
+        return values[0], values[1]
+    if row.get("ref_rewards") is None or row.get("chosen_reward") is None or row.get("rejected_reward") is None:
+        raise RecordError(rid, "chosen_quantile", "missing: QRPO needs chosen_quantile and rejected_quantile, "
+                          "or chosen_reward, rejected_reward and ref_rewards")
+    rewards = [_number(row, "chosen_reward", rid), _number(row, "rejected_reward", rid)]
+    try:
+        qc, qr = quantile_rewards(rewards, row["ref_rewards"], expected_n=n)
+    except ValueError as error:
+        raise RecordError(rid, "ref_rewards", str(error)) from error
+    return qc, qr
+
+
+def _check_ref_lengths(row: Mapping[str, Any], encoded: Mapping[str, list[int]], rid: str) -> None:
+    """The pass's |y| must equal ours: else it tokenized differently and its log-probs are for other tokens."""
+    for name in PAIR_NAMES:
+        expected, ours = row.get(f"{name}_length"), len(encoded[f"{name}_ids"])
+        if expected != ours:
+            raise RecordError(rid, f"{name}_length", f"is {expected} in the reference log-prob pass, but the trainer "
+                              f"tokenizes {ours} completion tokens: rerun `align logprobs` with the trainer's "
+                              "chat_format, chat_date, max_length and tokenizer")
+
+
+def prepare_row(row: Mapping[str, Any], index: int, tokenizer: Any, config: Any) -> dict[str, Any]:
+    """One pair row → the trainer's columns (token ids, quantiles, reference log-probs)."""
+    need_ref = config.reference == "precomputed"
+    validate_pair(row, index, need_ref_logps=need_ref)
+    rid = record_id(row, index)
+    encoded = encode_record(tokenizer, row, chat_format=config.chat_format, max_length=config.max_length,
+                            enable_thinking=config.enable_thinking, chat_date=config.chat_date, index=index,
+                            truncated=config.truncated)
+    out: dict[str, Any] = {"id": rid, **encoded}
+    if need_ref:
+        check_ref_tokens(row, encoded, rid, lambda: pass_settings(
+            tokenizer, chat_format=config.chat_format, chat_date=config.chat_date,
+            enable_thinking=config.enable_thinking, max_length=config.max_length, truncated=config.truncated))
+        _check_ref_lengths(row, encoded, rid)
+        out["ref_chosen_logps"] = float(row["ref_chosen_logps"])
+        out["ref_rejected_logps"] = float(row["ref_rejected_logps"])
+    if config.loss.uses_quantile_rewards:
+        out["chosen_quantile"], out["rejected_quantile"] = pair_quantiles(row, config.num_ref_rewards, index)
+    return out
+
+
+def expected_ref_fingerprint(config: Any, model: Any = None) -> str | None:
+    """The reference checkpoint's fingerprint as the trainer knows it: ``ref_model_name_or_path``,
+    else the policy's starting checkpoint (``model_name_or_path``, or the model's own path);
+    None when the model is held only in memory."""
+    return reference_fingerprint(config.ref_model_name_or_path or config.model_name_or_path or model)
+
+
+def check_ref_model(row: Mapping[str, Any], expected: str | None, rid: str) -> None:
+    """The pass's ``ref_model_fingerprint`` must be the trainer's reference checkpoint (when both are known)."""
+    found = row.get("ref_model_fingerprint")
+    if expected is not None and found is not None and found != expected:
+        raise RecordError(rid, "ref_model_fingerprint", f"is {str(found)[:16]}…, the weights the reference "
+                          f"log-prob pass scored with, but the trainer's reference checkpoint is {expected[:16]}…: "
+                          "rerun `align logprobs` with the checkpoint the policy starts from, or name the pass's "
+                          "checkpoint in ref_model_name_or_path")
+
+
+def _prepare_one(row: Mapping[str, Any], index: int, tokenizer: Any, config: Any, expected: str | None) -> dict[str, Any]:
+    row = json.loads(row[_JSON_ROW]) if _JSON_ROW in row else dict(row)
+    if config.reference == "precomputed":
+        check_ref_model(row, expected, record_id(row, index))
+    return prepare_row(row, index, tokenizer, config)
+
+
+def prepare_dataset(dataset: Any, tokenizer: Any, config: Any, model: Any = None) -> datasets.Dataset:
+    """Pair rows (list, ``datasets.Dataset`` or a file path) → a dataset of trainer columns.
+
+    A dataset that already has ``prompt_ids`` is taken as prepared and returned as is.
+    With precomputed references every row's token hash is checked (``check_ref_tokens``),
+    and its ``ref_model_fingerprint`` against the reference checkpoint (``model``: the policy,
+    used when the config names no checkpoint path). Runs as ``datasets.map`` on the main
+    process first (``config.main_process_first``), the other ranks after it.
+    """
+    if isinstance(dataset, (str, Path)):
+        dataset = load_records(dataset)
+    if isinstance(dataset, datasets.IterableDataset):
+        raise TypeError("streaming datasets are not supported: pass a datasets.Dataset or a list of rows")
+    if isinstance(dataset, datasets.Dataset) and "prompt_ids" in dataset.column_names:
+        return dataset
+    if len(dataset) == 0:
+        raise ValueError("the preference dataset is empty")
+    if not isinstance(dataset, datasets.Dataset):
+        dataset = rows_to_dataset({_JSON_ROW: json.dumps(dict(row))} for row in dataset)
+    expected = expected_ref_fingerprint(config, model) if config.reference == "precomputed" else None
+    if getattr(config, "process_index", 0) != 0:  # one set of `datasets` progress bars: the main process's
+        datasets.disable_progress_bars()
+    with config.main_process_first(desc="preference dataset preparation"):
+        prepared = dataset.map(_prepare_one, with_indices=True, remove_columns=dataset.column_names,
+                               fn_kwargs={"tokenizer": tokenizer, "config": config, "expected": expected},
+                               desc="Tokenizing preference pairs")
+    if config.truncated == "train_without_end":
+        num_cut = _count_cut(dataset)
+        if num_cut:
+            logger.warning("preference data: %d truncated completions (finish_reason 'length') are trained "
+                           "without an end-of-turn token (truncated=train_without_end)", num_cut)
+    return prepared
+
+
+def _count_cut(dataset: datasets.Dataset) -> int:
+    if _JSON_ROW in dataset.column_names:
+        return count_truncated(json.loads(text) for text in dataset[_JSON_ROW])
+    return count_truncated(dataset)
