@@ -3,12 +3,12 @@
 Recipe keys (all optional but ``lr``)::
 
     adamw:    lr, beta1=0.9, beta2=0.999, eps=1e-8, weight_decay=0.0
-    ademamix: lr, beta1=0.9, beta2=0.999, beta3=0.9999, alpha=8.0,
+    ademamix: lr, beta1=0.9, beta2=0.999, beta3=0.99, alpha=8.0,
               t_alpha=total_steps, t_beta3=total_steps, eps=1e-8, weight_decay=0.0
 
-Apertus (report §E.3/§E.4; docs/method.md, AdEMAMix): ``ademamix`` with beta3=0.99, alpha=8 and both
-warmups over all training steps, which is what ``t_alpha``/``t_beta3`` default to when
-``total_steps`` is given; pass 0 to turn a warmup off. A key the chosen optimizer does not
+The defaults are Apertus's (report §E.3/§E.4; docs/method.md, AdEMAMix) and the same as
+the trainer configs': beta3=0.99, alpha=8 and both warmups over all training steps, which
+is what ``t_alpha``/``t_beta3`` default to when ``total_steps`` is given; pass 0 to turn a warmup off. A key the chosen optimizer does not
 use is an error, never silently ignored.
 """
 
@@ -47,7 +47,7 @@ def _ademamix(
     lr: float,
     beta1: float = 0.9,
     beta2: float = 0.999,
-    beta3: float = 0.9999,
+    beta3: float = 0.99,
     alpha: float = 8.0,
     t_alpha: int | None = None,
     t_beta3: int | None = None,
