@@ -32,8 +32,8 @@ __all__ = [
 class LossType(str, enum.Enum):
     """The preference losses; trainers ask these properties instead of comparing names.
 
-    Both are defined on log π_θ − log π_ref, so every type needs the reference log-probs
-    (the offline pass): nothing to ask.
+    Both are defined on log π_θ − log π_ref, so every type needs reference log-probs (from
+    the offline pass, or from a reference model or adapter during training).
     """
 
     QRPO = "qrpo"
