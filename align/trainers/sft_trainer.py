@@ -30,7 +30,9 @@ Raises:
 
 from __future__ import annotations
 
+import functools
 import logging
+import types
 from typing import Any
 
 import datasets
@@ -40,7 +42,7 @@ from trl import SFTTrainer as TRLSFTTrainer
 
 from align.chat import install_format
 from align.trainers.callbacks import bind_callbacks
-from align.trainers.common import create_optimizer, load_causal_lm, lora_config
+from align.trainers.common import create_optimizer, is_peft_model, load_causal_lm, lora_config
 from align.trainers.sft_config import SFTConfig
 from align.trainers.sft_data import IGNORE_INDEX, load_sft_dataset, prepare_sft_dataset
 
@@ -112,6 +114,30 @@ def token_weights(batch: dict[str, torch.Tensor], prompt_loss_weight: float) -> 
     return weights
 
 
+def rebind_fused_forward(model: torch.nn.Module) -> None:
+    """Make TRL's fused-LM-head forward follow the model it is called on, so copies are safe.
+
+    TRL's SFTTrainer replaces ``model.forward`` with a wrapper whose plain path calls the
+    bound ``forward`` of the model it patched, captured in a closure. ``copy.deepcopy`` of
+    the trained model rebinds the wrapper to the copy but keeps that closure, so the copy's
+    ``generate`` and plain forward silently ran the original's weights. Here the plain path
+    calls the class's forward on ``self``; the fused path (training) is TRL's, unchanged.
+    """
+    target = model.get_base_model() if is_peft_model(model) else model
+    patched = target.__dict__.get("forward")
+    fused = getattr(patched, "__func__", None)
+    if fused is None:
+        return
+
+    def forward(self, *args: Any, fused_lm_head: bool = False, **kwargs: Any) -> Any:
+        if fused_lm_head:
+            return fused(self, *args, fused_lm_head=True, **kwargs)
+        return type(self).forward(self, *args, **kwargs)
+
+    functools.update_wrapper(forward, type(target).forward)  # `generate` checks kwargs against the signature
+    target.forward = types.MethodType(forward, target)
+
+
 class SFTTrainer(TRLSFTTrainer):
     """TRL's SFTTrainer fed by align.chat masks; see the module docstring for the additions.
 
@@ -154,6 +180,7 @@ class SFTTrainer(TRLSFTTrainer):
             callbacks=callbacks,
         )
         check_padding_free(args, getattr(self.model.config, "_attn_implementation", None))
+        rebind_fused_forward(self.model)
         self.prompt_loss_weight = float(args.prompt_loss_weight)
         bind_callbacks(self)
 

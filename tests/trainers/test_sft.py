@@ -257,6 +257,31 @@ def test_every_weight_moves(tmp_path, chat_tok):
     assert _losses(trainer)[-1] < _losses(trainer)[0]
 
 
+def test_a_copy_of_the_trained_model_runs_its_own_weights(tmp_path, chat_tok):
+    """TRL patches ``forward`` with a closure over the model it trained; a deepcopy of that
+    model (the demo hands one to each preference run) must still run the copy's weights."""
+    import copy
+
+    trainer = make_trainer(tmp_path, chat_tok)
+    trainer.train()
+    original = trainer.model.eval()
+    clone = copy.deepcopy(original)
+    with torch.no_grad():
+        for p in clone.parameters():
+            p.add_(0.05 * torch.randn_like(p))
+    ids = torch.tensor([[5, 6, 7, 8, 9]])
+    with torch.no_grad():
+        plain = type(clone).forward(clone, input_ids=ids).logits
+        assert torch.equal(clone(input_ids=ids).logits, plain)
+        assert not torch.allclose(original(input_ids=ids).logits, plain)
+        generated = clone.generate(input_ids=ids, max_new_tokens=1, do_sample=False, output_scores=True,
+                                   return_dict_in_generate=True, pad_token_id=chat_tok.pad_token_id)
+    assert torch.allclose(generated.scores[0][0], plain[0, -1])
+    # the fused path (training) still works on the copy
+    batch = {"input_ids": ids, "attention_mask": torch.ones_like(ids), "labels": ids}
+    assert clone(**batch, fused_lm_head=True).log_probs.shape == (1, 4)
+
+
 def test_ademamix_is_built_by_name_with_total_steps(tmp_path, chat_tok):
     from align.optim import AdEMAMix
 
