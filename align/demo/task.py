@@ -1,13 +1,16 @@
-"""The demo's task: 3-digit addition in the Apertus chat format, with a calculator tool.
+"""The demo's task: sorting digits in the Apertus chat format, with a calculator tool.
 
-Why this task (measured, see the project's demo notes): 3-digit addition with zero-padded
-operands is hard enough for a 1M-parameter model that SFT leaves room for QRPO, and its
-answers can be checked exactly (the verifiable reward). A share of the SFT conversations
-call a calculator tool for multiplication, so the demo trains on tool calls and tool
-outputs (which the loss mask must leave out) as well.
+Why sorting (measured on 2 CPU cores, plain PyTorch loops beside the library's SFT): the
+0.9M-parameter model learns it smoothly in the chat format, so SFT can be stopped in the
+middle (about 0.75 greedy accuracy), where most prompts have both right and wrong samples
+and QRPO has something to learn from. Addition, the first choice, is learned through a long
+plateau and a sudden jump, and in the chat format the jump did not come within the demo's
+budget. Answers are checked exactly (the verifiable reward). A share of the SFT
+conversations call a calculator tool for a multiplication, so the demo trains on tool calls
+and tool outputs (which the loss mask must leave out) as well.
 
-The tokenizer splits digits into single tokens (so arithmetic is learnable) and merges
-the constant chat-format text into a few tokens (so sequences stay short on CPU).
+The tokenizer splits digits into single tokens and merges the constant chat-format text into
+a few tokens (so sequences stay short on CPU).
 """
 
 from __future__ import annotations
@@ -26,7 +29,7 @@ from align.testing.tiny import (
     wrap_tokenizer,
 )
 
-SYSTEM = "Add the two numbers."
+SYSTEM = "Sort the digits."
 TOOL_SYSTEM = "Use the calculator."
 CALCULATOR = {
     "type": "function",
@@ -42,18 +45,18 @@ CALCULATOR = {
 }
 
 
-def addition_prompt(a: int, b: int, digits: int = 3) -> list[dict[str, str]]:
-    """The prompt conversation for one addition problem (operands zero-padded)."""
-    return [{"role": "system", "content": SYSTEM}, {"role": "user", "content": f"{a:0{digits}d}+{b:0{digits}d}"}]
+def sorting_prompt(digits: str) -> list[dict[str, str]]:
+    """The prompt conversation for one problem: a string of digits to sort."""
+    return [{"role": "system", "content": SYSTEM}, {"role": "user", "content": digits}]
 
 
-def addition_answer(a: int, b: int) -> str:
-    return str(a + b)
+def sorting_answer(digits: str) -> str:
+    return "".join(sorted(digits))
 
 
-def tool_conversation(a: int, b: int, digits: int = 3) -> dict[str, Any]:
+def tool_conversation(a: int, b: int) -> dict[str, Any]:
     """A multiplication solved with the calculator: a tool call, its output, the answer."""
-    expression = f"{a:0{digits}d}*{b:0{digits}d}"
+    expression = f"{a}*{b}"
     return {
         "messages": [
             {"role": "system", "content": TOOL_SYSTEM},
@@ -72,63 +75,60 @@ def tool_conversation(a: int, b: int, digits: int = 3) -> dict[str, Any]:
     }
 
 
-def _pairs(rng: random.Random, count: int, exclude: set[tuple[int, int]], digits: int) -> list[tuple[int, int]]:
-    out: list[tuple[int, int]] = []
+def _problems(rng: random.Random, count: int, exclude: set[str], length: int) -> list[str]:
+    """``count`` distinct digit strings of ``length`` digits, none of them in ``exclude``."""
+    out: list[str] = []
     seen = set(exclude)
-    if count + len(seen) > 10 ** (2 * digits):
-        raise ValueError(f"{count} problems with {digits}-digit operands: there are only {10 ** (2 * digits)}")
+    if count + len(seen) > 10**length:
+        raise ValueError(f"{count} problems of {length} digits: there are only {10**length}")
     while len(out) < count:
-        pair = (rng.randrange(10**digits), rng.randrange(10**digits))
-        if pair not in seen:
-            seen.add(pair)
-            out.append(pair)
+        problem = "".join(rng.choice("0123456789") for _ in range(length))
+        if problem not in seen:
+            seen.add(problem)
+            out.append(problem)
     return out
 
 
 def make_splits(
-    *, sft: int, prompts: int, held_out: int, validation: int, tool_fraction: float, seed: int, digits: int = 3
+    *, sft: int, prompts: int, held_out: int, validation: int, tool_fraction: float, seed: int, length: int = 5
 ) -> dict[str, list[dict[str, Any]]]:
     """Disjoint problem sets: SFT conversations, QRPO prompts, validation and held-out eval.
 
-    Held-out, validation and QRPO prompts never overlap. With few digits the SFT set may
-    repeat problems (it samples with replacement from what the others leave).
+    No problem appears in two sets, and none repeats within a set.
     """
     rng = random.Random(seed)
-    held = _pairs(rng, held_out, set(), digits)
-    val = _pairs(rng, validation, set(held), digits)
-    prompt_pairs = _pairs(rng, prompts, set(held) | set(val), digits)
-    taken = set(held) | set(val) | set(prompt_pairs)
-    free = [(a, b) for a in range(10**digits) for b in range(10**digits) if (a, b) not in taken] if digits <= 2 else None
-    sft_pairs = [rng.choice(free) for _ in range(sft)] if free is not None else _pairs(rng, sft, taken, digits)
+    held = _problems(rng, held_out, set(), length)
+    val = _problems(rng, validation, set(held), length)
+    prompt_problems = _problems(rng, prompts, set(held) | set(val), length)
+    sft_problems = _problems(rng, sft, set(held) | set(val) | set(prompt_problems), length)
 
-    def prompt_record(split: str, i: int, a: int, b: int) -> dict[str, Any]:
-        return {"id": f"{split}-{i:05d}", "messages": addition_prompt(a, b, digits), "answer": addition_answer(a, b)}
+    def prompt_record(split: str, i: int, problem: str) -> dict[str, Any]:
+        return {"id": f"{split}-{i:05d}", "messages": sorting_prompt(problem), "answer": sorting_answer(problem)}
 
     sft_rows = []
-    for i, (a, b) in enumerate(sft_pairs):
+    for i, problem in enumerate(sft_problems):
         if rng.random() < tool_fraction:
-            row = tool_conversation(a, b, digits)
+            row = tool_conversation(rng.randrange(10, 100), rng.randrange(10, 100))
         else:
-            row = {"messages": addition_prompt(a, b, digits) + [{"role": "assistant", "content": addition_answer(a, b)}]}
+            row = {"messages": sorting_prompt(problem) + [{"role": "assistant", "content": sorting_answer(problem)}]}
         sft_rows.append({"id": f"sft-{i:05d}", **row})
     return {
         "sft": sft_rows,
-        "prompts": [prompt_record("prompt", i, a, b) for i, (a, b) in enumerate(prompt_pairs)],
-        "validation": [prompt_record("val", i, a, b) for i, (a, b) in enumerate(val)],
-        "held_out": [prompt_record("test", i, a, b) for i, (a, b) in enumerate(held)],
+        "prompts": [prompt_record("prompt", i, p) for i, p in enumerate(prompt_problems)],
+        "validation": [prompt_record("val", i, p) for i, p in enumerate(val)],
+        "held_out": [prompt_record("test", i, p) for i, p in enumerate(held)],
     }
 
 
 def batch_by_kind(rows: list[dict[str, Any]], batch_size: int, *, seed: int) -> list[dict[str, Any]]:
-    """Rows reordered so that each run of ``batch_size`` holds additions only or tool calls only.
+    """Rows reordered so that each run of ``batch_size`` holds task rows only or tool calls only.
 
-    Tool conversations are about 48 tokens and additions about 22, so one tool row in a
-    padded batch doubles its length. Batches of one kind (shuffled among each other, the
-    rows shuffled within their kind) keep addition batches short; a sequential sampler
-    then reads them in this order. Left-over rows of both kinds share the last batch.
-    Sorting by length instead (a length-grouped sampler) made batches of sums below 1000
-    and batches of sums above it, and SFT stopped learning (measured: loss still ~2.0
-    after 270 steps, against 1.3 after 170 steps with random batches).
+    Tool conversations are about twice as long as the others, so one tool row in a padded
+    batch doubles its length. Batches of one kind (shuffled among each other, the rows
+    shuffled within their kind) keep the other batches short; a sequential sampler then
+    reads them in this order. Left-over rows of both kinds share the last batch. (Grouping
+    rows by length instead was measured on addition: batches of sums below 1000 and of sums
+    above it, and SFT stopped learning.)
     """
     rng = random.Random(seed)
     kinds: dict[bool, list[dict[str, Any]]] = {False: [], True: []}

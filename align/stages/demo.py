@@ -1,9 +1,9 @@
 """The whole method on a tiny model, on CPU, with no network, in minutes.
 
 1. Build a 0.9M-parameter Llama and a tokenizer with the Apertus special tokens.
-2. SFT it in the Apertus format on addition with zero-padded operands (plus calculator
-   tool calls) in padded batches, for ``sft_max_steps`` steps or until greedy validation
-   accuracy (checked every ``sft_eval_every`` steps) reaches ``sft_stop_accuracy``.
+2. SFT it in the Apertus format on sorting digits (plus calculator tool calls) in padded
+   batches, for ``sft_max_steps`` steps or until greedy validation accuracy (checked every
+   ``sft_eval_every`` steps) reaches ``sft_stop_accuracy``.
 3. Sample n = 10 reference completions per prompt (T = 1).
 4. Reward them with the verifiable provider; also score a few with the constitutional
    judge on a tiny model, so that path runs too.
@@ -18,20 +18,11 @@ Writes ``report.json``, ``training.png`` (six panels) and the evaluation's ``eva
 (``report.md``, ``eval.jsonl``, reward, win-rate and length plots) to ``output_dir`` and
 prints a summary table. ``preset=ci`` shrinks every stage for a quick path check.
 
-What limits the demo today (measured on 2 CPU cores, plain PyTorch loops beside the
-library's SFT): this model learns addition through a long plateau and then a sudden jump,
-and in this setting the jump comes too late or not at all. Two things delay it:
-
-- a fixed set of problems. 2-digit addition has only 10,000 problems, so its SFT rows
-  repeat; 3-digit bare text (``123+045=168``) with fresh problems every step jumped to 75%
-  greedy accuracy by step 550, but with a fixed pool of 20,000 problems it stayed below 2%
-  for 800 steps;
-- the chat format's constant prefix. With fresh 3-digit problems in the Apertus format
-  (8 constant tokens before the operands), seeds 0 and 1 stayed below 2% for 1,000 steps;
-  bare text with 14 constant tokens in front did the same for 700.
-
-So SFT does not reach the middle (about 0.75) where most prompts have both right and wrong
-samples, and QRPO has little signal to learn from.
+Why sorting digits and not addition (measured on 2 CPU cores, plain PyTorch loops beside
+the library's SFT): this model learns addition through a long plateau and then a sudden
+jump, and in the chat format (8 constant tokens before the operands) the jump did not come
+within 1,000 steps. It learns to sort 5 digits smoothly, so SFT can stop in the middle,
+where most prompts have both right and wrong samples.
 """
 
 from __future__ import annotations
@@ -69,8 +60,8 @@ class Config:
     preset: str = field(default="full", metadata={
         "help": "'full' (the defaults below) or 'ci' (fewer examples, prompts and steps: a quick path check)"})
     seed: int = field(default=0, metadata={"help": "seeds data, model init, sampling and training"})
-    digits: int = field(default=2, metadata={"help": "operand digits of the addition task"})
-    sft_examples: int = field(default=20000, metadata={"help": "SFT conversations"})
+    length: int = field(default=5, metadata={"help": "digits per problem (the task sorts them)"})
+    sft_examples: int = field(default=40000, metadata={"help": "SFT conversations"})
     tool_fraction: float = field(default=0.05, metadata={"help": "share of SFT conversations that call the calculator"})
     prompts: int = field(default=2048, metadata={"help": "QRPO prompts (each gets n reference samples)"})
     held_out: int = field(default=500, metadata={"help": "held-out prompts for the before/after evaluation"})
@@ -78,9 +69,9 @@ class Config:
     n: int = field(default=10, metadata={"help": "reference samples per prompt"})
     sft_learning_rate: float = field(default=3e-3, metadata={"help": "SFT AdamW learning rate"})
     sft_batch_size: int = field(default=128, metadata={"help": "SFT batch size"})
-    sft_max_steps: int = field(default=600, metadata={"help": "SFT step limit (0.55-1.2 s a step on 2 shared cores)"})
+    sft_max_steps: int = field(default=400, metadata={"help": "SFT step limit (0.55-1.2 s a step on 2 shared cores)"})
     sft_stop_accuracy: float = field(default=0.75, metadata={"help": "stop SFT at this greedy validation accuracy"})
-    sft_eval_every: int = field(default=50, metadata={"help": "SFT steps between validation checks"})
+    sft_eval_every: int = field(default=25, metadata={"help": "SFT steps between validation checks"})
     qrpo_beta: float = field(default=1.0, metadata={"help": "QRPO beta (length-normalised: beta/|y|)"})
     qrpo_learning_rate: float = field(default=3e-5, metadata={"help": "QRPO AdamW learning rate (>=1e-4 overshoots)"})
     qrpo_batch_size: int = field(default=64, metadata={"help": "QRPO samples per step"})
@@ -99,8 +90,16 @@ class Config:
         for key, value in PRESETS[self.preset].items():
             if getattr(self, key) == defaults[key]:
                 setattr(self, key, value)
+        if self.length < 2:
+            raise ValueError("length: at least 2 digits, or there is nothing to sort")
         if self.n < 2:
             raise ValueError("n: at least 2 reference samples are needed for quantile rewards")
+
+
+    @property
+    def max_tokens(self) -> int:
+        """Generation limit: the answer, the end of turn and a little slack."""
+        return self.length + 3
 
 
 class _Timer:
@@ -124,7 +123,7 @@ class _Timer:
         return _Span()
 
 
-def greedy_accuracy(model, tokenizer, records: list[dict], *, batch_size: int = 256) -> float:
+def greedy_accuracy(model, tokenizer, records: list[dict], *, max_tokens: int = 8, batch_size: int = 256) -> float:
     """Fraction of prompts whose greedy answer is exactly right (and ends the turn)."""
     import torch
 
@@ -141,7 +140,7 @@ def greedy_accuracy(model, tokenizer, records: list[dict], *, batch_size: int = 
             enc = tokenizer(prompts, return_tensors="pt", padding=True, add_special_tokens=False)
             with torch.no_grad():
                 out = model.generate(
-                    **enc, max_new_tokens=6, do_sample=False,
+                    **enc, max_new_tokens=max_tokens, do_sample=False,
                     eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id,
                 )
             for row, record in zip(out[:, enc["input_ids"].shape[1]:].tolist(), batch):
@@ -161,7 +160,7 @@ def _sft_stopper(tokenizer, validation: list[dict], config: Config, history: lis
         def on_step_end(self, args, state, control, model=None, **kwargs):
             if state.global_step % config.sft_eval_every:
                 return
-            accuracy = greedy_accuracy(model, tokenizer, validation)
+            accuracy = greedy_accuracy(model, tokenizer, validation, max_tokens=config.max_tokens)
             model.train()
             history.append((state.global_step, accuracy))
             print(f"[align demo] SFT step {state.global_step}: validation greedy accuracy {accuracy:.3f}", flush=True)
@@ -237,6 +236,7 @@ def run(config: Config) -> dict[str, Any]:
     torch.set_num_threads(config.threads or os.cpu_count() or 1)
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     out = Path(config.output_dir)
+    _clear_previous_run(out)
     out.mkdir(parents=True, exist_ok=True)
     timer = _Timer()
     started = time.time()
@@ -245,7 +245,7 @@ def run(config: Config) -> dict[str, Any]:
         splits = make_splits(
             sft=config.sft_examples, prompts=config.prompts, held_out=config.held_out,
             validation=config.validation, tool_fraction=config.tool_fraction, seed=config.seed,
-            digits=config.digits,
+            length=config.length,
         )
         texts = [render(r["messages"], tools=r.get("tools"), date=DATE) for r in splits["sft"][:4000]]
         tokenizer = build_demo_tokenizer(texts)
@@ -279,7 +279,7 @@ def run(config: Config) -> dict[str, Any]:
     sampler = TransformersSampler(sft_model, tokenizer, chat_format="apertus", batch_size=256, date=DATE,
                                   model_name="demo-sft")
     with timer("sample references"):
-        sample_references(splits["prompts"], sampler, output_dir=out / "sample", n=config.n, max_tokens=8,
+        sample_references(splits["prompts"], sampler, output_dir=out / "sample", n=config.n, max_tokens=config.max_tokens,
                           seed=config.seed, batch_size=256)
         sampled = read_output(out / "sample")
 
@@ -310,7 +310,7 @@ def run(config: Config) -> dict[str, Any]:
     # The held-out reward of greedy answers on the validation prompts, during training.
     def watcher() -> GenerationEvalCallback:
         return GenerationEvalCallback(splits["validation"], VerifiableReward(), tokenizer,
-                                      eval_steps=config.watch_every, date=DATE, max_tokens=8, batch_size=256)
+                                      eval_steps=config.watch_every, date=DATE, max_tokens=config.max_tokens, batch_size=256)
 
     trained = {}
     for loss_type, overrides in (
@@ -330,7 +330,7 @@ def run(config: Config) -> dict[str, Any]:
             for name, (trainer, _) in trained.items()]
         evaluation = evaluate(
             splits["held_out"], policies, VerifiableReward(), out / "evaluate", baseline="sft",
-            settings=EvalSettings(greedy=True, n=config.n, temperature=1.0, max_tokens=8, seed=config.seed + 1,
+            settings=EvalSettings(greedy=True, n=config.n, temperature=1.0, max_tokens=config.max_tokens, seed=config.seed + 1,
                                   batch_size=256, kl_batch_size=512),
             source="held-out prompts")
 
@@ -398,6 +398,24 @@ def run(config: Config) -> dict[str, Any]:
     print(f"Report: {out / 'report.json'}, {out / 'evaluate' / 'report.md'}; plots: {out / 'training.png'}, "
           f"{out / 'evaluate'}/*.png")
     return report
+
+
+# What a demo run writes under output_dir; a new run removes these first.
+RUN_OUTPUTS = ("data", "sft", "sample", "annotate", "pairs", "logprobs", "qrpo", "dpo", "evaluate",
+               "report.json", "training.png")
+
+
+def _clear_previous_run(out: Path) -> None:
+    """Start from nothing: the demo's stages resume from what they find, and a previous run
+    with other settings (another seed, another preset) would be refused or mixed in."""
+    import shutil
+
+    found = [out / name for name in RUN_OUTPUTS if (out / name).exists()]
+    if not found:
+        return
+    print(f"[align demo] removing the previous run's outputs in {out}", flush=True)
+    for path in found:
+        shutil.rmtree(path) if path.is_dir() else path.unlink()
 
 
 def _encodable(pairs: list[dict], tokenizer: Any, skips: list[dict]) -> list[dict]:
