@@ -10,6 +10,7 @@ One definition, and one default, per setting:
   biases and norms, as transformers does; T_α = T_β3 = the run's total optimizer steps).
 * ``lora_config``, ``load_causal_lm``, ``is_peft_model``: the adapter and the model.
 * ``deepspeed_reference``: a frozen reference model wrapped for DeepSpeed.
+* ``preparation_order``: whether ranks prepare a dataset in turn or all at once.
 
 Defaults follow the Apertus recipe (docs/method.md, AdEMAMix): AdEMAMix with β3 = 0.99
 ("different from pre-training", the report's §3.4, E.3, E.4) and α = 8, both warmups over
@@ -18,6 +19,7 @@ the whole run.
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import dataclasses
 from dataclasses import dataclass, field
@@ -40,6 +42,7 @@ __all__ = [
     "load_causal_lm",
     "lora_config",
     "optimizer_kwargs",
+    "preparation_order",
 ]
 
 MODEL_DTYPES = ("auto", "float32", "bfloat16", "float16")
@@ -202,6 +205,16 @@ def lora_config(config: Any) -> Any:
 
     return LoraConfig(r=config.lora_r, lora_alpha=config.lora_alpha, lora_dropout=config.lora_dropout,
                       target_modules=config.lora_target_modules or "all-linear", task_type="CAUSAL_LM")
+
+
+def preparation_order(args: Any, dataset: Any, desc: str) -> contextlib.AbstractContextManager:
+    """Ranks prepare a file-backed dataset in turn: the main process first, and the others
+    then reuse its ``datasets`` cache. An in-memory dataset (rows handed over in Python) has
+    no cache to share, so waiting would only make every other rank repeat the same work
+    after the main process; then all ranks prepare at once."""
+    if getattr(dataset, "cache_files", None):
+        return args.main_process_first(desc=desc)
+    return contextlib.nullcontext()
 
 
 def is_peft_model(model: torch.nn.Module) -> bool:

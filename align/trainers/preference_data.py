@@ -7,9 +7,9 @@ completion cut at the sampling budget included, ``truncated``), checked against 
 scored (its lengths, its per-completion token hashes, its reference checkpoint), and given
 its quantile rewards (QRPO). The mirror of ``align.trainers.sft_data`` for pairs.
 
-``prepare_dataset`` runs it through ``datasets.map`` under
-``training_args.main_process_first()``, so the main process prepares first and the other
-ranks find its cache (for file-backed datasets) instead of all tokenizing at once.
+``prepare_dataset`` runs it through ``datasets.map``. A file-backed dataset is prepared by
+the main process first and the other ranks find its cache; rows held in memory have no
+cache to share, so every rank prepares them at once (``preparation_order``).
 """
 
 from __future__ import annotations
@@ -28,6 +28,7 @@ from align.data.records import RecordError, record_id, validate_pair
 from align.io import rows_to_dataset
 from align.logprobs import check_ref_tokens, load_records, pass_settings, reference_fingerprint
 from align.scoring import PAIR_NAMES, count_truncated, encode_record
+from align.trainers.common import preparation_order
 
 __all__ = [
     "PREPARED_COLUMNS",
@@ -161,7 +162,8 @@ def prepare_dataset(dataset: Any, tokenizer: Any, config: Any, model: Any = None
     With precomputed references every row's token hash is checked (``check_ref_tokens``),
     and its ``ref_model_fingerprint`` against the reference checkpoint (``model``: the policy,
     used when the config names no checkpoint path). Runs as ``datasets.map`` on the main
-    process first (``config.main_process_first``), the other ranks after it.
+    process first when the dataset is file-backed, on all ranks at once otherwise
+    (``preparation_order``).
     """
     if isinstance(dataset, (str, Path)):
         dataset = load_records(dataset)
@@ -176,7 +178,7 @@ def prepare_dataset(dataset: Any, tokenizer: Any, config: Any, model: Any = None
     expected = expected_ref_fingerprint(config, model) if config.reference == "precomputed" else None
     if getattr(config, "process_index", 0) != 0:  # one set of `datasets` progress bars: the main process's
         datasets.disable_progress_bars()
-    with config.main_process_first(desc="preference dataset preparation"):
+    with preparation_order(config, dataset, "preference dataset preparation"):
         prepared = dataset.map(_prepare_one, with_indices=True, remove_columns=dataset.column_names,
                                fn_kwargs={"tokenizer": tokenizer, "config": config, "expected": expected},
                                desc="Tokenizing preference pairs")

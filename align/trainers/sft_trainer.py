@@ -42,7 +42,7 @@ from trl import SFTTrainer as TRLSFTTrainer
 
 from align.chat import install_format
 from align.trainers.callbacks import bind_callbacks
-from align.trainers.common import create_optimizer, is_peft_model, load_causal_lm, lora_config
+from align.trainers.common import create_optimizer, is_peft_model, load_causal_lm, lora_config, preparation_order
 from align.trainers.sft_config import SFTConfig
 from align.trainers.sft_data import IGNORE_INDEX, load_sft_dataset, prepare_sft_dataset
 
@@ -187,10 +187,10 @@ class SFTTrainer(TRLSFTTrainer):
     @staticmethod
     def _prepare(dataset: Dataset, tokenizer: Any, args: SFTConfig, summary: dict[str, Any] | None = None
                  ) -> Dataset:
-        """Clean and tokenize with align.chat on the main process first, so other ranks hit the cache."""
+        """Clean and tokenize with align.chat (file-backed data: the main process first, the others reuse its cache)."""
         if args.process_index != 0:  # one set of `datasets` progress bars: the main process's
             datasets.disable_progress_bars()
-        with args.main_process_first(desc="SFT dataset preparation"):
+        with preparation_order(args, dataset, "SFT dataset preparation"):
             return prepare_sft_dataset(
                 dataset,
                 tokenizer,

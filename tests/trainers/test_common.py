@@ -60,7 +60,8 @@ def test_apertus_sft_preset_cleans_the_data():
     assert apertus_sft_defaults("8b")["identity_filter"] and apertus_sft_defaults("70b")["strip_boxed"]
 
 
-def test_pair_rows_are_prepared_by_a_map_on_the_main_process_first(tiny_tokenizer, tmp_path, monkeypatch):
+def test_pair_rows_are_prepared_by_a_map_in_turn_only_when_file_backed(tiny_tokenizer, tmp_path, monkeypatch):
+    import datasets
     from test_preference_trainer import DATE, make_rows
 
     from align.trainers.preference_data import prepare_dataset, prepare_row
@@ -76,5 +77,35 @@ def test_pair_rows_are_prepared_by_a_map_on_the_main_process_first(tiny_tokenize
     monkeypatch.setattr(config, "main_process_first", main_process_first)
     rows = make_rows(6)
     prepared = prepare_dataset(rows, tiny_tokenizer, config)
-    assert entered == ["preference dataset preparation"]
+    assert entered == []  # rows in memory: no cache for other ranks to reuse, so no waiting
     assert prepared.to_list() == [prepare_row(row, i, tiny_tokenizer, config) for i, row in enumerate(rows)]
+    datasets.Dataset.from_list(rows).save_to_disk(tmp_path / "pairs")
+    prepared = prepare_dataset(datasets.load_from_disk(tmp_path / "pairs"), tiny_tokenizer, config)
+    assert entered == ["preference dataset preparation"] and len(prepared) == len(rows)
+
+
+def test_ranks_prepare_in_turn_only_when_there_is_a_cache_to_share(tmp_path):
+    """File-backed data: the main process first, the others reuse its cache. Rows held in
+    memory have no cache, so waiting would only make the other ranks repeat the work later."""
+    import datasets
+
+    from align.trainers.common import preparation_order
+
+    calls = []
+
+    class Args:
+        @contextlib.contextmanager
+        def main_process_first(self, desc):
+            calls.append(desc)
+            yield
+
+    in_memory = datasets.Dataset.from_list([{"a": 1}, {"a": 2}])
+    with preparation_order(Args(), in_memory, "prep"):
+        pass
+    assert calls == []
+    in_memory.save_to_disk(tmp_path / "saved")
+    file_backed = datasets.load_from_disk(tmp_path / "saved")
+    assert file_backed.cache_files
+    with preparation_order(Args(), file_backed, "prep"):
+        pass
+    assert calls == ["prep"]
