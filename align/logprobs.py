@@ -36,7 +36,6 @@ are ``align.scoring``'s; this module holds the pass over a dataset and its cache
 
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
 import math
@@ -51,6 +50,7 @@ from torch import Tensor
 from align.chat.apertus import date_text
 from align.data.records import RecordError, record_id
 from align.io import output_files, read_output, read_records
+from align.io.fingerprint import json_digest, weights_fingerprint
 from align.jobs import run_job
 from align.scoring import (
     PAIR_NAMES,
@@ -85,8 +85,7 @@ CACHE_KEY_FIELDS = (
 # --------------------------------------------------------------------------- cache key
 
 
-def _sha256(payload: Any) -> str:
-    return hashlib.sha256(json.dumps(payload, sort_keys=True, default=str).encode()).hexdigest()
+_sha256 = json_digest
 
 
 def ref_cache_key(fields: Mapping[str, Any]) -> str:
@@ -116,45 +115,6 @@ def tokenizer_fingerprint(tokenizer: Any) -> str:
     if backend is not None:
         return _sha256(backend.to_str())
     return _sha256(sorted(tokenizer.get_vocab().items()))
-
-
-def _file_sample_hash(path: Path, samples: int = 16, size: int = 1 << 16) -> str:
-    """Hash of a file's size and ``samples`` evenly spaced chunks: cheap, content-based."""
-    total = path.stat().st_size
-    digest = hashlib.sha256(f"{path.name}:{total}".encode())
-    with open(path, "rb") as f:
-        for k in range(samples):
-            f.seek(max(0, (total - size) * k // max(1, samples - 1)))
-            digest.update(f.read(size))
-    return digest.hexdigest()
-
-
-def weights_fingerprint(model_or_path: torch.nn.Module | str | Path, *, full: bool = False) -> str:
-    """Fingerprint of a model's weights: of its weight files if it has a local directory, else
-    of its parameters. ``full`` hashes every byte of the files (slow for large models);
-    otherwise sizes plus evenly spaced samples of each file, or of each parameter.
-    """
-    path = model_or_path if isinstance(model_or_path, (str, Path)) else \
-        getattr(model_or_path, "name_or_path", "") or ""
-    directory = Path(path) if path else None
-    if directory is not None and directory.is_dir():
-        files = sorted(p for p in directory.iterdir() if p.suffix in (".safetensors", ".bin", ".pt")
-                       and p.is_file())
-        if files:
-            if full:
-                return _sha256([hashlib.sha256(p.read_bytes()).hexdigest() for p in files])
-            return _sha256([_file_sample_hash(p) for p in files])
-    if isinstance(model_or_path, (str, Path)):
-        return _sha256({"path": str(model_or_path)})  # a hub name: the revision is in the key's model field
-    digest = hashlib.sha256()
-    with torch.no_grad():
-        for name, param in unwrap_model(model_or_path).state_dict().items():
-            flat = param.detach().reshape(-1)
-            step = 1 if full else max(1, flat.numel() // 4096)
-            sample = flat[::step].float().cpu().numpy().tobytes()
-            digest.update(f"{name}:{tuple(param.shape)}:{param.dtype}".encode())
-            digest.update(sample)
-    return digest.hexdigest()
 
 
 # --------------------------------------------------------------------------- the pass

@@ -58,7 +58,6 @@ class LogprobsConfig:
     attn_implementation: ``sdpa`` / ``eager`` / ``flash_attention_2``; None: transformers' choice.
     padding_free / max_row_tokens: batch layout (does not change results).
     device: ``cuda``, ``cpu``...; None: this process's accelerator (``LOCAL_RANK``) or CPU.
-    full_weight_hash: hash every weight byte for the key (slow) instead of samples.
     truncated: ``exclude`` (default): a row whose chosen/rejected was cut at the token budget
         (``*_finish_reason`` "length") is an error; ``train_without_end``: score it without
         an end-of-turn token. Must match the trainer's ``truncated``.
@@ -78,7 +77,6 @@ class LogprobsConfig:
     padding_free: bool = False
     max_row_tokens: int | None = None
     device: str | None = None
-    full_weight_hash: bool = False
     truncated: str = "exclude"
 
     def __post_init__(self) -> None:
@@ -152,7 +150,7 @@ def run_pass(config: LogprobsConfig) -> Path:
     fields = cache_fields_for(
         records, config.model_name_or_path, tokenizer, format=config.chat_format, max_length=config.max_length,
         enable_thinking=config.enable_thinking, chat_date=config.chat_date, dtype=config.dtype,
-        model_fingerprint=weights_fingerprint(config.model_name_or_path, full=config.full_weight_hash))
+        model_fingerprint=weights_fingerprint(config.model_name_or_path))
     key = ref_cache_key(fields)
     output_dir = resolved_output_dir(config, key)
     if job_is_complete(output_dir, records, num_shards):
