@@ -2,6 +2,8 @@
 
 Every writer goes through ``atomic_write`` (a temp file in the same directory, fsync'ed,
 then renamed over the target), so a reader sees the old file or the new one, never half.
+The file gets the mode any other output gets (0666 less the umask: 0644 under umask 022),
+not the private 0600 of a temp file.
 """
 
 from __future__ import annotations
@@ -52,12 +54,28 @@ def iter_jsonl(path: str | Path, *, torn_tail: bool = False,
             yield number, record
 
 
+def _umask() -> int:
+    """The process umask: from /proc where the kernel says it, else read by setting it and
+    setting it straight back (a moment in which another thread could create a file)."""
+    try:
+        with open("/proc/self/status", encoding="ascii") as status:
+            for line in status:
+                if line.startswith("Umask:"):
+                    return int(line.split()[1], 8)
+    except (OSError, ValueError, IndexError):
+        pass
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
 def atomic_write(path: str | Path, write: Callable[[IO[str]], None]) -> Path:
     """Create or replace ``path`` with what ``write(handle)`` writes: temp file, fsync, rename."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
+        os.fchmod(fd, 0o666 & ~_umask())  # mkstemp's 0600 would make this one output private
         with os.fdopen(fd, "w", encoding="utf-8") as handle:
             write(handle)
             handle.flush()

@@ -1,8 +1,22 @@
-"""Reading the datasets that stages exchange, and turning rows into a `datasets.Dataset`."""
+"""Reading the datasets that stages exchange, and turning rows into a `datasets.Dataset`.
+
+One rule for every input, file or directory (docs/bad-inputs.md):
+
+- A data file is ``.jsonl``, ``.json`` or ``.parquet``, the suffix in any case (``.JSONL``).
+- A directory is read as the union of its data files. Nothing in it is ignored silently:
+  the library's own markers (``_COMPLETE.json``, ``_job.json``, ``_manifest.json``, a
+  shard's ``.done.json`` and ``.lock``, an atomic writer's ``.*.tmp``) are skipped by name;
+  any other name starting with ``_`` or ``.``, any other file, or a subdirectory, is an
+  error naming it.
+- An empty path is an error (never the current directory); a local-looking path that does
+  not exist is "not found" at once; only a name that looks like a hub dataset (``org/name``)
+  is passed to ``datasets.load_dataset``.
+"""
 
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
@@ -10,31 +24,86 @@ from typing import Any
 from align.io.files import iter_jsonl
 from align.io.shards import is_job_shard
 
+DATA_SUFFIXES = (".jsonl", ".json", ".parquet")
+# Files the library itself writes next to data (completion markers, the job fingerprint,
+# shard markers and locks, a killed atomic writer's temp file): skipped when a directory is
+# read. A new marker name belongs here, or readers refuse the directories that hold it.
+MARKER_NAMES = frozenset({"_COMPLETE.json", "_job.json", "_manifest.json"})
+_MARKER_RE = re.compile(r"^(?:shard-\d{5}-of-\d{5}\.(?:done\.json|lock)|\..+\.tmp)$")
+
+
+def is_marker(name: str) -> bool:
+    """A file name the library writes next to data and readers skip."""
+    return name in MARKER_NAMES or _MARKER_RE.match(name) is not None
+
+
+def data_suffix(path: str | Path) -> str:
+    """The file's suffix in lower case (``.JSONL`` is read as ``.jsonl``)."""
+    return Path(path).suffix.lower()
+
+
+def looks_local(value: str | Path) -> bool:
+    """A path on this machine rather than a hub name (``org/name``): it starts with ``.``,
+    ``/`` or ``~``, has more than one ``/``, or ends in a data file suffix."""
+    text = str(value)
+    return (text.startswith((".", "/", "~")) or text.count("/") > 1
+            or data_suffix(text) in DATA_SUFFIXES)
+
+
+def data_files(directory: str | Path) -> list[Path]:
+    """The data files of an input directory, sorted; anything else but a marker is an error."""
+    directory = Path(directory)
+    files: list[Path] = []
+    for entry in sorted(directory.iterdir()):
+        if is_marker(entry.name):
+            continue
+        if entry.name.startswith(("_", ".")):
+            raise ValueError(f"{entry}: named like one of the library's markers (a leading '_' or '.') but not one "
+                             f"({', '.join(sorted(MARKER_NAMES))}, shard .done.json / .lock, .*.tmp); "
+                             "rename it to read it, or move it out")
+        if entry.is_dir():
+            raise ValueError(f"{entry}: a subdirectory inside an input directory (only data files are read: "
+                             f"{', '.join(DATA_SUFFIXES)}); move it out, or name the directory to read")
+        if data_suffix(entry) not in DATA_SUFFIXES:
+            raise ValueError(f"{entry}: not a data file ({', '.join(DATA_SUFFIXES)}, any case) and not one of "
+                             "the library's markers; an input directory is read whole, so move it out")
+        files.append(entry)
+    if not files:
+        raise FileNotFoundError(f"{directory}: no .jsonl, .json or .parquet files in this directory")
+    return files
+
 
 def read_records(source: str | Path, *, split: str = "train") -> list[dict[str, Any]]:
     """Load rows from a JSONL/JSON/Parquet file, a stage output dir, or a `datasets` spec.
 
-    A directory is read as the union of its ``*.jsonl`` / ``*.parquet`` files (job shards
-    or a stage's output), in sorted file order. Anything else is passed to
-    ``datasets.load_dataset`` (a hub name or a local dataset script).
+    A directory is read as the union of its data files (job shards or a stage's output),
+    in sorted file order, under the rule of the module docstring. A name that looks like a
+    hub dataset (``org/name``) and is not a local path is passed to
+    ``datasets.load_dataset``.
 
     A JSONL file whose last line has no newline and does not parse was cut short: an error
     naming ``file:line``. Job shards (``shard-*-of-*.jsonl``, written by `align.jobs`) are
     the exception: there such a line is a record a killed writer left half-written, and it
     is skipped (the job redoes it when it resumes).
     """
-    path = Path(source)
+    if not str(source).strip():
+        raise ValueError("input path is empty (an empty path is never read as the current directory)")
+    path = Path(source).expanduser()
     if path.is_dir():
-        files = sorted(p for p in path.iterdir() if p.suffix in (".jsonl", ".parquet") and not p.name.startswith("_"))
-        if not files:
-            raise FileNotFoundError(f"{path}: no .jsonl or .parquet files in this directory")
         rows: list[dict[str, Any]] = []
-        for file in files:
+        for file in data_files(path):
             rows.extend(read_records(file))
         return rows
-    if path.suffix == ".jsonl":
+    suffix = data_suffix(path)
+    if not path.exists():
+        if looks_local(source):
+            raise FileNotFoundError(f"{path}: not found")
+        import datasets
+
+        return datasets.load_dataset(str(source), split=split).to_list()
+    if suffix == ".jsonl":
         return [record for _, record in iter_jsonl(path, torn_tail=is_job_shard(path))]
-    if path.suffix == ".json":
+    if suffix == ".json":
         try:
             data = json.loads(path.read_text())
         except json.JSONDecodeError as exc:
@@ -46,15 +115,11 @@ def read_records(source: str | Path, *, split: str = "train") -> list[dict[str, 
                 raise ValueError(  # noqa: TRY004 (bad data, reported by the CLI like every other)
                     f"{path}: item {number}: expected a JSON object per record, got {type(row).__name__}")
         return data
-    if path.suffix == ".parquet":
+    if suffix == ".parquet":
         import datasets
 
         return datasets.Dataset.from_parquet(str(path)).to_list()
-    if path.exists():
-        raise ValueError(f"{path}: unsupported file type {path.suffix!r} (use .jsonl, .json or .parquet)")
-    import datasets
-
-    return datasets.load_dataset(str(source), split=split).to_list()
+    raise ValueError(f"{path}: unsupported file type {path.suffix!r} (use .jsonl, .json or .parquet)")
 
 
 def rows_to_dataset(rows: Iterable[Mapping[str, Any]]) -> Any:

@@ -17,6 +17,7 @@ a half record and the record is simply redone.
 
 from __future__ import annotations
 
+import errno
 import fcntl
 import json
 import os
@@ -90,19 +91,40 @@ def is_job_shard(path: Path) -> bool:
     return SHARD_RE.match(path.name) is not None
 
 
+def _open_no_symlink(path: Path, flags: int) -> int:
+    """Open (creating) a file the job owns, never through a symlink: a shard or lock that
+    is a link could append to, or truncate, a file outside the output directory."""
+    try:
+        return os.open(path, flags | os.O_CREAT | os.O_NOFOLLOW, 0o644)
+    except OSError as error:
+        if error.errno == errno.ELOOP or path.is_symlink():
+            raise PermissionError(f"{path} is a symlink; a job writes only files of its own in its output "
+                                  "directory: remove the link") from None
+        raise
+
+
 class ShardWriter:
-    """Exclusive appender to one shard file: repairs a torn tail, writes whole lines."""
+    """Exclusive appender to one shard file: repairs a torn tail, writes whole lines.
+
+    The shard and its lock are opened with ``O_NOFOLLOW``: a symlink in their place is an
+    error naming it, never followed out of the output directory.
+    """
 
     def __init__(self, path: Path):
         self.path = path
         path.parent.mkdir(parents=True, exist_ok=True)
-        self._lock = os.open(path.with_suffix(".lock"), os.O_RDWR | os.O_CREAT, 0o644)
+        self._fd = -1
+        self._lock = _open_no_symlink(path.with_suffix(".lock"), os.O_RDWR)
         try:
             fcntl.flock(self._lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
             os.close(self._lock)
             raise RuntimeError(f"{path} is being written by another process") from None
-        self._fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_APPEND, 0o644)
+        try:
+            self._fd = _open_no_symlink(path, os.O_RDWR | os.O_APPEND)
+        except BaseException:
+            os.close(self._lock)
+            raise
         self._truncate_partial_tail()
 
     def _truncate_partial_tail(self) -> None:
