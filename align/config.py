@@ -27,13 +27,43 @@ class ConfigError(ValueError):
     """A recipe that cannot be loaded; the message names the key and what is allowed."""
 
 
+class _DuplicateKey(yaml.YAMLError):
+    def __init__(self, key: Any, first: int, second: int):
+        super().__init__(f"key {key!r} is given twice (lines {first} and {second})")
+        self.key, self.first, self.second = key, first, second
+
+
+class _RecipeLoader(yaml.SafeLoader):
+    """YAML's safe loader, but a key given twice in one mapping is an error: plain YAML
+    keeps the last value, so a second ``train:`` section or a repeated ``beta:`` would
+    silently replace the first. Keys merged in with ``<<`` may still be overridden."""
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
+        if isinstance(node, yaml.MappingNode):
+            seen: dict[Any, int] = {}
+            for key_node, _ in node.value:
+                if key_node.tag == "tag:yaml.org,2002:merge":
+                    continue
+                key, line = self.construct_object(key_node, deep=True), key_node.start_mark.line + 1
+                try:
+                    if key in seen:
+                        raise _DuplicateKey(key, seen[key], line)
+                    seen[key] = line
+                except TypeError:  # an unhashable key: the base loader reports it
+                    continue
+        return super().construct_mapping(node, deep=deep)
+
+
 def read_yaml(path: str | Path) -> dict[str, Any]:
-    """Read a recipe file into a mapping (an empty file is an empty recipe)."""
+    """Read a recipe file into a mapping (an empty file is an empty recipe); a key given
+    twice in one mapping is an error naming it and both lines."""
     path = Path(path)
     if not path.is_file():
         raise ConfigError(f"recipe file not found: {path}")
     try:
-        data = yaml.safe_load(path.read_text()) or {}
+        data = yaml.load(path.read_text(), Loader=_RecipeLoader) or {}  # noqa: S506 (a SafeLoader)
+    except _DuplicateKey as exc:
+        raise ConfigError(f"{path}: {exc}; give each key once") from None
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f", line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
