@@ -8,10 +8,10 @@ import json
 import os
 import random
 import subprocess
-import sys
 
 import pytest
 import torch
+from ports import torchrun
 
 from align.data.records import RecordError
 from align.logprobs import (
@@ -23,7 +23,7 @@ from align.logprobs import (
     ref_cache_key,
 )
 from align.scoring import encode_record
-from align.stages.logprobs import LogprobsConfig, resolved_output_dir, run_pass
+from align.stages.logprobs import LogprobsConfig, run_pass
 from align.testing.tiny import build_causal_lm, corpus_text
 
 DATE = "2025-09-01"
@@ -210,12 +210,24 @@ def write_jsonl(path, rows) -> str:
 
 
 def test_run_reuses_a_finished_output_by_its_cache_key(tiny_dirs, tmp_path, monkeypatch):
-    data = write_jsonl(tmp_path / "pairs.jsonl", make_rows(4))
+    rows = make_rows(4)
+    data = write_jsonl(tmp_path / "pairs.jsonl", rows)
     config = LogprobsConfig(model_name_or_path=str(tiny_dirs["policy"]), dataset=data, cache_dir=str(tmp_path / "c"),
                             max_length=256, chat_date=DATE, batch_size=2)
     first = run_pass(config)
     assert first.parent == tmp_path / "c" and first.name.startswith("ref_logps-")
-    assert len(load_ref_logprobs(first, make_rows(4))) == 4
+    assert len(load_ref_logprobs(first, rows)) == 4
+    # a real second pass with another max_length: its own key, hence its own directory
+    other_config = LogprobsConfig(**{**config.__dict__, "max_length": 128})
+    other = run_pass(other_config)
+    assert other.parent == first.parent and other != first
+    keys = {d: json.loads((d / "_job.json").read_text())["cache_key"] for d in (first, other)}
+    assert keys[first] != keys[other]
+    for directory, key in keys.items():
+        assert directory.name == f"ref_logps-{key[:16]}"  # the directory is named by the key it holds
+    assert [json.loads((d / "_job.json").read_text())["max_length"] for d in (first, other)] == [256, 128]
+    assert len(load_ref_logprobs(other, rows)) == 4
+    assert sorted(p.name for p in (tmp_path / "c").iterdir()) == sorted([first.name, other.name])
 
     import transformers
 
@@ -224,8 +236,110 @@ def test_run_reuses_a_finished_output_by_its_cache_key(tiny_dirs, tmp_path, monk
 
     monkeypatch.setattr(transformers.AutoModelForCausalLM, "from_pretrained", no_loading)
     assert run_pass(config) == first
-    other = LogprobsConfig(**{**config.__dict__, "max_length": 128})
-    assert resolved_output_dir(other, "k" * 64) != first
+    assert run_pass(other_config) == other
+
+
+# --------------------------------------------------------------------------- the key's fields, traced from the call
+
+# Each setting of the pass that is part of the key, with a value other than the base call's.
+# Every one of them changes what is scored (checked below), so an output under the same key
+# would be wrong to reuse.
+KEY_SETTINGS = {"chat_date": "2025-09-02", "enable_thinking": True, "max_length": 96, "dtype": "bfloat16",
+                "chat_format": "chatml"}
+
+
+def dated_rows(count: int) -> list[dict]:
+    """Rows without a system message: the Apertus default system text, with the date, is rendered."""
+    rows = make_rows(count, seed=3)
+    for row in rows:
+        row["messages"] = row["messages"][1:]
+    return rows
+
+
+@pytest.fixture(scope="module")
+def two_format_policy(tmp_path_factory):
+    """A saved tiny policy whose tokenizer holds the Apertus and the ChatML tokens, so one
+    checkpoint runs in either format and the chat format is the only thing that differs."""
+    from align.chat import install_format
+    from align.testing.tiny import build_tokenizer
+
+    tokenizer = build_tokenizer()
+    model = build_causal_lm(tokenizer)
+    install_format(tokenizer, model, format="chatml")
+    path = tmp_path_factory.mktemp("two_format_policy")
+    model.save_pretrained(path)
+    tokenizer.save_pretrained(path)
+    return path
+
+
+def _stored(directory) -> dict:
+    return json.loads((directory / "_job.json").read_text())
+
+
+def test_each_key_setting_given_to_run_pass_reaches_the_key_and_the_directory(two_format_policy, tmp_path,
+                                                                                monkeypatch):
+    rows = dated_rows(4)
+    data = write_jsonl(tmp_path / "pairs.jsonl", rows)
+    base = LogprobsConfig(model_name_or_path=str(two_format_policy), dataset=data, cache_dir=str(tmp_path / "c"),
+                          chat_format="apertus", max_length=256, enable_thinking=False, chat_date=DATE,
+                          dtype="float32", batch_size=2)
+    base_dir = run_pass(base)
+    base_rows = load_ref_logprobs(base_dir, rows)
+    directories = {"base": base_dir}
+    for name, value in KEY_SETTINGS.items():
+        directory = run_pass(LogprobsConfig(**{**base.__dict__, name: value}))
+        stored = _stored(directory)
+        assert stored.get(name) == value, f"{name}={value!r} given to run_pass, {stored.get(name)!r} in the key"
+        assert stored["cache_key"] != _stored(base_dir)["cache_key"], name
+        assert directory.parent == base_dir.parent and directory.name == f"ref_logps-{stored['cache_key'][:16]}"
+        assert directory not in directories.values(), f"{name}: reused {directory}"
+        directories[name] = directory
+        # the setting really changes what was scored: a shared key would hand back wrong numbers
+        scored = load_ref_logprobs(directory, rows)
+        assert any(a["ref_chosen_logps"] != b["ref_chosen_logps"] for a, b in zip(scored, base_rows)), name
+
+    import transformers
+
+    def no_loading(*args, **kwargs):
+        raise AssertionError("the model was loaded although an output for the same key is complete")
+
+    monkeypatch.setattr(transformers.AutoModelForCausalLM, "from_pretrained", no_loading)
+    # batch size and layout are not part of the key: the base output is reused
+    assert run_pass(LogprobsConfig(**{**base.__dict__, "batch_size": 3, "padding_free": True})) == base_dir
+    assert sorted(p.name for p in (tmp_path / "c").iterdir()) == sorted(d.name for d in directories.values())
+
+
+def test_each_key_setting_given_to_the_pass_reaches_its_key(two_format_policy, rows, tmp_path):
+    """compute_ref_logprobs and cache_fields_for: what the call is given is what is keyed (the
+    weights fingerprint pinned, so a bfloat16 copy differs from the float32 model only in dtype)."""
+    from transformers import AutoTokenizer
+
+    rows = dated_rows(4)
+    tokenizer = AutoTokenizer.from_pretrained(two_format_policy)
+    model = build_causal_lm_from(two_format_policy)
+    settings = {"format": "apertus", "max_length": 256, "enable_thinking": False, "chat_date": DATE}
+
+    def run(name, model=model, batch_size=2, **changes):
+        call = {**settings, **changes}
+        result = compute_ref_logprobs(rows, model, tokenizer, batch_size=batch_size, model_fingerprint="pinned",
+                                      output_dir=tmp_path / name, **call)
+        fields = cache_fields_for(rows, model, tokenizer, model_fingerprint="pinned", **call)
+        assert ref_cache_key(fields) == result.cache_key, f"{name}: the two entry points key differently"
+        assert _stored(tmp_path / name)["cache_key"] == result.cache_key
+        return result
+
+    base = run("base")
+    assert base.cache_fields["dtype"] == "float32"
+    for name, value in KEY_SETTINGS.items():
+        if name == "dtype":
+            result = run(name, model=copy.deepcopy(model).to(torch.bfloat16))
+        elif name == "chat_format":
+            result = run(name, format=value)
+        else:
+            result = run(name, **{name: value})
+        assert result.cache_fields.get(name) == value, f"{name}={value!r} given, {result.cache_fields.get(name)!r} keyed"
+        assert result.cache_key != base.cache_key, name
+    assert run("batch_size", batch_size=3).cache_key == base.cache_key
 
 
 @pytest.mark.distributed
@@ -234,8 +348,7 @@ def test_two_processes_take_one_shard_each_and_check_the_merge(tiny_dirs, tmp_pa
     data = write_jsonl(tmp_path / "pairs.jsonl", rows)
     out = tmp_path / "out"
     env = {**os.environ, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
-    command = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "-m", "align", "logprobs",
-               f"model_name_or_path={tiny_dirs['policy']}", f"dataset={data}", f"output_dir={out}",
+    command = [*torchrun(2), "-m", "align", "logprobs", f"model_name_or_path={tiny_dirs['policy']}", f"dataset={data}", f"output_dir={out}",
                "max_length=256", f"chat_date={DATE}", "batch_size=2"]
     subprocess.run(command, check=True, env=env, cwd=tmp_path, timeout=300, capture_output=True)
     assert sorted(p.name for p in out.glob("shard-*.jsonl")) == ["shard-00000-of-00002.jsonl",

@@ -12,25 +12,18 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
 from pathlib import Path
 from typing import Any
 
 import yaml
+from ports import free_port
 
 HERE = Path(__file__).resolve().parent
 RECIPES = HERE.parents[1] / "recipes" / "accelerate"
 NUM_PROCESSES = 2
 TIMEOUT_S = 900  # the first DeepSpeed run compiles its CPU comm op (~45 s)
-
-
-def free_port() -> int:
-    """A port nobody listens on, so concurrent test runs do not collide."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def cpu_accelerate_config(stage: int, directory: Path) -> Path:

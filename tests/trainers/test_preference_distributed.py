@@ -14,6 +14,7 @@ import sys
 import textwrap
 
 import pytest
+from ports import accelerate_launch, torchrun
 
 pytestmark = [pytest.mark.distributed, pytest.mark.slow]
 
@@ -145,7 +146,7 @@ def _check(result: dict, single: dict) -> None:
 
 
 def test_ddp_two_ranks_equal_one_process(workdir, single):
-    launcher = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2"]
+    launcher = torchrun(2)
     _check(run_worker(workdir, "ddp", "precomputed", launcher, "ddp"), single)
 
 
@@ -153,7 +154,7 @@ def test_ddp_two_ranks_equal_one_process(workdir, single):
 def test_deepspeed_two_ranks_equal_one_process(workdir, single, stage, reference):
     config = workdir / f"zero{stage}.yaml"
     config.write_text(ACCELERATE_DEEPSPEED.format(stage=stage))
-    launcher = [sys.executable, "-m", "accelerate.commands.launch", "--config_file", str(config)]
+    launcher = accelerate_launch(config)
     result = run_worker(workdir, f"zero{stage}-{reference}", reference, launcher, "deepspeed")
     assert "DEEPSPEED" in result["distributed_type"]
     _check(result, single)

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -22,6 +21,7 @@ import urllib.request
 from contextlib import contextmanager
 
 import pytest
+from ports import free_port
 
 vllm = pytest.importorskip("vllm", reason="vllm is not installed (CI runs this in .venv-vllm, see .ci/setup_vllm_env.sh)")
 if not hasattr(vllm, "LLM"):  # `tests/vllm` itself, imported as a namespace package: no real vllm
@@ -41,12 +41,6 @@ SERVED_NAME = "tiny-judge"
 MAX_MODEL_LEN = 2048
 HEALTH_TIMEOUT_S = 420  # ~80 s on 2 free cores; more when the machine is shared
 PROMPTS = [[{"role": "user", "content": q}] for q in ("Say hello.", "What is 2 + 2?", "Name a colour.")]
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def _healthy(url: str) -> bool:
