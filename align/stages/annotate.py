@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from align.stages.common import check_model_path, check_output_dir, finish, read_input
+from align.stages.manifest import begin, start
 
 
 @dataclass
@@ -69,6 +70,7 @@ class Config:
     engine_kwargs: dict = field(default_factory=dict, metadata={"help": "vllm: extra vllm.LLM arguments"})
     shard_index: int | None = field(default=None, metadata={"help": "this shard (default: from SLURM/RANK env)"})
     num_shards: int | None = field(default=None, metadata={"help": "number of shards (default: from env)"})
+    overwrite: bool = field(default=False, metadata={"help": "redo a finished or partial output made from other settings or inputs (removes only what this stage wrote there)"})
 
     def __post_init__(self) -> None:
         if self.provider in ("reward_model", "judge", "classifier") and not self.model:
@@ -137,20 +139,21 @@ def run(config: Config) -> dict:
     """Annotate this shard; mark the output complete once every record is in."""
     # Not `rewards.annotate(...)`: once the submodule rewards.annotate is imported, that
     # attribute of the package is the module, not the function.
-    from align.io import job_is_complete, read_output, stage_is_complete
+    from align.io import job_is_complete, read_output
     from align.jobs import resolve_shard
     from rewards.annotate import annotate
     from rewards.classifier import classify_records
 
     if not config.input:
         raise ValueError("annotate: set input (records with completions, e.g. the sample stage's output)")
-    if stage_is_complete(config.output_dir):
-        print(f"[align annotate] {config.output_dir} is already complete; skipping")
-        return {}
     check_output_dir(config.output_dir, "annotate")
+    begun = begin("annotate", config, config.output_dir, overwrite=config.overwrite)
+    if begun.skip:
+        return {}
     records = read_input(config.input, "annotate", "input")
     if config.provider != "verifiable" and config.backend != "openai":
         check_model_path(config.model, "annotate", "model")
+    start(begun, {"input": records})
     index, count = resolve_shard(config.shard_index, config.num_shards)
     provider = build_provider(config)
     common = {"shard_index": index, "num_shards": count, "batch_size": config.batch_size}
@@ -174,4 +177,4 @@ def run(config: Config) -> dict:
         summary["empty_completions"] = sum("empty_completion" in d for d in details)
         if config.provider == "reward_model":
             summary["truncated_inputs"] = sum(d.get("truncated") is True for d in details)
-    return finish("annotate", config, config.output_dir, summary)
+    return finish("annotate", config, config.output_dir, summary, begun)

@@ -7,21 +7,8 @@ from pathlib import Path
 from typing import Any
 
 from align.config import to_dict
-from align.io import (
-    STAGE_COMPLETE_MARKER,
-    mark_stage_complete,
-    stage_completion_info,
-    stage_is_complete,
-)
-
-
-def already_done(output_dir: str | Path, stage: str, *, overwrite: bool = False) -> bool:
-    """True (and say so) when a stage's output is complete and not to be overwritten."""
-    if stage_is_complete(output_dir) and not overwrite:
-        print(f"[align {stage}] {output_dir} is already complete; skipping (overwrite=true redoes it)")
-        return True
-    return False
-
+from align.io import STAGE_COMPLETE_MARKER, mark_stage_complete, stage_completion_info
+from align.stages.manifest import Begun, completion_fields, redact
 
 # Stage outputs that hold more than one kind of row: reading the whole directory would mix
 # them (skipped prompts into pairs, contaminated rows into the training set).
@@ -135,14 +122,16 @@ def is_main_process() -> bool:
     return int(os.environ.get("RANK", "0")) == 0
 
 
-def finish(stage: str, config: Any, output_dir: str | Path, summary: dict[str, Any]) -> dict[str, Any]:
-    """Mark the output complete with the config and summary, and print where it is.
+def finish(stage: str, config: Any, output_dir: str | Path, summary: dict[str, Any],
+           begun: Begun | None = None) -> dict[str, Any]:
+    """Mark the output complete with the config (secrets removed), its manifest and the summary.
 
     Only the main process writes; the others return the summary unmarked.
     """
     if not is_main_process():
         return summary
-    mark_stage_complete(output_dir, stage=stage, config=to_dict(config), summary=summary)
+    mark_stage_complete(output_dir, stage=stage, config=redact(to_dict(config)), summary=redact(summary),
+                        **completion_fields(begun))
     print(f"[align {stage}] wrote {output_dir}")
     print(f"[align {stage}] " + json.dumps(summary, default=str))
     return summary

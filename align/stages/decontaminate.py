@@ -24,7 +24,8 @@ from align.data.decontaminate import BenchmarkPrompts, MatchSettings, decontamin
 from align.data.decontaminate_report import summary_lines
 from align.data.records import RecordError
 from align.io import iter_jsonl, read_records, write_json, write_jsonl
-from align.stages.common import already_done, finish
+from align.stages.common import finish
+from align.stages.manifest import begin, start
 
 __all__ = ["BenchmarkSpec", "Config", "DecontaminationConfig", "decontaminate_files", "load_benchmark", "run"]
 
@@ -75,12 +76,15 @@ class DecontaminationConfig(MatchSettings):
         benchmarks (list[BenchmarkSpec | dict]): the benchmarks, each with a unique name.
         output_dir (str | None): where ``kept.jsonl``, ``removed.jsonl`` and
             ``summary.json`` are written.
+        overwrite (bool, default false): redo a finished or partial output made from other
+            settings or inputs (removes only what this stage wrote there).
     """
 
     train_path: str | None = None
     train_split: str = "train"
     benchmarks: list[BenchmarkSpec] = field(default_factory=list)
     output_dir: str | None = None
+    overwrite: bool = False
 
     def __post_init__(self) -> None:
         self.benchmarks = [_as_benchmark_spec(b, i) for i, b in enumerate(self.benchmarks)]
@@ -211,10 +215,12 @@ def run(config: DecontaminationConfig) -> dict:
     """Decontaminate the training file against every benchmark in the recipe."""
     if config.output_dir is None:
         raise ValueError("decontaminate: output_dir is required (where kept.jsonl and removed.jsonl go)")
-    if already_done(config.output_dir, "decontaminate"):
+    begun = begin("decontaminate", config, config.output_dir, overwrite=config.overwrite)
+    if begun.skip:
         return {}
+    start(begun)
     logger.info("decontaminate config: %s", json.dumps(asdict(config), default=repr))
     summary = decontaminate_files(config)
     for line in summary_lines(summary):
         logger.info("%s", line)
-    return finish("decontaminate", config, config.output_dir, summary)
+    return finish("decontaminate", config, config.output_dir, summary, begun)

@@ -22,12 +22,12 @@ from typing import Any, Literal
 
 from align.sampling.config import SamplerConfig
 from align.stages.common import (
-    already_done,
     check_output_dir,
     check_stage_input,
     finish,
     read_input,
 )
+from align.stages.manifest import begin, start
 
 
 @dataclass
@@ -99,7 +99,7 @@ class Config:
     plots: bool = field(default=True, metadata={"help": "write the PNG plots"})
     shard_index: int | None = field(default=None, metadata={"help": "this shard (default: from SLURM/RANK env)"})
     num_shards: int | None = field(default=None, metadata={"help": "number of shards (default: from env)"})
-    overwrite: bool = field(default=False, metadata={"help": "redo the report even if the output is complete"})
+    overwrite: bool = field(default=False, metadata={"help": "redo a finished or partial output made from other settings or inputs (removes only what this stage wrote there)"})
 
 
 def build_policies(config: Config) -> list[Any]:
@@ -149,15 +149,17 @@ def run(config: Config) -> dict:
     from align.eval.evaluate import EvalSettings, check_policies, evaluate
     from align.jobs import resolve_shard
 
-    if already_done(config.output_dir, "evaluate", overwrite=config.overwrite):
-        return {}
     if not config.prompts:
         raise ValueError("evaluate: set prompts (the held-out prompt records)")
     if not Path(config.prompts).exists():
         raise FileNotFoundError(f"evaluate: prompts={config.prompts!r} does not exist")
     check_policies([p.name for p in config.policies], config.baseline)  # before loading any model
     check_output_dir(config.output_dir, "evaluate")
+    begun = begin("evaluate", config, config.output_dir, overwrite=config.overwrite)
+    if begun.skip:
+        return {}
     prompts = read_input(config.prompts, "evaluate", "prompts")
+    start(begun, {"prompts": prompts})
     index, count = resolve_shard(config.shard_index, config.num_shards)
     settings = EvalSettings(
         greedy=config.greedy, n=config.n, temperature=config.temperature, top_p=config.top_p,
@@ -175,4 +177,4 @@ def run(config: Config) -> dict:
                "verdicts": [v for c in report["overall"]["comparisons"].values() for v in c["verdicts"]]}
     for verdict in summary["verdicts"]:
         print(f"[align evaluate] {verdict}")
-    return finish("evaluate", config, config.output_dir, summary)
+    return finish("evaluate", config, config.output_dir, summary, begun)

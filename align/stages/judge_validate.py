@@ -22,7 +22,8 @@ from dataclasses import dataclass, field
 from types import SimpleNamespace
 from typing import Any, Literal
 
-from align.stages.common import already_done, check_model_path, check_output_dir, finish, read_input
+from align.stages.common import check_model_path, check_output_dir, finish, read_input
+from align.stages.manifest import begin, start
 
 
 @dataclass
@@ -67,7 +68,7 @@ class Config:
     require_significant: bool = field(default=True, metadata={"help": "the tau interval must also lie above 0"})
     resamples: int = field(default=2000, metadata={"help": "bootstrap resamples for the 95% intervals"})
     seed: int = field(default=0, metadata={"help": "seed of the ladders and the bootstrap"})
-    overwrite: bool = field(default=False, metadata={"help": "redo a complete output"})
+    overwrite: bool = field(default=False, metadata={"help": "redo a finished or partial output made from other settings or inputs (removes only what this stage wrote there)"})
 
     def __post_init__(self) -> None:
         if self.backend == "openai" and not self.base_url:
@@ -114,12 +115,14 @@ def run(config: Config) -> dict:
 
     if not config.input:
         raise ValueError("judge-validate: set input (prompts with good completions)")
-    if already_done(config.output_dir, "judge-validate", overwrite=config.overwrite):
-        return {}
     check_output_dir(config.output_dir, "judge-validate")
+    begun = begin("judge-validate", config, config.output_dir, overwrite=config.overwrite)
+    if begun.skip:
+        return {}
     records = read_input(config.input, "judge-validate", "input")
     if config.backend != "openai" and config.model:
         check_model_path(config.model, "judge-validate", "model")
+    start(begun, {"input": records})
     if config.max_prompts:
         records = records[: config.max_prompts]
     judge = build_judge(config)
@@ -140,4 +143,4 @@ def run(config: Config) -> dict:
         "kendall_tau": {mode: round(iv["estimate"], 4) for mode, iv in tau.items() if iv},
         "qualified": {group: v["qualified"] for group, v in report["verdicts"].items()},
     }
-    return finish("judge-validate", config, config.output_dir, summary)
+    return finish("judge-validate", config, config.output_dir, summary, begun)

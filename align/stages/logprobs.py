@@ -18,7 +18,7 @@ from pathlib import Path
 
 import torch
 
-from align.io import job_is_complete, stage_is_complete
+from align.io import job_is_complete
 from align.jobs import shard_from_env
 from align.logprobs import (
     cache_fields_for,
@@ -36,6 +36,7 @@ from align.stages.common import (
     check_stage_input,
     finish,
 )
+from align.stages.manifest import begin, start
 
 __all__ = ["Config", "LogprobsConfig", "resolved_output_dir", "run", "run_pass"]
 
@@ -61,6 +62,9 @@ class LogprobsConfig:
     truncated: ``exclude`` (default): a row whose chosen/rejected was cut at the token budget
         (``*_finish_reason`` "length") is an error; ``train_without_end``: score it without
         an end-of-turn token. Must match the trainer's ``truncated``.
+    overwrite: redo a finished or partial ``output_dir`` made from other settings or inputs
+        (removes only what this stage wrote there). Keyed outputs under ``cache_dir`` are
+        named by their cache key, so they never need it.
     """
 
     model_name_or_path: str
@@ -78,6 +82,7 @@ class LogprobsConfig:
     max_row_tokens: int | None = None
     device: str | None = None
     truncated: str = "exclude"
+    overwrite: bool = False
 
     def __post_init__(self) -> None:
         check_truncated_policy(self.truncated)
@@ -96,24 +101,27 @@ Config = LogprobsConfig
 
 def run(config: Config) -> dict:
     """Compute (or reuse) reference log-probs; mark the output complete when all rows are in."""
-    if config.output_dir is not None and stage_is_complete(config.output_dir):
-        print(f"[align logprobs] {config.output_dir} is already complete; skipping")
-        return {}
     check_input_exists(config.dataset, "logprobs", "dataset")
     check_stage_input(config.dataset, "logprobs", "dataset")
-    check_model_path(config.model_name_or_path, "logprobs", "model_name_or_path")
+    begun = None
     if config.output_dir is not None:
         check_output_dir(config.output_dir, "logprobs")
+        begun = begin("logprobs", config, config.output_dir, overwrite=config.overwrite)
+        if begun.skip:
+            return {}
+    check_model_path(config.model_name_or_path, "logprobs", "model_name_or_path")
     records = load_records(config.dataset)
     if not records:
         raise ValueError(f"logprobs: dataset={config.dataset!r} holds no rows (a directory is read as job "
                          "shards, shard-*.jsonl; for the pairs stage's output name the file: .../pairs.jsonl)")
+    if begun is not None:
+        start(begun, {"dataset": records})
     output_dir = run_pass(config)
     missing = missing_ids(output_dir, records)
     if missing:  # another shard (SLURM array task) has not finished yet
         print(f"[align logprobs] this shard is done; {len(missing)} rows wait for other shards in {output_dir}")
         return {"missing": len(missing)}
-    return finish("logprobs", config, output_dir, {"rows": len(records)})
+    return finish("logprobs", config, output_dir, {"rows": len(records)}, begun)
 
 
 # --------------------------------------------------------------------------- the pass over a dataset

@@ -15,7 +15,8 @@ from pathlib import Path
 from typing import Literal
 
 from align.io import write_jsonl
-from align.stages.common import already_done, check_output_dir, finish, read_input
+from align.stages.common import check_output_dir, finish, read_input
+from align.stages.manifest import begin, start
 
 
 @dataclass
@@ -41,17 +42,19 @@ class Config:
     num_pairs_per_prompt: int = field(
         default=1, metadata={"help": "up to this many pairs per prompt, no completion reused within a prompt"}
     )
-    overwrite: bool = field(default=False, metadata={"help": "redo even if the output is complete"})
+    overwrite: bool = field(default=False, metadata={"help": "redo a finished or partial output made from other settings or inputs (removes only what this stage wrote there)"})
 
 
 def run(config: Config) -> dict:
     """Select pairs for every annotated prompt; record why a prompt gave none."""
     from align.data.pairs import is_truncated, make_pairs
 
-    if already_done(config.output_dir, "pairs", overwrite=config.overwrite):
-        return {}
     check_output_dir(config.output_dir, "pairs")
+    begun = begin("pairs", config, config.output_dir, overwrite=config.overwrite)
+    if begun.skip:
+        return {}
     records = read_input(config.input, "pairs", "input")
+    start(begun, {"input": records})
     pairs, skips = make_pairs(
         records, seed=config.seed, low_threshold=config.low_threshold, n_ref=config.num_ref_rewards,
         truncated=config.truncated, num_pairs_per_prompt=config.num_pairs_per_prompt,
@@ -65,4 +68,4 @@ def run(config: Config) -> dict:
                            for p in pairs)
     summary = {"prompts": len(records), "pairs": len(pairs), "skipped": len(skips), "fallbacks": fallbacks,
                "truncated_completions": truncated, "truncated_in_pairs": paired_truncated}
-    return finish("pairs", config, out, summary)
+    return finish("pairs", config, out, summary, begun)

@@ -8,6 +8,13 @@ Each stage marks its output complete only when it has finished, and the long sta
 resume inside themselves (job shards, trainer checkpoints), so a killed pipeline rerun
 with the same command picks up where it stopped and redoes nothing that finished.
 
+Each output records what it was made from (its manifest). A stage whose output was made
+from other settings or inputs stops the pipeline and names each difference; with
+``overwrite=true`` (the pipeline's key) every such stage is redone instead, and since a
+redone stage's output is new, every later stage that reads it is redone too, while stages
+whose outputs are current are skipped. ``align status RECIPE`` shows which stages are
+done, stale (and why), partial or not started, without running anything.
+
 Example: ``align pipeline recipes/tiny/pipeline.yaml``. One stage of the same recipe:
 ``align train recipes/tiny/pipeline.yaml``.
 """
@@ -37,6 +44,9 @@ class Config:
     evaluate: dict | None = field(default=None, metadata={"help": "`align evaluate` keys"})
     output_dir: str = field(default="runs", metadata={"help": "unused by the pipeline itself; each stage names its own"})
     stop_after: str | None = field(default=None, metadata={"help": "stop after this stage (e.g. pairs)"})
+    overwrite: bool = field(default=False, metadata={
+        "help": "redo every stage whose output was made from other settings or inputs (each removes only "
+                "what it wrote); stages whose output is current are still skipped"})
 
     def __post_init__(self) -> None:
         if self.stop_after is not None and self.stop_after not in ORDER:
@@ -68,9 +78,11 @@ class Config:
 
 
 def run(config: Config) -> dict[str, Any]:
-    """Run the stages in order; a stage whose output is complete skips itself."""
+    """Run the stages in order; a stage whose output is complete and current skips itself."""
     results = {}
     for name, stage_config in config.stage_configs():
         print(f"[align pipeline] stage {name}")
+        if config.overwrite:
+            stage_config.overwrite = True
         results[name] = stage_module(name).run(stage_config)
     return results

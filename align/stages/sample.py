@@ -18,6 +18,7 @@ from typing import Literal
 
 from align.sampling.config import SamplerConfig
 from align.stages.common import check_model_path, check_output_dir, finish, read_input
+from align.stages.manifest import begin, start
 
 
 @dataclass
@@ -44,24 +45,26 @@ class Config:
     default_prompt: bool = field(default=True, metadata={"help": "offline: also sample the prompt without a family prompt"})
     charter_persona: bool = field(default=False, metadata={"help": "offline: also sample with the charter persona"})
     personas_file: str | None = field(default=None, metadata={"help": "offline: persona list (JSONL/text); default: built-in pool"})
+    overwrite: bool = field(default=False, metadata={"help": "redo a finished or partial output made from other settings or inputs (removes only what this stage wrote there)"})
 
 
 def run(config: Config) -> dict:
     """Sample this shard's prompts; mark the output complete once every prompt is in."""
-    from align.io import job_is_complete, stage_is_complete
+    from align.io import job_is_complete
     from align.jobs import resolve_shard
     from align.sampling.config import build_sampler
     from align.sampling.stages import sample_offline, sample_references
 
     if not config.prompts:
         raise ValueError("sample: set prompts (the prompt records to sample for)")
-    if stage_is_complete(config.output_dir):
-        print(f"[align sample] {config.output_dir} is already complete; skipping")
-        return {}
     check_output_dir(config.output_dir, "sample")
+    begun = begin("sample", config, config.output_dir, overwrite=config.overwrite)
+    if begun.skip:
+        return {}
     records = read_input(config.prompts, "sample", "prompts")
     if config.sampler.backend != "openai":
         check_model_path(config.sampler.model, "sample", "sampler.model")
+    start(begun, {"prompts": records})
     index, count = resolve_shard(config.shard_index, config.num_shards)
     sampler = build_sampler(config.sampler)
     common = {"output_dir": config.output_dir, "n": config.n, "temperature": config.temperature,
@@ -81,4 +84,4 @@ def run(config: Config) -> dict:
     if not job_is_complete(config.output_dir, records, count):
         print(f"[align sample] shard {index} of {count} written to {config.output_dir}; other shards still to run")
         return summary
-    return finish("sample", config, config.output_dir, summary)
+    return finish("sample", config, config.output_dir, summary, begun)

@@ -15,7 +15,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from align.stages.common import already_done, check_model_path, check_output_dir, finish, read_input
+from align.stages.common import check_model_path, check_output_dir, finish, read_input
+from align.stages.manifest import begin, start
 from align.trainers.sft_config import SFTConfig
 
 
@@ -28,6 +29,7 @@ class Config(SFTConfig):
     """
 
     dataset: str = field(default="", metadata={"help": "conversation rows (file, directory or dataset name)"})
+    overwrite: bool = field(default=False, metadata={"help": "redo a finished or partial output made from other settings or inputs (removes only what this stage wrote there)"})
 
 
 def run(config: Config) -> dict:
@@ -40,12 +42,14 @@ def run(config: Config) -> dict:
         raise ValueError("sft: set dataset (the conversation rows to train on)")
     if not config.model_name_or_path:
         raise ValueError("sft: set model_name_or_path (the base model)")
-    if already_done(config.output_dir, "sft"):
-        return {}
     check_output_dir(config.output_dir, "sft")
+    begun = begin("sft", config, config.output_dir, overwrite=config.overwrite)
+    if begun.skip:
+        return {}
     records = read_input(config.dataset, "sft", "dataset")
     check_model_path(config.model_name_or_path, "sft", "model_name_or_path")
     _check_conversations(records)
+    start(begun, {"dataset": records})
     last = get_last_checkpoint(config.output_dir) if _is_dir(config.output_dir) else None
     if last and config.resume_from_checkpoint is None:
         print(f"[align sft] resuming from {last}")
@@ -68,7 +72,7 @@ def run(config: Config) -> dict:
         if used < cleaned:  # said here, not only in a log line a CLI user never sees
             print(f"[align sft] dropped {cleaned - used} of {cleaned} rows: no assistant token "
                   f"within max_length={config.max_length} (raise max_length, or shorten those conversations)")
-    return finish("sft", config, config.output_dir, summary)
+    return finish("sft", config, config.output_dir, summary, begun)
 
 
 def _rows_used(trainer, config: Config) -> int | None:

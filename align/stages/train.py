@@ -13,7 +13,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from align.stages.common import already_done, check_model_path, check_output_dir, finish, read_input
+from align.stages.common import check_model_path, check_output_dir, finish, read_input
+from align.stages.manifest import begin, start
 from align.trainers.preference_config import PreferenceConfig
 
 
@@ -26,6 +27,7 @@ class Config(PreferenceConfig):
     """
 
     dataset: str = field(default="", metadata={"help": "pair rows with ref log-probs (file or stage dir)"})
+    overwrite: bool = field(default=False, metadata={"help": "redo a finished or partial output made from other settings or inputs (removes only what this stage wrote there)"})
 
 
 def run(config: Config) -> dict:
@@ -38,11 +40,13 @@ def run(config: Config) -> dict:
 
     if not config.dataset:
         raise ValueError("train: set dataset (pair rows with reference log-probs, from `align logprobs`)")
-    if already_done(config.output_dir, "train"):
-        return {}
     check_output_dir(config.output_dir, "train")
+    begun = begin("train", config, config.output_dir, overwrite=config.overwrite)
+    if begun.skip:
+        return {}
     records = read_input(config.dataset, "train", "dataset")
     check_model_path(config.model_name_or_path, "train", "model_name_or_path")
+    start(begun, {"dataset": records})
     last = get_last_checkpoint(config.output_dir) if os.path.isdir(config.output_dir) else None
     if last and config.resume_from_checkpoint is None:
         print(f"[align train] resuming from {last}")
@@ -54,4 +58,4 @@ def run(config: Config) -> dict:
     summary = {"loss_type": config.loss_type, "steps": trainer.state.global_step,
                "train_loss": losses[-1] if losses else None, "world_size": trainer.args.world_size,
                "deepspeed": bool(trainer.is_deepspeed_enabled)}
-    return finish("train", config, config.output_dir, summary)
+    return finish("train", config, config.output_dir, summary, begun)

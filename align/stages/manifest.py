@@ -1,0 +1,505 @@
+"""What a stage's output was made from, and the rules for rerunning a stage over it.
+
+Every stage output directory carries a manifest: the resolved settings (less the keys that
+cannot change an output, ``NEUTRAL_KEYS``, and anything secret), a content fingerprint of
+every input the settings name (a file's bytes; a model directory's files; for another
+stage's output, that stage's manifest fingerprint, so a chain is checked without rehashing
+it), the charter's hash, and the library version. It is written to ``_manifest.json``
+when the stage starts (before any work, so a partial output is bound to its settings too)
+and into ``_COMPLETE.json`` when it finishes.
+
+Rerun rules (``begin``):
+
+* complete, same manifest: skip, said in one line;
+* complete or partial, different manifest: stop, naming each difference
+  (``train.loss_type: 'qrpo' → 'dpo'``, ``prompts (prompts.jsonl): content changed (3 rows
+  differ, 1 added)``) and the two ways forward: another ``output_dir``, or ``overwrite=true``;
+* partial, same manifest: resume (job shards skip finished ids, trainers resume from their
+  last checkpoint);
+* ``overwrite=true`` over a different output: remove what that stage wrote (everything in
+  the directory except what was there before the stage first started), then start afresh.
+
+The library version is recorded, not compared: an upgrade does not redo finished work.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import fcntl
+import json
+import os
+import re
+import shutil
+import time
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from align.config import to_dict
+from align.io import read_records, stage_completion_info, write_json
+from align.io.fingerprint import file_digest, files_fingerprint, json_digest, weight_files
+
+MANIFEST_FILE = "_manifest.json"
+ROWS_FILE = "_manifest_rows.json"
+LOCK_FILE = ".align-stage.lock"
+
+# Keys that cannot change what a stage writes: where it writes, how it reports progress or
+# logs, how often it saves checkpoints, which shard of a job this process takes, and the
+# rerun switch itself. Everything else counts. (Secrets never count and are never written.)
+NEUTRAL_KEYS = frozenset({
+    "output_dir", "overwrite", "shard_index", "num_shards", "resume_from_checkpoint",
+    "disable_tqdm", "report_to", "run_name", "project", "trackio_space_id",
+    "logging_dir", "logging_strategy", "logging_steps", "logging_first_step", "logging_nan_inf_filter",
+    "log_level", "log_level_replica", "log_on_each_node",
+    "save_strategy", "save_steps", "save_total_limit", "save_only_model", "save_safetensors",
+    "save_on_each_node", "overwrite_output_dir",
+    "push_to_hub", "hub_model_id", "hub_strategy", "hub_private_repo", "hub_always_push", "hub_revision",
+    "local_rank", "ddp_timeout", "skip_memory_metrics",
+    "dataloader_num_workers", "dataloader_pin_memory", "dataloader_persistent_workers",
+    "dataloader_prefetch_factor",
+})
+
+# A key is secret when one of its words (split at ``_``, ``-``, ``.``) is one of these.
+SECRET_WORDS = frozenset({"token", "key", "apikey", "password", "passwd", "secret", "credential",
+                          "credentials", "auth"})
+_URL_USERINFO = re.compile(r"(?P<scheme>[a-zA-Z][a-zA-Z0-9+.-]*://)[^/@\s]*@")
+_URL_SECRET_QUERY = re.compile(r"(?P<name>[?&][^=&#]*(?:token|key|password|secret|auth)[^=&#]*=)[^&#]*",
+                               re.IGNORECASE)
+
+
+class StaleOutputError(ValueError):
+    """An output directory holds work made from other settings or inputs than this run's."""
+
+
+# --------------------------------------------------------------------------- secrets
+
+
+def is_secret_key(name: str) -> bool:
+    """Named like a token, key, password or secret (``hub_token``, ``api_key``, ``password``)."""
+    return any(word in SECRET_WORDS for word in re.split(r"[_\-.\s]+", str(name).lower()))
+
+
+def redact(value: Any) -> Any:
+    """The value with secret-named keys removed and credentials cut out of URLs."""
+    if isinstance(value, Mapping):
+        return {k: redact(v) for k, v in value.items() if not is_secret_key(k)}
+    if isinstance(value, (list, tuple)):
+        return [redact(v) for v in value]
+    if isinstance(value, str):
+        value = _URL_USERINFO.sub(r"\g<scheme>", value)
+        return _URL_SECRET_QUERY.sub(r"\g<name>", value)
+    return value
+
+
+# --------------------------------------------------------------------------- fingerprints of inputs
+
+
+def _data_files(directory: Path) -> list[Path]:
+    """Every file under a directory, except hidden files and lock files (they hold no content)."""
+    return sorted(p for p in directory.rglob("*") if p.is_file() and not p.name.startswith(".")
+                  and p.suffix != ".lock" and not any(part.startswith(".") for part in p.relative_to(directory).parts))
+
+
+def _relative_fingerprint(directory: Path, files: Sequence[Path]) -> str:
+    return json_digest([[str(p.relative_to(directory)), p.stat().st_size, file_digest(p)] for p in files])
+
+
+def fingerprint_input(value: str, overrides: Mapping[str, tuple[str, str]] | None = None) -> dict[str, Any]:
+    """The content fingerprint of one input path: a stage output, a model, a data file or directory.
+
+    ``overrides`` maps a stage output directory to (stage, the manifest fingerprint it will
+    have): ``align status`` passes what an earlier stage of the same pipeline would produce.
+    """
+    path = Path(value).expanduser()
+    entry: dict[str, Any] = {"path": str(value)}
+    stage_dir = path if path.is_dir() else path.parent
+    key = os.path.normpath(str(stage_dir))
+    if overrides and key in overrides:
+        entry.update(kind="stage", stage=overrides[key][0], fingerprint=overrides[key][1])
+        if stage_dir != path:
+            entry["file"] = path.name
+        return entry
+    info = stage_completion_info(stage_dir) if stage_dir.is_dir() else None
+    if info and info.get("manifest_fingerprint"):
+        entry.update(kind="stage", stage=info.get("stage"), fingerprint=info["manifest_fingerprint"])
+        if stage_dir != path:
+            entry["file"] = path.name
+        return entry
+    if path.is_file():
+        entry.update(kind="file", fingerprint=file_digest(path))
+    elif path.is_dir():
+        weights = weight_files(path)
+        if weights:  # a checkpoint: its weights, config and tokenizer files (top level)
+            entry.update(kind="model", fingerprint=files_fingerprint(
+                [p for p in sorted(path.iterdir()) if p.is_file() and not p.name.startswith(".")
+                 and p.suffix != ".lock"]))
+        else:
+            entry.update(kind="directory", fingerprint=_relative_fingerprint(path, _data_files(path)))
+    else:
+        entry.update(kind="name", fingerprint=json_digest(str(value)))  # a hub name: compared by name
+    return entry
+
+
+def _charter_input(value: str | None) -> dict[str, Any]:
+    from rewards.charter import find_charter
+
+    path = find_charter(value)
+    return {"path": str(value) if value else "(default)", "kind": "charter", "fingerprint": file_digest(path)}
+
+
+# --------------------------------------------------------------------------- the manifest
+
+
+def _flatten(value: Any, prefix: str = "") -> dict[str, Any]:
+    if isinstance(value, Mapping) and value:
+        out: dict[str, Any] = {}
+        for k, v in value.items():
+            out.update(_flatten(v, f"{prefix}.{k}" if prefix else str(k)))
+        return out
+    if isinstance(value, list) and value and all(isinstance(v, Mapping) for v in value):
+        out = {}
+        for i, v in enumerate(value):
+            out.update(_flatten(v, f"{prefix}[{i}]"))
+        return out
+    return {prefix: value}
+
+
+def _init_settings(config: Any) -> dict[str, Any]:
+    """A config's init fields as plain values (nested dataclasses as mappings)."""
+    if dataclasses.is_dataclass(config) and not isinstance(config, type):
+        return {f.name: to_dict(getattr(config, f.name)) for f in dataclasses.fields(config) if f.init}
+    return to_dict(dict(config))
+
+
+def _looks_like_path(key: str, value: Any) -> bool:
+    if not isinstance(value, str) or not value or "\n" in value or len(value) > 4096:
+        return False
+    leaf = key.rsplit(".", 1)[-1]
+    if leaf in NEUTRAL_KEYS or leaf == "cache_dir":
+        return False
+    try:
+        return Path(value).expanduser().exists()
+    except OSError:
+        return False
+
+
+@dataclass
+class Manifest:
+    """What one stage output is made from (``fingerprint`` is the digest of the rest)."""
+
+    stage: str
+    settings: dict[str, Any]
+    inputs: dict[str, dict[str, Any]]
+    library: str = ""
+    fingerprint: str = ""
+    rows: dict[str, dict[str, str]] = field(default_factory=dict)  # input key -> id -> row digest
+
+    def __post_init__(self) -> None:
+        if not self.library:
+            self.library = _library_version()
+        self.fingerprint = json_digest({"stage": self.stage, "settings": self.settings,
+                                        "inputs": {k: {n: v for n, v in e.items() if n != "path"}
+                                                   for k, e in self.inputs.items()}})
+
+    def as_json(self) -> dict[str, Any]:
+        return {"stage": self.stage, "fingerprint": self.fingerprint, "library": self.library,
+                "settings": self.settings, "inputs": self.inputs}
+
+
+def _library_version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("align")
+    except PackageNotFoundError:
+        return "unknown"
+
+
+def build_manifest(stage: str, config: Any, *, overrides: Mapping[str, tuple[str, str]] | None = None) -> Manifest:
+    """The manifest this config would give its output: settings plus input fingerprints.
+
+    Every setting whose value names an existing local path is an input (its content, not its
+    name, is compared: moving a file does not make an output stale). ``charter`` is resolved
+    as the judge resolves it (a bundled name or a path) and hashed.
+    """
+    settings = redact(_init_settings(config))
+    flat = _flatten(settings)
+    inputs: dict[str, dict[str, Any]] = {}
+    kept: dict[str, Any] = {}
+    for key, value in flat.items():
+        leaf = re.sub(r"\[\d+\]$", "", key.rsplit(".", 1)[-1])
+        if leaf in NEUTRAL_KEYS:
+            continue
+        if leaf == "charter" and _uses_charter(flat, key):
+            inputs[key] = _charter_input(value)
+        elif _looks_like_path(key, value):
+            inputs[key] = fingerprint_input(value, overrides)
+        elif overrides and isinstance(value, str) and value and \
+                {os.path.normpath(value), os.path.normpath(os.path.dirname(value) or ".")} & overrides.keys():
+            inputs[key] = fingerprint_input(value, overrides)  # an earlier stage's output, not written yet
+        else:
+            kept[key] = value
+    return Manifest(stage=stage, settings=kept, inputs=inputs)
+
+
+def _uses_charter(flat: Mapping[str, Any], key: str) -> bool:
+    """The charter counts where a judge reads it (annotate/evaluate with the judge, judge-validate)."""
+    prefix = key[: -len("charter")]
+    provider = flat.get(prefix + "provider")
+    return provider in (None, "judge")
+
+
+def row_digests(rows: Sequence[Mapping[str, Any]]) -> dict[str, str]:
+    """id (or ``<row i>``) -> a short digest of the row, for naming which rows changed."""
+    out = {}
+    for index, row in enumerate(rows):
+        rid = row.get("id") if isinstance(row, Mapping) else None
+        out[rid if isinstance(rid, str) and rid else f"<row {index}>"] = json_digest(row)[:16]
+    return out
+
+
+# --------------------------------------------------------------------------- differences
+
+
+def _show(value: Any) -> str:
+    text = json.dumps(value, default=str) if not isinstance(value, str) else repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def _rows_change(old: Mapping[str, str], new: Mapping[str, str]) -> str:
+    differ = sum(1 for k in old.keys() & new.keys() if old[k] != new[k])
+    added, removed = len(new.keys() - old.keys()), len(old.keys() - new.keys())
+    parts = ([f"{differ} row{'s differ' if differ != 1 else ' differs'}"] if differ else []) + \
+        ([f"{added} added"] if added else []) + ([f"{removed} removed"] if removed else [])
+    if not parts:
+        return "content changed (the same rows, in another order or layout)"
+    return f"content changed ({', '.join(parts)})"
+
+
+def differences(stage: str, old: Mapping[str, Any], new: Manifest, old_rows: Mapping[str, Any] | None = None,
+                new_rows: Mapping[str, Mapping[str, str]] | None = None) -> list[str]:
+    """One line per difference between a recorded manifest and this run's."""
+    lines = []
+    if old.get("stage") not in (None, stage):
+        lines.append(f"the directory holds the {old.get('stage')} stage's output, not {stage}'s")
+    old_settings = old.get("settings") or {}
+    for key in sorted(old_settings.keys() | new.settings.keys()):
+        before, after = old_settings.get(key, "(unset)"), new.settings.get(key, "(unset)")
+        if json_digest(before) != json_digest(after):
+            lines.append(f"{stage}.{key}: {_show(before)} → {_show(after)}")
+    old_inputs = old.get("inputs") or {}
+    for key in sorted(old_inputs.keys() | new.inputs.keys()):
+        before, after = old_inputs.get(key), new.inputs.get(key)
+        if before is None or after is None:
+            lines.append(f"{stage}.{key}: {'(not an input)' if before is None else before.get('path')} → "
+                         f"{'(not an input)' if after is None else after.get('path')}")
+            continue
+        if before.get("fingerprint") == after.get("fingerprint") and before.get("file") == after.get("file"):
+            continue
+        name = f"{stage}.{key} ({after.get('path')})"
+        if after.get("kind") == "stage" or before.get("kind") == "stage":
+            lines.append(f"{name}: made from other settings or inputs (the {after.get('stage') or 'earlier'} "
+                         "stage's manifest changed)")
+        elif old_rows and new_rows and key in old_rows and key in new_rows:
+            lines.append(f"{name}: {_rows_change(old_rows[key], new_rows[key])}")
+        elif after.get("kind") in ("model", "charter"):
+            lines.append(f"{name}: other {'weights' if after['kind'] == 'model' else 'charter text'}")
+        else:
+            lines.append(f"{name}: content changed")
+    return lines
+
+
+def _new_rows_for(old_rows: Mapping[str, Any], new: Manifest, old: Mapping[str, Any]) -> dict[str, dict[str, str]]:
+    """Row digests of the changed record inputs (read only when a changed input had its rows recorded)."""
+    out = {}
+    for key, entry in new.inputs.items():
+        before = (old.get("inputs") or {}).get(key) or {}
+        if key in old_rows and entry.get("kind") in ("file", "directory") and \
+                before.get("fingerprint") != entry.get("fingerprint"):
+            try:
+                out[key] = row_digests(read_records(entry["path"]))
+            except (ValueError, OSError):
+                continue
+    return out
+
+
+def explain(stage: str, output_dir: Path, recorded: Mapping[str, Any], new: Manifest) -> list[str]:
+    """The differences, with row counts for changed record inputs."""
+    old_rows = _read_json(output_dir / ROWS_FILE) or {}
+    return differences(stage, recorded, new, old_rows, _new_rows_for(old_rows, new, recorded)) or \
+        ["the recorded manifest differs (no setting or input differs by name: written by another version?)"]
+
+
+# --------------------------------------------------------------------------- state on disk
+
+
+def _read_json(path: Path) -> Any:
+    try:
+        return json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError):
+        return None
+
+
+def recorded_manifest(output_dir: str | Path) -> tuple[str, dict[str, Any] | None]:
+    """(state, manifest): ``complete``, ``partial`` (started, not finished) or ``empty``."""
+    output_dir = Path(output_dir)
+    info = stage_completion_info(output_dir) if output_dir.is_dir() else None
+    if info is not None:
+        return "complete", info.get("manifest")
+    started = _read_json(output_dir / MANIFEST_FILE)
+    if started is not None:
+        own = {MANIFEST_FILE, ROWS_FILE, LOCK_FILE, *(started.get("preexisting") or [])}
+        if all(p.name in own for p in output_dir.iterdir()):
+            return "empty", None  # started, but failed before writing anything: nothing to keep
+        return "partial", started
+    if output_dir.is_dir() and _stage_artifacts(output_dir):
+        return "partial", None
+    return "empty", None
+
+
+def _stage_artifacts(output_dir: Path) -> list[Path]:
+    """What a stage of an earlier version (no manifest) leaves: markers, shards, checkpoints, data files."""
+    names = re.compile(r"^(_COMPLETE\.json|_job\.json|shard-\d{5}-of-\d{5}\..*|checkpoint-\d+|pairs\.jsonl|"
+                       r"skipped\.jsonl|kept\.jsonl|removed\.jsonl)$")
+    return [p for p in output_dir.iterdir() if names.match(p.name)]
+
+
+@contextlib.contextmanager
+def _locked(output_dir: Path) -> Iterator[None]:
+    """One process at a time decides and cleans (SLURM array tasks, ranks of one launch)."""
+    output_dir.mkdir(parents=True, exist_ok=True)
+    fd = os.open(output_dir / LOCK_FILE, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        fcntl.flock(fd, fcntl.LOCK_UN)
+        os.close(fd)
+
+
+def _remove_stage_output(output_dir: Path, started: Mapping[str, Any] | None) -> list[str]:
+    """Remove what the stage wrote: everything but what was there before it first started."""
+    keep = set((started or {}).get("preexisting") or []) | {LOCK_FILE}
+    victims = [p for p in output_dir.iterdir() if p.name not in keep] if started else _stage_artifacts(output_dir)
+    for path in victims:
+        if path.is_dir() and not path.is_symlink():
+            shutil.rmtree(path)
+        else:
+            path.unlink(missing_ok=True)
+    return sorted(p.name for p in victims)
+
+
+def _forward(output_dir: Path) -> str:
+    return (f"use another output_dir, or overwrite=true to remove what the stage wrote in {output_dir} "
+            "and redo it")
+
+
+@dataclass
+class Begun:
+    """What ``begin`` decided: ``skip`` (done, same manifest), else the manifest to finish with."""
+
+    skip: bool
+    manifest: Manifest
+    output_dir: Path
+    resumed: bool = False
+
+
+def begin(stage: str, config: Any, output_dir: str | Path, *, overwrite: bool = False) -> Begun:
+    """Apply the rerun rules to ``output_dir`` before a stage reads its inputs (see the module doc).
+
+    Skips, stops with the differences, or (``overwrite``) removes what the stage wrote; the
+    manifest itself is recorded by ``start`` once the inputs have been read and checked.
+    """
+    output_dir = Path(output_dir)
+    manifest = build_manifest(stage, config)
+    state, recorded = recorded_manifest(output_dir)
+    same = recorded is not None and recorded.get("fingerprint") == manifest.fingerprint
+    if state == "complete" and same:
+        print(f"[align {stage}] {output_dir} is already complete; skipping (made from the same settings and inputs)")
+        return Begun(True, manifest, output_dir)
+    if state == "empty" or same:
+        return Begun(False, manifest, output_dir, resumed=state == "partial")
+    if not overwrite:
+        if recorded is None:
+            problem = ["it was written without a manifest (by an earlier version of align), so what it was "
+                       + "made from is unknown"]
+        else:
+            problem = explain(stage, output_dir, recorded, manifest)
+        what = "an output" if state == "complete" else "a partial output"
+        raise StaleOutputError(f"{stage}: {output_dir} holds {what} made from other settings or inputs: "
+                               + "; ".join(problem) + f". {_forward(output_dir)}")
+    if is_writer():
+        with _locked(output_dir):
+            state, recorded = recorded_manifest(output_dir)  # another task may have cleaned it already
+            if state != "empty" and (recorded or {}).get("fingerprint") != manifest.fingerprint:
+                removed = _remove_stage_output(output_dir, _read_json(output_dir / MANIFEST_FILE))
+                print(f"[align {stage}] overwrite=true: removed {len(removed)} entries the stage wrote in "
+                      f"{output_dir}")
+    return Begun(False, manifest, output_dir)
+
+
+def start(begun: Begun, rows_by_key: Mapping[str, Sequence[Mapping[str, Any]]] | None = None) -> None:
+    """Record the manifest (and a digest per input row) before the stage's first write.
+
+    SLURM array tasks and the ranks of a launch share one directory: the first records it,
+    the others find the same manifest; ranks other than 0 wait for rank 0's.
+    """
+    if begun.skip:
+        return
+    output_dir, manifest = begun.output_dir, begun.manifest
+    if not is_writer():
+        _wait_for_manifest(output_dir, manifest)
+        return
+    with _locked(output_dir):
+        found = _read_json(output_dir / MANIFEST_FILE)
+        if found is None or found.get("fingerprint") != manifest.fingerprint:
+            preexisting = list(found.get("preexisting") or []) if found else \
+                sorted(p.name for p in output_dir.iterdir() if p.name not in (LOCK_FILE, ROWS_FILE))
+            write_json(output_dir / MANIFEST_FILE, {**manifest.as_json(), "preexisting": preexisting,
+                                                    "started_at": time.time()})
+        wanted = {key: row_digests(rows) for key, rows in (rows_by_key or {}).items() if key in manifest.inputs}
+        if wanted and wanted != _read_json(output_dir / ROWS_FILE):
+            write_json(output_dir / ROWS_FILE, wanted)
+
+
+def is_writer() -> bool:
+    """Rank 0 of a distributed launch (or a plain process, or a SLURM array task)."""
+    return int(os.environ.get("RANK", "0")) == 0
+
+
+def _wait_for_manifest(output_dir: Path, manifest: Manifest, timeout: float = 1800.0) -> None:
+    """Ranks other than 0 start once rank 0 has cleaned (if asked) and recorded this manifest."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        found = _read_json(output_dir / MANIFEST_FILE)
+        if found and found.get("fingerprint") == manifest.fingerprint:
+            return
+        time.sleep(0.2)
+    raise TimeoutError(f"rank 0 did not record the manifest in {output_dir} within {timeout:.0f} s")
+
+
+def completion_fields(begun: Begun | None) -> dict[str, Any]:
+    """What ``_COMPLETE.json`` adds for the manifest."""
+    if begun is None:
+        return {}
+    return {"manifest": begun.manifest.as_json(), "manifest_fingerprint": begun.manifest.fingerprint}
+
+
+__all__ = [
+    "MANIFEST_FILE",
+    "NEUTRAL_KEYS",
+    "Begun",
+    "Manifest",
+    "StaleOutputError",
+    "begin",
+    "build_manifest",
+    "completion_fields",
+    "differences",
+    "fingerprint_input",
+    "is_secret_key",
+    "recorded_manifest",
+    "redact",
+    "start",
+]

@@ -1,0 +1,99 @@
+"""Where each stage of a pipeline recipe stands, without running or loading anything.
+
+For each stage section, in pipeline order, one line: ``done`` (complete and made from the
+recipe's current settings and inputs), ``stale`` (complete, but made from something else:
+each difference is named), ``partial`` (started: k of n job shards done, with the
+``sbatch --array=`` list of the missing ones, or the trainer's last checkpoint), or ``not
+started``. A change in an early stage makes every later stage that reads its output stale
+too: each stage is compared with what the stages before it would produce now, not with
+what is on disk. No model loads; input files and weights are hashed (see
+docs/environment.md, "Fingerprints", for what that costs).
+
+Example: ``align status recipes/tiny/pipeline.yaml`` (the same keys as ``align pipeline``,
+overrides included: ``align status recipes/tiny/pipeline.yaml train.beta=3``).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from align.stages.manifest import build_manifest, explain, recorded_manifest
+from align.stages.pipeline import Config as PipelineConfig
+
+_SHARD = re.compile(r"^shard-(\d{5})-of-(\d{5})\.jsonl$")
+_DONE = re.compile(r"^shard-(\d{5})-of-(\d{5})\.done\.json$")
+
+
+@dataclass
+class Config(PipelineConfig):
+    """The pipeline recipe whose stages to report (``align pipeline``'s keys)."""
+
+
+def _ranges(indices: list[int]) -> str:
+    """``[0, 1, 2, 5]`` -> ``0-2,5`` (the form ``sbatch --array=`` takes)."""
+    parts, start = [], None
+    for i, value in enumerate(indices):
+        if start is None:
+            start = value
+        if i + 1 == len(indices) or indices[i + 1] != value + 1:
+            parts.append(str(start) if start == value else f"{start}-{value}")
+            start = None
+    return ",".join(parts)
+
+
+def _progress(output_dir: Path, config: Any) -> str:
+    """How far a started stage got: job shards done, or the trainer's checkpoints."""
+    names = [p.name for p in output_dir.iterdir()]
+    counts = {int(m.group(2)) for n in names if (m := _SHARD.match(n) or _DONE.match(n))}
+    if counts:
+        total = max(counts)
+        done = sorted({int(m.group(1)) for n in names if (m := _DONE.match(n)) and int(m.group(2)) == total})
+        missing = [i for i in range(total) if i not in done]
+        return (f"{len(done)} of {total} shards done; resubmit the missing ones with "
+                f"--array={_ranges(missing)}") if missing else f"all {total} shards done, not yet marked complete"
+    checkpoints = sorted((int(n.split("-")[1]) for n in names if re.fullmatch(r"checkpoint-\d+", n)))
+    if checkpoints:
+        return f"last checkpoint: checkpoint-{checkpoints[-1]} (the stage resumes from it)"
+    return "started, nothing finished yet"
+
+
+def stage_status(name: str, config: Any, overrides: dict[str, tuple[str, str]]) -> tuple[str, list[str]]:
+    """(state, reasons) of one stage; records the fingerprint it will have in ``overrides``."""
+    output_dir = getattr(config, "output_dir", None)
+    if output_dir is None:
+        return "keyed", ["output under cache_dir, named by its cache key (checked when the stage runs)"]
+    output_dir = Path(output_dir)
+    manifest = build_manifest(name, config, overrides=overrides)
+    overrides[os.path.normpath(str(output_dir))] = (name, manifest.fingerprint)
+    state, recorded = recorded_manifest(output_dir)
+    if state == "empty":
+        return "not started", []
+    same = recorded is not None and recorded.get("fingerprint") == manifest.fingerprint
+    if recorded is None:
+        reasons = ["written without a manifest (by an earlier version of align): what it was made from is unknown"]
+    else:
+        reasons = [] if same else explain(name, output_dir, recorded, manifest)
+    if state == "complete":
+        return ("done", []) if same else ("stale", reasons)
+    progress = _progress(output_dir, config)
+    if same:
+        return "partial", [progress]
+    return "partial, from other settings", [progress, *reasons]
+
+
+def run(config: Config) -> dict[str, Any]:
+    """Print one line per stage (and a line per reason); return {stage: {state, reasons}}."""
+    overrides: dict[str, tuple[str, str]] = {}
+    report = {}
+    for name, stage_config in config.stage_configs():
+        state, reasons = stage_status(name, stage_config, overrides)
+        where = getattr(stage_config, "output_dir", None) or getattr(stage_config, "cache_dir", "")
+        print(f"{name:<14} {state:<30} {where}")
+        for reason in reasons:
+            print(f"{'':<14}   {reason}")
+        report[name] = {"state": state, "reasons": reasons, "output_dir": str(where)}
+    return report
