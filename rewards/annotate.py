@@ -25,6 +25,7 @@ from align.data.records import RecordError, record_id, validate_prompt
 from align.jobs import JobResult, run_job
 from rewards.base import RewardProvider, Score, checked
 from rewards.text import plain_messages
+from rewards.verifiable import reference_problem
 
 
 def validate_for_annotation(record: Mapping[str, Any], index: int, reference_field: str | None) -> None:
@@ -41,14 +42,8 @@ def validate_for_annotation(record: Mapping[str, Any], index: int, reference_fie
     for i, completion in enumerate(completions):
         if not isinstance(completion, Mapping) or not isinstance(completion.get("text"), str):
             raise RecordError(rid, f"completions[{i}].text", f"expected a string, got {completion!r:.80}")
-    if reference_field is not None and record.get(reference_field) is None:
-        raise RecordError(rid, reference_field, "missing reference answer (needed by the verifiable reward)")
-    if reference_field is not None:
-        answer = record[reference_field]
-        accepted = answer if isinstance(answer, list) else [answer]
-        if not accepted or any(isinstance(a, bool) or not isinstance(a, (str, int, float)) for a in accepted):
-            raise RecordError(rid, reference_field,
-                              f"expected a string, a number or a list of them, got {answer!r:.80}")
+    if reference_field is not None and (problem := reference_problem(record.get(reference_field))):
+        raise RecordError(rid, reference_field, problem)
 
 
 def score_records(records: Sequence[Mapping[str, Any]], provider: RewardProvider) -> list[dict[str, Any]]:

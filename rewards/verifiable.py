@@ -8,7 +8,13 @@ normalised (see `normalize_answer`) and compared; numbers compare by exact value
 "168" equals "168.0", "1,680" equals "1680" and "3/4" equals "0.75". A completion that
 states no answer scores 0.0, and so does an empty completion (its details say why): the
 lowest score, so a prompt is not lost because one of its references came back empty. A reference may be a
-list of acceptable answers.
+list of acceptable answers; an empty one (or one that normalises to nothing) is an error,
+since it would match an empty `\\boxed{}`.
+
+Completions are model output, so untrusted: every step is bounded. An extracted answer
+longer than `MAX_ANSWER_CHARS` scores 0.0 without being compared; numbers are compared
+exactly as (digits, exponent) without ever expanding `1e10000000` into an integer, and an
+exponent of more than `MAX_EXPONENT_DIGITS` digits is not read as a number at all.
 """
 
 from __future__ import annotations
@@ -23,8 +29,13 @@ from rewards.base import Conversation, RewardProvider, Score, is_empty
 
 _ANSWER_LINE = re.compile(r"(?:final answer|answer)\s*(?:is|:)\s*(?P<answer>.+)$", re.IGNORECASE)
 _THOUSANDS = re.compile(r"^[+-]?\d{1,3}(?:,\d{3})+(?:\.\d+)?$")
-_NUMBER = re.compile(r"^[+-]?(?:\d+(?:\.\d*)?|\.\d+)(?:[eE][+-]?\d+)?$")
+_NUMBER = re.compile(r"^(?P<sign>[+-]?)(?:(?P<int>\d+)(?:\.(?P<frac>\d*))?|\.(?P<frac2>\d+))(?:[eE](?P<exp>[+-]?\d+))?$")
 _FRACTION = re.compile(r"^([+-]?\d+)\s*/\s*(\d+)$")
+
+# Bounds on what a completion can make the reward do (model output is untrusted input).
+MAX_ANSWER_CHARS = 1000      # longer extracted answers score 0.0 without being compared
+MAX_EXPONENT_DIGITS = 18     # "1e<19+ digits>" is not read as a number
+MAX_EXACT_DIGITS = 2000      # up to this many digits (and exponent) a number is a Fraction
 
 
 @dataclass
@@ -88,25 +99,73 @@ def normalize_answer(answer: str) -> str:
     return _format_number(number) if number is not None else text
 
 
-def as_number(text: str) -> Fraction | None:
-    """An exact number for "1,680", "168.0", "-3", "1e3", "3/4"; None otherwise."""
+def as_number(text: str) -> Fraction | str | None:
+    """An exact number for "1,680", "168.0", "-3", "1e3", "3/4"; None otherwise.
+
+    A number of at most `MAX_EXACT_DIGITS` digits and exponent is a `Fraction`; a bigger
+    one ("1e5000", 100,000 digits) is its canonical text ``[-]DIGITSeEXP`` (digits without
+    leading or trailing zeros), which is just as exact and is built without expanding it.
+    """
     text = text.replace(" ", "")
     if _THOUSANDS.match(text):
         text = text.replace(",", "")
     if m := _FRACTION.match(text):
-        return Fraction(int(m[1]), int(m[2])) if int(m[2]) else None
-    if _NUMBER.match(text):
-        return Fraction(text)
-    return None
+        numerator, denominator = m[1].lstrip("+-").lstrip("0"), m[2].lstrip("0")
+        if not denominator:
+            return None
+        if max(len(numerator), len(denominator)) > MAX_EXACT_DIGITS:
+            return None  # compared as text
+        return Fraction(int(m[1]), int(m[2]))
+    m = _NUMBER.match(text)
+    if m is None:
+        return None
+    exp_text = (m["exp"] or "0").lstrip("+-").lstrip("0")
+    if len(exp_text) > MAX_EXPONENT_DIGITS:
+        return None  # an absurd exponent: not read as a number
+    fraction = m["frac"] or m["frac2"] or ""
+    digits = ((m["int"] or "") + fraction).lstrip("0")
+    exponent = (-1 if (m["exp"] or "").startswith("-") else 1) * int(exp_text or "0") - len(fraction)
+    if not digits:
+        return Fraction(0)
+    stripped = digits.rstrip("0")
+    exponent += len(digits) - len(stripped)
+    sign = "-" if m["sign"] == "-" else ""
+    if len(stripped) + abs(exponent) > MAX_EXACT_DIGITS:
+        return f"{sign}{stripped}e{exponent}"
+    value = Fraction(int(stripped) * 10 ** max(exponent, 0), 10 ** max(-exponent, 0))
+    return -value if sign else value
 
 
-def _format_number(value: Fraction) -> str:
+def _format_number(value: Fraction | str) -> str:
+    if isinstance(value, str):
+        return value
     return str(value.numerator) if value.denominator == 1 else f"{value.numerator}/{value.denominator}"
 
 
 def answers_match(predicted: str, reference: str) -> bool:
     """Equal after normalisation (numbers by exact value)."""
     return normalize_answer(predicted) == normalize_answer(reference)
+
+
+def reference_problem(answer: Any) -> str | None:
+    """Why a record's reference answer cannot be compared with (the error's text), or None.
+
+    Missing, of the wrong type, empty or normalising to nothing (it would match an empty
+    ``\\boxed{}``), or longer than `MAX_ANSWER_CHARS` (no completion could match it).
+    """
+    if answer is None:
+        return "missing reference answer (needed by the verifiable reward)"
+    accepted = answer if isinstance(answer, list) else [answer]
+    if not accepted or any(isinstance(a, bool) or not isinstance(a, (str, int, float)) for a in accepted):
+        return f"expected a string, a number or a list of them, got {answer!r:.80}"
+    for item in accepted:
+        text = str(item)
+        if len(text) > MAX_ANSWER_CHARS:
+            return (f"a reference answer of {len(text)} characters (over {MAX_ANSWER_CHARS}); answers that long "
+                    "are not compared, so no completion could match it")
+        if not normalize_answer(text):
+            return f"empty reference answer {item!r}: it would match an empty \\boxed{{}}, not an answer"
+    return None
 
 
 class VerifiableReward(RewardProvider):
@@ -137,10 +196,13 @@ class VerifiableReward(RewardProvider):
         answer = extract_answer(completion, self.config.max_bare_answer)
         if answer is None:
             return Score(0.0, None, {"extracted": None})
+        if len(answer) > MAX_ANSWER_CHARS:
+            return Score(0.0, None, {"extracted": answer[:200],
+                                     "answer_too_long": f"{len(answer)} characters (over {MAX_ANSWER_CHARS}): not compared"})
         accepted = reference if isinstance(reference, (list, tuple)) else [reference]
         match = any(answers_match(answer, str(r)) for r in accepted)
         return Score(1.0 if match else 0.0, None, {"extracted": answer[:200]})
 
     def fingerprint(self) -> dict[str, Any]:
         return {"provider": self.name, "answer_field": self.reference_field, "max_bare_answer": self.config.max_bare_answer,
-                "empty_completion": 0.0}
+                "empty_completion": 0.0, "max_answer_chars": MAX_ANSWER_CHARS}
