@@ -115,6 +115,21 @@ def read_input(path: str | Path, stage: str, key: str) -> list[dict[str, Any]]:
     return rows
 
 
+def keep_hub_token_out_of_outputs(config: Any) -> None:
+    """Move a ``hub_token`` setting into ``$HF_TOKEN`` for this process.
+
+    The Trainer pickles its arguments into every checkpoint and the saved model
+    (``training_args.bin``); a token left there would sit in plain text under output_dir.
+    The hub client reads ``$HF_TOKEN``, so ``push_to_hub`` still works.
+    """
+    import os
+
+    token = getattr(config, "hub_token", None)
+    if token:
+        os.environ["HF_TOKEN"] = token
+        config.hub_token = None
+
+
 def is_main_process() -> bool:
     """Rank 0 of a distributed launch (or a plain process): the one that writes markers."""
     import os

@@ -15,7 +15,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from align.stages.common import check_model_path, check_output_dir, finish, read_input
+from align.stages.common import (
+    check_model_path,
+    check_output_dir,
+    finish,
+    keep_hub_token_out_of_outputs,
+    read_input,
+)
 from align.stages.manifest import begin, start
 from align.trainers.sft_config import SFTConfig
 
@@ -43,6 +49,7 @@ def run(config: Config) -> dict:
     if not config.model_name_or_path:
         raise ValueError("sft: set model_name_or_path (the base model)")
     check_output_dir(config.output_dir, "sft")
+    keep_hub_token_out_of_outputs(config)
     begun = begin("sft", config, config.output_dir, overwrite=config.overwrite)
     if begun.skip:
         return {}

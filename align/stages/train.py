@@ -13,7 +13,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from align.stages.common import check_model_path, check_output_dir, finish, read_input
+from align.stages.common import (
+    check_model_path,
+    check_output_dir,
+    finish,
+    keep_hub_token_out_of_outputs,
+    read_input,
+)
 from align.stages.manifest import begin, start
 from align.trainers.preference_config import PreferenceConfig
 
@@ -41,6 +47,7 @@ def run(config: Config) -> dict:
     if not config.dataset:
         raise ValueError("train: set dataset (pair rows with reference log-probs, from `align logprobs`)")
     check_output_dir(config.output_dir, "train")
+    keep_hub_token_out_of_outputs(config)
     begun = begin("train", config, config.output_dir, overwrite=config.overwrite)
     if begun.skip:
         return {}

@@ -1,0 +1,276 @@
+"""Reruns through the CLI: every stage knows what its output was made from.
+
+One tiny pipeline runs once per module (`align pipeline recipes/tiny/pipeline.yaml` in a
+workspace). Then, for every stage: the same command skips it; one changed setting, and
+separately one changed input row, stop it with one line naming the difference and the two
+ways forward; `overwrite=true` redoes it, equal to a fresh run with the same settings.
+Through the pipeline, a change in an early stage makes every later stage stale in
+`align status`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import os
+import shutil
+from pathlib import Path
+
+import pytest
+from stage_helpers import make_workspace, run_cli
+
+from align.cli import main
+from align.io import STAGE_COMPLETE_MARKER, read_records, stage_completion_info
+from align.stages.manifest import MANIFEST_FILE, is_secret_key, redact
+
+RECIPE = "recipes/tiny/pipeline.yaml"
+OUT = {"sft": "sft", "sample": "sample", "annotate": "annotate", "pairs": "pairs", "logprobs": "logprobs",
+       "train": "qrpo", "evaluate": "evaluate"}
+
+
+def cli(args: list[str]) -> tuple[int, str, str]:
+    """`align ARGS` in-process: (exit status, stdout, stderr), errors reported as the CLI reports them."""
+    import io
+
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        rc = main([str(a) for a in args])
+    return rc, out.getvalue(), err.getvalue()
+
+
+def tree(root: Path) -> dict[str, str]:
+    return {str(p.relative_to(root)): hashlib.sha256(p.read_bytes()).hexdigest()
+            for p in sorted(root.rglob("*")) if p.is_file()}
+
+
+@pytest.fixture(scope="module")
+def workspace(tmp_path_factory):
+    """The tiny pipeline run once; the tests chdir into it."""
+    root = make_workspace(tmp_path_factory.mktemp("manifests"))
+    with contextlib.chdir(root):
+        run_cli(["pipeline", RECIPE])
+    return root
+
+
+@pytest.fixture()
+def ws(workspace, monkeypatch):
+    monkeypatch.chdir(workspace)
+    return workspace
+
+
+def test_every_output_records_its_manifest(ws):
+    for stage, out in OUT.items():
+        info = stage_completion_info(ws / "runs" / "tiny" / out)
+        manifest = info["manifest"]
+        assert manifest["stage"] == stage and info["manifest_fingerprint"] == manifest["fingerprint"]
+        assert (ws / "runs" / "tiny" / out / MANIFEST_FILE).is_file()
+        assert "output_dir" not in manifest["settings"] and "overwrite" not in manifest["settings"]
+    inputs = stage_completion_info(ws / "runs/tiny/sample")["manifest"]["inputs"]
+    assert inputs["prompts"]["kind"] == "file"
+    # an earlier stage's output is bound by its manifest fingerprint, not rehashed
+    assert inputs["sampler.model"] == {
+        "path": "runs/tiny/sft", "kind": "stage", "stage": "sft",
+        "fingerprint": stage_completion_info(ws / "runs/tiny/sft")["manifest_fingerprint"]}
+    assert stage_completion_info(ws / "runs/tiny/sft")["manifest"]["inputs"]["model_name_or_path"]["kind"] == "model"
+    train = stage_completion_info(ws / "runs/tiny/qrpo")["manifest"]["settings"]
+    assert train["loss_type"] == "qrpo" and "logging_steps" not in train and "report_to" not in train
+
+
+@pytest.mark.parametrize("stage", list(OUT))
+def test_unchanged_rerun_skips_in_one_line_and_writes_nothing(ws, stage):
+    before = tree(ws / "runs" / "tiny")
+    rc, out, err = cli([stage, RECIPE])
+    assert rc == 0, err
+    assert out.strip() == f"[align {stage}] runs/tiny/{OUT[stage]} is already complete; skipping " \
+                          "(made from the same settings and inputs)"
+    assert tree(ws / "runs" / "tiny") == before
+
+
+# one setting each stage's output depends on, changed: (override, the difference named)
+SETTING = {
+    "sft": ("max_steps=41", "sft.max_steps: 40 → 41"),
+    "sample": ("temperature=0.9", "sample.temperature: 1.0 → 0.9"),
+    "annotate": ("answer_field=label", "annotate.answer_field: 'answer' → 'label'"),
+    "pairs": ("seed=1", "pairs.seed: 0 → 1"),
+    "logprobs": ("max_length=200", "logprobs.max_length: 256 → 200"),
+    "train": ("loss_type=dpo", "train.loss_type: 'qrpo' → 'dpo'"),
+    "evaluate": ("n=3", "evaluate.n: 4 → 3"),
+}
+
+
+@pytest.mark.parametrize("stage", list(OUT))
+def test_a_changed_setting_stops_the_rerun_naming_it(ws, stage):
+    before = tree(ws / "runs" / "tiny")
+    override, named = SETTING[stage]
+    rc, out, err = cli([stage, RECIPE, override])
+    assert rc == 2 and out == ""
+    assert err.count("\n") == 1, err
+    assert err.startswith(f"align {stage}: StaleOutputError: {stage}: runs/tiny/{OUT[stage]} holds an output made "
+                          "from other settings or inputs: ")
+    assert named in err
+    assert "use another output_dir, or overwrite=true" in err
+    assert tree(ws / "runs" / "tiny") == before
+
+
+def _changed_copy(source: Path, dest: Path, change) -> Path:
+    rows = read_records(source)
+    rows = change(rows)
+    dest.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return dest
+
+
+# one input row changed, for the stages whose input is a file the user gives
+ROW_INPUT = {
+    "sft": ("dataset", "recipes/tiny/data/sft.jsonl"),
+    "sample": ("prompts", "recipes/tiny/data/prompts.jsonl"),
+    "evaluate": ("prompts", "recipes/tiny/data/held_out.jsonl"),
+}
+
+
+@pytest.mark.parametrize("stage", list(ROW_INPUT))
+def test_a_changed_input_row_stops_the_rerun_naming_the_file_and_the_rows(ws, stage, tmp_path):
+    key, source = ROW_INPUT[stage]
+
+    def change(rows):
+        rows[0] = {**rows[0], "messages": [*rows[0]["messages"][:-1],
+                                           {**rows[0]["messages"][-1], "content": "changed"}]}
+        return [*rows, {**rows[1], "id": "added-1"}]
+
+    changed = _changed_copy(ws / source, tmp_path / "changed.jsonl", change)
+    rc, _, err = cli([stage, RECIPE, f"{key}={changed}"])
+    assert rc == 2
+    assert f"{stage}.{key} ({changed}): content changed (1 row differs, 1 added)" in err
+
+
+@pytest.mark.parametrize("stage,key", [("annotate", "input"), ("pairs", "input"), ("logprobs", "dataset"),
+                                       ("train", "dataset")])
+def test_a_changed_upstream_row_stops_the_rerun(ws, stage, key, tmp_path):
+    """Given as a plain file with one row changed, in place of the earlier stage's output."""
+    config_source = {"annotate": "runs/tiny/sample", "pairs": "runs/tiny/annotate",
+                     "logprobs": "runs/tiny/pairs/pairs.jsonl", "train": "runs/tiny/logprobs"}[stage]
+    changed = _changed_copy(ws / config_source, tmp_path / "rows.jsonl",
+                            lambda rows: [{**rows[0], "id": rows[0]["id"] + "-x"}, *rows[1:]])
+    rc, _, err = cli([stage, RECIPE, f"{key}={changed}"])
+    assert rc == 2 and f"{stage}.{key}: runs/tiny/" not in err
+    assert f"{stage}.{key} ({changed}): " in err
+
+
+@pytest.mark.parametrize("stage", ["sample", "annotate", "pairs", "logprobs", "train", "evaluate"])
+def test_overwrite_redoes_the_stage_equal_to_a_fresh_run(ws, stage, tmp_path):
+    """Changed setting + overwrite=true into the old directory == the same settings in a new one."""
+    override = "batch_size=4" if stage == "annotate" else SETTING[stage][0]
+    target = ws / "runs" / "tiny" / OUT[stage]
+    saved = tmp_path / "saved"
+    shutil.copytree(target, saved, symlinks=True)
+    try:
+        rc, out, err = cli([stage, RECIPE, override, "overwrite=true"])
+        assert rc == 0, err
+        assert "overwrite=true: removed" in out
+        fresh = tmp_path / "fresh"
+        rc, _, err = cli([stage, RECIPE, override, f"output_dir={fresh}"])
+        assert rc == 0, err
+        redone = stage_completion_info(target)
+        assert redone["manifest_fingerprint"] == stage_completion_info(fresh)["manifest_fingerprint"]
+        if stage in ("sample", "annotate", "logprobs"):
+            key = lambda rows: sorted(rows, key=lambda r: r["id"])
+            assert key(read_records(target)) == key(read_records(fresh))
+        elif stage == "pairs":
+            assert read_records(target / "pairs.jsonl") == read_records(fresh / "pairs.jsonl")
+        elif stage == "train":
+            assert (target / "model.safetensors").read_bytes() == (fresh / "model.safetensors").read_bytes()
+        else:
+            assert json.loads((target / "report.json").read_text())["overall"] == \
+                json.loads((fresh / "report.json").read_text())["overall"]
+        if stage not in ("train", "evaluate"):  # their summaries hold the loss / the report's path
+            assert redone["summary"] == stage_completion_info(fresh)["summary"]
+    finally:
+        shutil.rmtree(target)
+        shutil.copytree(saved, target, symlinks=True)
+
+
+def test_overwrite_keeps_files_that_were_there_before_the_stage(ws, tmp_path):
+    out = tmp_path / "pairs"
+    out.mkdir()
+    (out / "README.txt").write_text("the team's notes")
+    assert cli(["pairs", RECIPE, f"output_dir={out}"])[0] == 0
+    rc, _, err = cli(["pairs", RECIPE, f"output_dir={out}", "seed=3", "overwrite=true"])
+    assert rc == 0, err
+    assert (out / "README.txt").read_text() == "the team's notes"
+    assert stage_completion_info(out)["manifest"]["settings"]["seed"] == 3
+
+
+def test_a_partial_output_from_other_settings_is_never_resumed(ws, tmp_path):
+    """A killed annotate job (shards, no completion marker), rerun with another setting."""
+    out = tmp_path / "annotate"
+    assert cli(["annotate", RECIPE, f"output_dir={out}"])[0] == 0
+    (out / STAGE_COMPLETE_MARKER).unlink()  # as if killed after the last shard
+    shard = out / "shard-00000-of-00001.jsonl"
+    lines = shard.read_text().splitlines(keepends=True)
+    shard.write_text("".join(lines[:5]))
+    (out / "shard-00000-of-00001.done.json").unlink()
+    rc, _, err = cli(["annotate", RECIPE, f"output_dir={out}", "answer_field=label"])
+    assert rc == 2 and "holds a partial output made from other settings or inputs" in err
+    assert "annotate.answer_field: 'answer' → 'label'" in err
+    assert shard.read_text() == "".join(lines[:5])
+    # the same settings resume it; status said so first
+    rc, out_text, _ = cli(["status", RECIPE, f"annotate.output_dir={out}", "stop_after=annotate"])
+    assert rc == 0 and "0 of 1 shards done; resubmit the missing ones with --array=0" in out_text
+    assert cli(["annotate", RECIPE, f"output_dir={out}"])[0] == 0
+    assert sorted(r["id"] for r in read_records(out)) == sorted(r["id"] for r in read_records(ws / "runs/tiny/annotate"))
+
+
+def test_status_marks_every_later_stage_stale_after_an_early_change(ws):
+    rc, out, _ = cli(["status", RECIPE])
+    assert rc == 0
+    for stage, path in OUT.items():
+        assert f"{stage:<14} {'done':<30} runs/tiny/{path}" in out
+    rc, out, _ = cli(["status", RECIPE, "sample.n=5", "sample.temperature=0.8"])
+    assert rc == 0
+    lines = out.splitlines()
+    assert lines[0].split()[:2] == ["sft", "done"]
+    assert "sample.n: 4 → 5" in out and "sample.temperature: 1.0 → 0.8" in out
+    for stage in ("sample", "annotate", "pairs", "logprobs", "train", "evaluate"):
+        assert f"{stage:<14} {'stale':<30}" in out, out
+    assert "annotate.input (runs/tiny/sample): made from other settings or inputs" in out
+    assert "evaluate.policies[1].model (runs/tiny/qrpo): made from other settings or inputs" in out
+
+
+def test_pipeline_overwrite_redoes_the_stale_stages_and_skips_the_current_ones(workspace, tmp_path):
+    """On a copy of the workspace: change pairs.seed, run the pipeline with overwrite=true."""
+    copy = tmp_path / "ws"
+    shutil.copytree(workspace, copy, symlinks=True)
+    with contextlib.chdir(copy):
+        rc, _, err = cli(["pipeline", RECIPE, "pairs.seed=1", "stop_after=train"])
+        assert rc == 2 and "pairs.seed: 0 → 1" in err
+        rc, out, err = cli(["pipeline", RECIPE, "pairs.seed=1", "stop_after=train", "overwrite=true"])
+        assert rc == 0, err
+        for stage in ("sft", "sample", "annotate"):
+            assert f"[align {stage}] runs/tiny/{OUT[stage]} is already complete; skipping" in out
+        for stage in ("pairs", "logprobs", "train"):
+            assert f"[align {stage}] wrote runs/tiny/{OUT[stage]}" in out
+        rc, out, _ = cli(["status", RECIPE, "pairs.seed=1"])
+        assert "evaluate       stale" in out and "train          done" in out
+
+
+def test_no_secret_reaches_an_output_dir(ws, tmp_path, monkeypatch):
+    """A hub token given to train and an API key in the environment: nowhere under output_dir."""
+    token, key = "hf_SECRETtoken123456", "sk-SECRETkey987654"
+    monkeypatch.setenv("OPENAI_API_KEY", key)
+    monkeypatch.delenv("HF_TOKEN", raising=False)  # restored after the test
+    out = tmp_path / "qrpo"
+    rc, _, err = cli(["train", RECIPE, f"output_dir={out}", f"hub_token={token}", "max_steps=1"])
+    assert rc == 0, err
+    for path in out.rglob("*"):
+        if path.is_file():
+            data = path.read_bytes()
+            assert token.encode() not in data and key.encode() not in data, path
+    assert "hub_token" not in stage_completion_info(out)["config"]
+    assert os.environ["HF_TOKEN"] == token  # where the hub client still finds it for push_to_hub
+
+
+def test_secret_rules():
+    assert is_secret_key("hub_token") and is_secret_key("api_key") and is_secret_key("db-password")
+    assert not is_secret_key("max_new_tokens") and not is_secret_key("tokenizer") and not is_secret_key("top_k")
+    assert redact({"base_url": "http://user:pw@host:8000/v1?api_key=abc&x=1", "hub_token": "t", "n": 3}) == \
+        {"base_url": "http://host:8000/v1?api_key=&x=1", "n": 3}
