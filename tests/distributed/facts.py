@@ -93,3 +93,33 @@ def write_facts(out: Path, facts: dict[str, Any]) -> None:
     """Write ``out/facts_rank{R}.json`` for this rank."""
     out.mkdir(parents=True, exist_ok=True)
     (out / f"facts_rank{facts['rank']}.json").write_text(json.dumps(facts, indent=1))
+
+
+def held_marker(out: Path, step: int, rank: int) -> Path:
+    """The file a rank writes when it holds at ``step`` (see ``hold_at_step``)."""
+    return out / f"held_at_step{step}_rank{rank}"
+
+
+def hold_at_step(out: Path, step: int, limit_s: float = 900.0):
+    """A callback that, at the end of optimizer step ``step``, writes ``held_marker`` and waits to be
+    killed: the kill tests kill on the markers of every rank, so the kill lands at that point of the
+    run (after the checkpoint before it, before the next one) however fast the machine is. Exits
+    with status 3 if nobody kills it within ``limit_s``.
+    """
+    import time
+
+    from transformers import TrainerCallback
+
+    class HoldAtStep(TrainerCallback):
+        def on_step_end(self, args, state, control, **kwargs):
+            if state.global_step != step:
+                return
+            rank = int(os.environ.get("RANK", "0"))
+            out.mkdir(parents=True, exist_ok=True)
+            held_marker(out, step, rank).write_text(json.dumps({"rank": rank, "global_step": state.global_step}))
+            deadline = time.monotonic() + limit_s
+            while time.monotonic() < deadline:
+                time.sleep(0.1)
+            os._exit(3)
+
+    return HoldAtStep()

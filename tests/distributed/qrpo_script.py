@@ -18,12 +18,9 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-from facts import rank_facts, write_facts
+from facts import hold_at_step, rank_facts, write_facts
 
 GLOBAL_PAIRS = 4
 PER_DEVICE_PAIRS = 2
@@ -82,6 +79,8 @@ def main() -> None:
     parser.add_argument("--max-steps", type=int, default=3)
     parser.add_argument("--save-steps", type=int, default=None)
     parser.add_argument("--resume", action="store_true", help="resume from the last checkpoint in OUT/model")
+    parser.add_argument("--hold-at-step", type=int, default=None,
+                        help="at the end of this optimizer step, write OUT/held_at_step{S}_rank{R} and wait to be killed")
     parser.add_argument("--lora", action="store_true")
     parser.add_argument("--no-gen-eval", action="store_true", help="leave the generation callback out")
     cli = parser.parse_args()
@@ -99,7 +98,9 @@ def main() -> None:
     callback = GenerationEvalCallback(prompts, VerifiableReward(), tokenizer, eval_steps=2, date=CHAT_DATE,
                                       max_tokens=8, batch_size=4)
     config = config_for(cli.mode, cli.model, cli.out, cli.max_steps, cli.save_steps, cli.resume, cli.lora)
-    trainer = train(config, rows, tokenizer=tokenizer, callbacks=None if cli.no_gen_eval else [callback])
+    callbacks = ([] if cli.no_gen_eval else [callback]) + \
+        ([hold_at_step(cli.out, cli.hold_at_step)] if cli.hold_at_step else [])
+    trainer = train(config, rows, tokenizer=tokenizer, callbacks=callbacks or None)
     facts = rank_facts(trainer)
     facts["gradient_accumulation_steps"] = trainer.args.gradient_accumulation_steps
     facts["gen_eval"] = callback.history

@@ -16,12 +16,9 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-from facts import rank_facts, write_facts
+from facts import hold_at_step, rank_facts, write_facts
 
 GLOBAL_BATCH = 8
 PER_DEVICE_BATCH = 2
@@ -96,13 +93,16 @@ def main() -> None:
     parser.add_argument("--max-steps", type=int, default=3)
     parser.add_argument("--save-steps", type=int, default=None)
     parser.add_argument("--resume", action="store_true", help="resume from the last checkpoint in OUT/model")
+    parser.add_argument("--hold-at-step", type=int, default=None,
+                        help="at the end of this optimizer step, write OUT/held_at_step{S}_rank{R} and wait to be killed")
     cli = parser.parse_args()
 
     from align.trainers.sft_trainer import train_sft
 
     config = config_for(cli.mode, cli.model, cli.out, cli.prompt_loss_weight, cli.max_steps, cli.save_steps,
                         cli.resume)
-    trainer = train_sft(config, sft_rows())
+    callbacks = [hold_at_step(cli.out, cli.hold_at_step)] if cli.hold_at_step else None
+    trainer = train_sft(config, sft_rows(), callbacks=callbacks)
     facts = rank_facts(trainer)
     facts["gradient_accumulation_steps"] = trainer.args.gradient_accumulation_steps
     write_facts(cli.out, facts)

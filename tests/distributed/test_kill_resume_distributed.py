@@ -1,9 +1,11 @@
 """2-process DeepSpeed runs killed with SIGKILL after a checkpoint, resumed with the same command.
 
 Each case trains 4 optimizer steps with a checkpoint every 2, once uninterrupted and once
-killed (the whole launcher process group, SIGKILL) as soon as checkpoint-2 is complete on
-both ranks, then relaunched with ``--resume`` (``resume_from_checkpoint=True``: the last
-checkpoint in the output directory). The resumed run must end with the uninterrupted run's
+killed (the launcher and every process under it, SIGKILL) in step 3: checkpoint-2 is complete
+and both ranks have finished step 3 and hold there (``--hold-at-step 3``: each writes a marker
+file and waits), so the kill lands at the same point of the run on any machine. Then it is
+relaunched with ``--resume`` (``resume_from_checkpoint=True``: the last checkpoint in the
+output directory). The resumed run must end with the uninterrupted run's
 weights, within floating-point tolerance: the ZeRO optimizer shards (AdEMAMix state), the
 scheduler, the RNG states and the data position all came back.
 
@@ -13,7 +15,6 @@ and ZeRO-3, QRPO with a LoRA adapter under ZeRO-2.
 
 from __future__ import annotations
 
-import random
 import signal
 import subprocess
 import time
@@ -22,6 +23,7 @@ from pathlib import Path
 import pytest
 import torch
 from dist_utils import (
+    NUM_PROCESSES,
     TIMEOUT_S,
     _env,
     assert_weights_close,
@@ -30,11 +32,13 @@ from dist_utils import (
     read_facts,
     run,
 )
+from facts import held_marker
 from test_qrpo_distributed import pairs_file  # noqa: F401  (fixture: the QRPO tests' pairs with reference log-probs)
 
 pytestmark = pytest.mark.distributed
 
 MAX_STEPS, SAVE_STEPS = 4, 2
+HOLD_STEP = SAVE_STEPS + 1  # the killed run stops here: after checkpoint-2, before checkpoint-4
 
 
 def _checkpoint_done(model_dir: Path, step: int) -> bool:
@@ -48,8 +52,11 @@ def kill_tree(pid: int) -> None:
     are not in the launcher's process group, so killing the group alone leaves them training."""
     import psutil
 
-    root = psutil.Process(pid)
-    procs = [root, *root.children(recursive=True)]
+    try:
+        root = psutil.Process(pid)
+        procs = [root, *root.children(recursive=True)]
+    except psutil.NoSuchProcess:  # it ended by itself: the caller's exit-status check says how
+        return
     for proc in procs:
         try:
             proc.send_signal(signal.SIGKILL)
@@ -58,20 +65,29 @@ def kill_tree(pid: int) -> None:
     psutil.wait_procs(procs[1:], timeout=60)  # the launcher itself is reaped by Popen.wait (its exit status)
 
 
+def _held(out: Path) -> bool:
+    """Every rank finished step HOLD_STEP and waits there (``hold_at_step`` in facts.py)."""
+    return all(held_marker(out, HOLD_STEP, rank).is_file() for rank in range(NUM_PROCESSES))
+
+
 def kill_after_checkpoint(command: list[str], model_dir: Path, log: Path) -> None:
+    """Run ``command --hold-at-step HOLD_STEP``; SIGKILL it once every rank holds there."""
+    out = model_dir.parent
     with log.open("w") as stream:
-        launcher = subprocess.Popen(command, env=_env(), stdout=stream, stderr=subprocess.STDOUT)
+        launcher = subprocess.Popen([*command, "--hold-at-step", str(HOLD_STEP)], env=_env(), stdout=stream,
+                                    stderr=subprocess.STDOUT)
         try:
             deadline = time.monotonic() + TIMEOUT_S
             while launcher.poll() is None and time.monotonic() < deadline:
-                if _checkpoint_done(model_dir, SAVE_STEPS):
-                    time.sleep(random.uniform(0.0, 0.02))  # somewhere in the steps after the checkpoint
+                if _held(out) and _checkpoint_done(model_dir, SAVE_STEPS):
                     break
-                time.sleep(0.005)
+                time.sleep(0.05)
+            held = _held(out)
             kill_tree(launcher.pid)
         finally:
             launcher.wait(timeout=60)
     assert launcher.returncode == -signal.SIGKILL, f"the run ended before the kill:\n{log.read_text()[-4000:]}"
+    assert held, f"the ranks never held at step {HOLD_STEP}:\n{log.read_text()[-4000:]}"
     assert _checkpoint_done(model_dir, SAVE_STEPS)
     assert not list(model_dir.parent.glob("facts_rank*.json")), "a rank finished training after the kill"
     assert not (model_dir / "model.safetensors").exists() and not (model_dir / "adapter_model.safetensors").exists()

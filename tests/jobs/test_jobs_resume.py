@@ -12,6 +12,8 @@ import sys
 import time
 from pathlib import Path
 
+from kill_points import KILL_SEED_ENV, kill_rng
+
 from align.io import job_is_complete, read_output, shard_name
 
 SCRIPT = Path(__file__).with_name("slow_job.py")
@@ -29,21 +31,24 @@ def _count_lines(path: Path) -> int:
 
 
 def _run_with_kills(output_dir: Path, rng: random.Random, *shard: int, kills: int = 4) -> int:
-    """SIGKILL the job at `kills` random points of its progress, then let it finish.
+    """SIGKILL the job at `kills` seeded random points of its progress, then let it finish.
 
-    Each kill waits until the shard file has grown to a random line count, plus a random
+    Each kill waits until the shard file has grown to a drawn line count, plus a drawn
     few milliseconds (so kills land inside batches too), whatever the machine's speed.
+    Every kill point is printed (with the seed printed by ``kill_rng``, a failure replays).
     Returns how many kills hit a running process.
     """
     cmd = [sys.executable, str(SCRIPT), str(output_dir), str(N), *map(str, shard)]
     path = output_dir / shard_name(*(shard or (0, 1)))
     hits = 0
-    for _ in range(kills):
+    for k in range(kills):
         target = _count_lines(path) + rng.randint(1, 12)
+        delay = rng.uniform(0.0, 0.04)
+        print(f"[kill points] shard {shard or (0, 1)} kill {k}: at {target} lines + {delay * 1000:.1f} ms", flush=True)
         proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         while proc.poll() is None and _count_lines(path) < target:
             time.sleep(0.005)
-        time.sleep(rng.uniform(0.0, 0.04))
+        time.sleep(delay)
         if proc.poll() is None:
             os.kill(proc.pid, signal.SIGKILL)
             hits += 1
@@ -59,8 +64,9 @@ def _lines(output_dir: Path) -> list[dict]:
 def test_sigkilled_job_resumes_to_the_uninterrupted_output(tmp_path):
     clean, killed = tmp_path / "clean", tmp_path / "killed"
     _run(clean)
-    hits = _run_with_kills(killed, random.Random(1234))
-    assert hits >= 2, "the job was hardly interrupted; the test proved little"
+    rng, seed = kill_rng(1234, "slow job")
+    hits = _run_with_kills(killed, rng)
+    assert hits >= 2, f"the job was hardly interrupted; the test proved little (replay: {KILL_SEED_ENV}={seed})"
 
     expected = read_output(clean, expect_ids=IDS)
     got = read_output(killed, expect_ids=IDS)  # raises on gaps and duplicates
@@ -73,9 +79,9 @@ def test_sigkilled_job_resumes_to_the_uninterrupted_output(tmp_path):
 def test_three_killed_shards_union_is_the_whole_set(tmp_path):
     clean, sharded = tmp_path / "clean", tmp_path / "sharded"
     _run(clean)
-    rng = random.Random(99)
+    rng, seed = kill_rng(99, "slow job, 3 shards")
     for shard in range(3):
-        assert _run_with_kills(sharded, rng, shard, 3, kills=2) >= 1
+        assert _run_with_kills(sharded, rng, shard, 3, kills=2) >= 1, f"shard {shard} never killed ({KILL_SEED_ENV}={seed})"
         assert (sharded / shard_name(shard, 3)).exists()
 
     per_shard = [{r["id"] for r in _lines_of(sharded / shard_name(s, 3))} for s in range(3)]

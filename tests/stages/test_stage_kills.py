@@ -1,7 +1,9 @@
 """The long stages, killed with SIGKILL mid-run through the CLI, then rerun with the same command.
 
 Each test runs the stage once uninterrupted, then starts the same command in a child process,
-waits until a random number of rows (at least one) sits complete in the job's shard file,
+waits until a number of rows (at least one, drawn from a seeded generator: the seed and the
+row count are printed; ``ALIGN_KILL_SEED`` replays them, see tests/kill_points.py) sits
+complete in the job's shard file,
 kills the whole process group with SIGKILL and reruns the command. The rows written before
 the kill are kept byte for byte, every id appears exactly once (none lost, none twice), and
 the output equals the uninterrupted run's. `batch_size=1` (one row per append) in both runs
@@ -11,7 +13,6 @@ gives the kill many points to land between and the same batches either way.
 from __future__ import annotations
 
 import os
-import random
 import signal
 import subprocess
 import sys
@@ -19,9 +20,10 @@ import time
 from pathlib import Path
 
 import pytest
+from kill_points import KILL_SEED_ENV, kill_rng
 from stage_helpers import TINY_DATA, TINY_RECIPE, run_cli, subprocess_env
 
-from align.io import STAGE_COMPLETE_MARKER, stage_completion_info, read_records
+from align.io import STAGE_COMPLETE_MARKER, read_records, stage_completion_info
 
 pytestmark = pytest.mark.slow
 
@@ -33,14 +35,17 @@ def _complete_lines(path: Path) -> bytes:
     return data[: data.rfind(b"\n") + 1]
 
 
-def kill_and_resume(stage_args: list[str], out: Path, total: int, log: Path) -> tuple[bytes, str]:
-    """`align STAGE_ARGS output_dir=OUT`, SIGKILLed after a random number of rows, then rerun.
+def kill_and_resume(stage_args: list[str], out: Path, total: int, log: Path, seed: int) -> tuple[bytes, str]:
+    """`align STAGE_ARGS output_dir=OUT`, SIGKILLed after a seeded random number of rows, then rerun.
 
     Returns the complete rows written before the kill and what the rerun printed.
     """
     command = [sys.executable, "-m", "align", *map(str, stage_args), f"output_dir={out}"]
     shard = out / SHARD
-    after = random.randint(1, max(1, total // 2))
+    rng, seed = kill_rng(seed, f"align {stage_args[0]}")
+    after = rng.randint(1, max(1, total // 2))
+    print(f"[kill points] align {stage_args[0]}: SIGKILL once {after} of {total} rows are written", flush=True)
+    replay = f"(kill seed {seed}, aimed after {after} rows; replay: {KILL_SEED_ENV}={seed})"
     with log.open("w") as stream:
         first = subprocess.Popen(command, env=subprocess_env(), stdout=stream, stderr=subprocess.STDOUT,
                                  start_new_session=True)
@@ -53,15 +58,16 @@ def kill_and_resume(stage_args: list[str], out: Path, total: int, log: Path) -> 
             os.killpg(first.pid, signal.SIGKILL)
         finally:
             first.wait(timeout=60)
-    assert first.returncode == -signal.SIGKILL, log.read_text()[-3000:]
+    assert first.returncode == -signal.SIGKILL, f"{replay}\n{log.read_text()[-3000:]}"
     written = _complete_lines(shard)
     lines = written.count(b"\n")
-    assert after <= lines < total, f"the kill (aimed after {after} rows) should land mid-stage, after {lines} of {total}"
-    assert not (out / STAGE_COMPLETE_MARKER).exists()
+    print(f"[kill points] align {stage_args[0]}: killed with {lines} rows written", flush=True)
+    assert after <= lines < total, f"the kill should land mid-stage, it came after {lines} of {total} rows {replay}"
+    assert not (out / STAGE_COMPLETE_MARKER).exists(), replay
 
     again = subprocess.run(command, env=subprocess_env(), capture_output=True, text=True, timeout=600, check=False)
-    assert again.returncode == 0, again.stdout[-2000:] + again.stderr[-3000:]
-    assert shard.read_bytes().startswith(written)  # rows from before the kill kept as they were
+    assert again.returncode == 0, f"{replay}\n" + again.stdout[-2000:] + again.stderr[-3000:]
+    assert shard.read_bytes().startswith(written), f"rows from before the kill changed {replay}"
     return written, again.stdout
 
 
@@ -83,7 +89,7 @@ def test_killed_sample_stage_resumes_to_the_uninterrupted_output(tmp_path, sft_r
     args = ["sample", TINY_RECIPE, f"prompts={TINY_DATA / 'prompts.jsonl'}", f"sampler.model={sft_run[0]}",
             "batch_size=1"]
     run_cli([*args, f"output_dir={tmp_path / 'once'}"])
-    kill_and_resume(args, tmp_path / "killed", len(PROMPT_IDS), tmp_path / "killed.log")
+    kill_and_resume(args, tmp_path / "killed", len(PROMPT_IDS), tmp_path / "killed.log", seed=11)
     assert_same_rows(tmp_path / "killed", tmp_path / "once", PROMPT_IDS, "sample")
 
 
@@ -95,7 +101,7 @@ def test_killed_judge_annotation_resumes_to_the_uninterrupted_output(tmp_path, s
             f"model={sft_run[0]}", f"charter={charter}", "scale=[1,9]", "top_k_pairwise=2", "device=cpu",
             "batch_size=1"]
     run_cli([*args, f"output_dir={tmp_path / 'once'}"])
-    kill_and_resume(args, tmp_path / "killed", len(PROMPT_IDS), tmp_path / "killed.log")
+    kill_and_resume(args, tmp_path / "killed", len(PROMPT_IDS), tmp_path / "killed.log", seed=12)
     assert_same_rows(tmp_path / "killed", tmp_path / "once", PROMPT_IDS, "annotate")
 
 
@@ -105,5 +111,5 @@ def test_killed_logprobs_stage_resumes_to_the_uninterrupted_output(tmp_path, pai
     assert len(ids) >= 4, "the tiny chain should give a few pairs to kill between"
     args = ["logprobs", TINY_RECIPE, f"model_name_or_path={sft_run[0]}", f"dataset={pairs}", "batch_size=1"]
     run_cli([*args, f"output_dir={tmp_path / 'once'}"])
-    kill_and_resume(args, tmp_path / "killed", len(ids), tmp_path / "killed.log")
+    kill_and_resume(args, tmp_path / "killed", len(ids), tmp_path / "killed.log", seed=13)
     assert_same_rows(tmp_path / "killed", tmp_path / "once", ids, "logprobs")

@@ -4,12 +4,11 @@
 from __future__ import annotations
 
 import json
-import os
 import subprocess
-import sys
 
 import pytest
 import yaml
+from ports import accelerate_launch
 from stage_helpers import DATE, RECIPES, REPO, subprocess_env
 
 pytestmark = pytest.mark.distributed
@@ -25,9 +24,8 @@ def cpu_accelerate_config(path) -> str:
 
 def test_accelerate_launch_of_the_train_stage_runs_two_deepspeed_ranks(tmp_path, sft_run, logprobs_run):
     out = tmp_path / "qrpo"
-    accelerate = os.path.join(os.path.dirname(sys.executable), "accelerate")
     command = [
-        accelerate, "launch", "--config_file", cpu_accelerate_config(tmp_path / "zero2_cpu.yaml"),
+        *accelerate_launch(cpu_accelerate_config(tmp_path / "zero2_cpu.yaml")),
         "-m", "align", "train", str(RECIPES / "apertus-8b" / "qrpo.yaml"),
         f"model_name_or_path={sft_run[0]}", f"dataset={logprobs_run[0]}", f"output_dir={out}",
         f"chat_date={DATE}", "max_length=256", "bf16=false", "use_cpu=false", "ddp_backend=gloo",
