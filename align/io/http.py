@@ -1,17 +1,55 @@
-"""One JSON request to an OpenAI-compatible server (the judge backend and the sampler)."""
+"""One JSON request to an OpenAI-compatible server (the judge backend and the sampler), and
+the one rule for the API key every such client sends.
+
+The key comes from the environment, never from a recipe: ``$OPENAI_API_KEY``, or the
+variable a recipe names with ``api_key_env`` (its name is recorded, the key never is).
+A server that cannot be reached, or refuses the request (HTTP 401/403: no key, or a wrong
+one), is a `ServerError`: one line naming the URL, reported by the CLI without a traceback.
+"""
 
 from __future__ import annotations
 
 import json
+import os
+import re
 import time
 from collections.abc import Mapping
 from typing import Any
+
+DEFAULT_API_KEY_ENV = "OPENAI_API_KEY"
+_ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+
+
+class ServerError(OSError, RuntimeError):
+    """An OpenAI-compatible server that is down, refuses the request or answers other than
+    JSON. An OSError, so the CLI reports it as one line; a RuntimeError, as it was before."""
+
+
+def check_api_key_env(api_key_env: str | None) -> None:
+    """``api_key_env`` must name an environment variable (checked when a recipe loads)."""
+    if api_key_env is not None and not _ENV_NAME.match(api_key_env):
+        # never echo the value: it may be the key itself, put where its variable's name belongs
+        raise ValueError("api_key_env: must be the name of an environment variable (letters, digits and _) "
+                         "that holds the API key, not the key itself")
+
+
+def api_key_from_env(api_key_env: str | None = None) -> str | None:
+    """The API key to send: from the variable ``api_key_env`` names (which must then be
+    set), else from ``$OPENAI_API_KEY`` when set, else None (no Authorization header)."""
+    if not api_key_env:
+        return os.environ.get(DEFAULT_API_KEY_ENV) or None
+    check_api_key_env(api_key_env)
+    key = os.environ.get(api_key_env)
+    if not key:
+        raise ValueError(f"api_key_env={api_key_env!r}: the environment variable ${api_key_env} is not set "
+                         "(the API key is read from it)")
+    return key
 
 
 def request_json(url: str, body: Mapping[str, Any] | None = None, *, method: str = "POST", api_key: str | None = None,
                  timeout_s: float = 600.0, max_retries: int = 3) -> dict[str, Any]:
     """One JSON request to an OpenAI-compatible server, retrying connection errors and 5xx
-    answers with a short backoff; anything else is a RuntimeError naming the URL."""
+    answers with a short backoff; anything else is a `ServerError` naming the URL."""
     import urllib.error
     import urllib.request
 
@@ -27,13 +65,18 @@ def request_json(url: str, body: Mapping[str, Any] | None = None, *, method: str
             try:
                 return json.loads(raw)
             except json.JSONDecodeError:
-                raise RuntimeError(f"{url}: answer is not JSON: {raw[:200]!r}") from None
+                raise ServerError(f"{url}: answer is not JSON: {raw[:200]!r}") from None
         except urllib.error.HTTPError as error:
-            detail = error.read().decode(errors="replace")[:300]
+            detail = " ".join(error.read().decode(errors="replace")[:300].split())
+            if error.code in (401, 403):
+                hint = ("the API key sent was refused" if api_key else "no API key was sent") + (
+                    f": set ${DEFAULT_API_KEY_ENV}, or name the variable that holds the key with api_key_env")
+                raise ServerError(f"{url}: HTTP {error.code}: {detail}; {hint}") from None
             if error.code < 500 or attempt == max_retries:
-                raise RuntimeError(f"{url}: HTTP {error.code}: {detail}") from None
+                raise ServerError(f"{url}: HTTP {error.code}: {detail}") from None
         except (urllib.error.URLError, TimeoutError, ConnectionError) as error:
             if attempt == max_retries:
-                raise RuntimeError(f"{url}: request failed after {attempt + 1} tries: {error}") from None
+                reason = getattr(error, "reason", error)
+                raise ServerError(f"{url}: request failed after {attempt + 1} tries: {reason}") from None
         time.sleep(0.5 * 2**attempt)
     raise AssertionError("unreachable")

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from align.io.http import check_api_key_env
 from align.sampling.base import Sampler
 
 
@@ -34,8 +35,9 @@ class SamplerConfig:
         engine_kwargs: further `vllm.LLM` arguments (e.g. {"enforce_eager": true}).
     openai backend (`vllm serve MODEL` on an inference node):
         base_url: the server's API root (http://node17:8000/v1); ``model`` is the served
-            model name and ``tokenizer`` its tokenizer path (default: ``model``). An API
-            key is read from $OPENAI_API_KEY when set.
+            model name and ``tokenizer`` its tokenizer path (default: ``model``).
+        api_key_env: the environment variable holding the server's API key (default:
+            $OPENAI_API_KEY, sent when set). The key itself never goes in a recipe.
         concurrency: requests in flight at once.
     """
 
@@ -55,6 +57,7 @@ class SamplerConfig:
     vllm_dtype: str = "auto"
     engine_kwargs: dict[str, Any] = field(default_factory=dict)
     base_url: str | None = None
+    api_key_env: str | None = None
     concurrency: int = 16
 
     def __post_init__(self) -> None:
@@ -62,6 +65,7 @@ class SamplerConfig:
             raise ValueError(f"backend: {self.backend!r} is not 'vllm', 'transformers' or 'openai'")
         if self.backend == "openai" and not self.base_url:
             raise ValueError("base_url: the openai backend needs the server's URL (http://host:8000/v1)")
+        check_api_key_env(self.api_key_env)
         if self.batch_size < 1:
             raise ValueError(f"batch_size: must be >= 1, got {self.batch_size}")
         if self.tensor_parallel_size < 1:
@@ -90,14 +94,12 @@ def build_sampler(config: SamplerConfig) -> Sampler:
             date=config.date, enable_thinking=config.enable_thinking,
         )
     if config.backend == "openai":
-        import os
-
         from align.sampling.openai_backend import OpenAISampler
 
         return OpenAISampler(
             config.base_url, config.model, config.tokenizer or config.model, chat_format=config.chat_format,
             date=config.date, enable_thinking=config.enable_thinking, max_model_len=config.max_model_len,
-            api_key=os.environ.get("OPENAI_API_KEY"), concurrency=config.concurrency,
+            api_key_env=config.api_key_env, concurrency=config.concurrency,
         )
     from align.sampling.vllm_backend import VLLMSampler
 

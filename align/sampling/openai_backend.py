@@ -19,7 +19,7 @@ from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-from align.io import request_json
+from align.io.http import api_key_from_env, request_json
 from align.sampling.base import (
     Completion,
     Conversation,
@@ -38,7 +38,8 @@ class OpenAISampler(Sampler):
             started with).
         tokenizer: the served model's tokenizer (object or path), to render prompts.
         chat_format / date / enable_thinking / stop_tokens: as for `VLLMSampler`.
-        api_key: sent as a bearer token when set (``vllm serve --api-key``).
+        api_key: sent as a bearer token (``vllm serve --api-key``); default from the
+            environment: the variable ``api_key_env`` names, else ``$OPENAI_API_KEY``.
         max_model_len: context length (default: asked from the server's ``/models``).
         concurrency: requests in flight at once.
         timeout_s / max_retries: per request; connection errors and 5xx answers are
@@ -58,6 +59,7 @@ class OpenAISampler(Sampler):
         enable_thinking: bool = False,
         stop_tokens: Sequence[str] | None = None,
         api_key: str | None = None,
+        api_key_env: str | None = None,
         max_model_len: int | None = None,
         concurrency: int = 16,
         timeout_s: float = 600.0,
@@ -69,7 +71,7 @@ class OpenAISampler(Sampler):
 
             tokenizer = AutoTokenizer.from_pretrained(tokenizer)
         self.base_url = base_url.rstrip("/")
-        self.model, self.api_key = model, api_key
+        self.model, self.api_key = model, api_key if api_key is not None else api_key_from_env(api_key_env)
         self.model_name = model_name or model
         self.tokenizer = tokenizer
         self.encoder = PromptEncoder(tokenizer, chat_format, date=date, enable_thinking=enable_thinking,

@@ -27,6 +27,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from align.io.http import check_api_key_env
 from align.stages.common import check_model_path, check_output_dir, finish, read_input
 from align.stages.manifest import begin, start
 
@@ -44,6 +45,9 @@ class Config:
     )
     base_url: str | None = field(default=None, metadata={"help": "openai backend: the endpoint (http://host:8000/v1)"})
     tokenizer: str | None = field(default=None, metadata={"help": "openai backend: tokenizer of the served model"})
+    api_key_env: str | None = field(default=None, metadata={
+        "help": "openai backend: environment variable holding the API key (default: $OPENAI_API_KEY when set); "
+                "the key itself never goes in a recipe"})
     charter: str | None = field(default=None, metadata={"help": "judge: charter file (default: the project's charter)"})
     scale: list[int] = field(default_factory=lambda: [1, 9], metadata={"help": "judge: rating scale (paper: 1-9)"})
     top_k_pairwise: int = field(default=5, metadata={"help": "judge: top-k re-ranked pairwise (0: off)"})
@@ -77,6 +81,7 @@ class Config:
             raise ValueError(f"model: provider {self.provider!r} needs a model path or name")
         if self.backend == "openai" and not self.base_url:
             raise ValueError("base_url: the openai backend needs the endpoint URL")
+        check_api_key_env(self.api_key_env)
         if len(self.scale) != 2:
             raise ValueError(f"scale: expected [low, high], got {self.scale}")
         if self.temperature < 0:
@@ -109,7 +114,7 @@ def _judge_backend(config: Config) -> Any:
         return rewards.VLLMJudgeBackend(config.model, **config.engine_kwargs)
     if config.backend == "openai":
         return rewards.OpenAIJudgeBackend(config.base_url, config.model, config.tokenizer or config.model,
-                                          batch_size=config.model_batch_size)
+                                          api_key_env=config.api_key_env, batch_size=config.model_batch_size)
     return rewards.TransformersJudgeBackend(config.model, batch_size=config.model_batch_size,
                                             device=config.device, dtype=config.dtype)
 

@@ -9,7 +9,9 @@ sum every token id that decodes to it. Top tokens that spell no label are ignore
 Prompts are rendered locally with the judge's chat template (pass its tokenizer), and a
 leading BOS is removed from the text: the server tokenizes with its special tokens and
 adds the BOS itself, so the model sees one BOS, as with the other backends.
-Only the standard library is used (urllib, json).
+The API key is the one every OpenAI-compatible client sends (`align.io.http`): from
+``$OPENAI_API_KEY``, or from the variable ``api_key_env`` names; a refused request is a
+one-line `ServerError` naming the URL. Only the standard library is used (urllib, json).
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from align.io import request_json
+from align.io.http import api_key_from_env, request_json
 from rewards.judge_backends.base import JudgeBackend, LabelLogprobs, label_text, logsumexp
 
 
@@ -33,20 +35,23 @@ class OpenAIJudgeBackend(JudgeBackend):
         tokenizer: Any,
         *,
         api_key: str | None = None,
+        api_key_env: str | None = None,
         top_logprobs: int = 20,
         batch_size: int = 32,
         timeout_s: float = 120.0,
         max_retries: int = 2,
         chat_template_kwargs: Mapping[str, Any] | None = None,
     ):
-        """`tokenizer`: the served model's tokenizer (object or path), for its chat template."""
+        """`tokenizer`: the served model's tokenizer (object or path), for its chat template.
+        `api_key`: sent as a bearer token; default from the environment (`api_key_env`, else
+        ``$OPENAI_API_KEY``)."""
         if isinstance(tokenizer, str):
             from transformers import AutoTokenizer
 
             tokenizer = AutoTokenizer.from_pretrained(tokenizer)
         super().__init__(tokenizer, chat_template_kwargs)
         self.url = base_url.rstrip("/") + "/completions"
-        self.model, self.api_key = model, api_key
+        self.model, self.api_key = model, api_key if api_key is not None else api_key_from_env(api_key_env)
         self.top_logprobs, self.batch_size = top_logprobs, batch_size
         self.timeout_s, self.max_retries = timeout_s, max_retries
 
