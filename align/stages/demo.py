@@ -17,7 +17,8 @@
 Writes ``report.json``, ``training.png`` (six panels) and the evaluation's ``evaluate/``
 (``report.md``, ``eval.jsonl``, reward, win-rate and length plots) to ``output_dir`` and
 prints a summary table. ``preset=ci`` shrinks every stage for a quick path check. A new
-run first removes the previous run's files from ``output_dir``.
+run first removes what the previous demo run wrote (``_demo.json`` lists it), after its
+settings are checked; an ``output_dir`` holding any other file is refused.
 
 Measured with the defaults on 2 CPU cores, seeds 0, 1 and 2: QRPO raised held-out sampled
 accuracy by 9.3, 12.5 and 15.6 points (95% intervals clear of zero), and each run took
@@ -32,12 +33,16 @@ where most prompts have both right and wrong samples.
 
 from __future__ import annotations
 
+import json
 import os
 import time
 from collections import Counter
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
+
+from align.config import to_dict
+from align.io import write_json
 
 DATE = "2026-01-01"
 
@@ -62,7 +67,8 @@ PRESETS: dict[str, dict[str, Any]] = {
 @dataclass
 class Config:
     output_dir: str = field(default="demo_out", metadata={
-        "help": "where the report, plots and models go (a new run replaces the previous run's files)"})
+        "help": "where the report, plots and models go: a new or empty directory, or an earlier demo run's "
+                "(whose files, listed in its _demo.json, a new run replaces)"})
     preset: str = field(default="full", metadata={
         "help": "'full' (the defaults below) or 'ci' (fewer examples, prompts and steps: a quick path check)"})
     seed: int = field(default=0, metadata={"help": "seeds data, model init, sampling and training"})
@@ -242,17 +248,20 @@ def run(config: Config) -> dict[str, Any]:
     torch.set_num_threads(config.threads or os.cpu_count() or 1)
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     out = Path(config.output_dir)
-    _clear_previous_run(out)
-    out.mkdir(parents=True, exist_ok=True)
+    check_demo_output_dir(out)  # before anything is made or removed
     timer = _Timer()
     started = time.time()
 
     with timer("data and model"):
-        splits = make_splits(
+        splits = make_splits(  # checks the task's settings (enough distinct problems) first
             sft=config.sft_examples, prompts=config.prompts, held_out=config.held_out,
             validation=config.validation, tool_fraction=config.tool_fraction, seed=config.seed,
             length=config.length,
         )
+        _clear_previous_run(out)
+        out.mkdir(parents=True, exist_ok=True)
+        write_json(out / DEMO_MANIFEST, {"written_by": "align demo", "outputs": list(RUN_OUTPUTS),
+                                         "settings": to_dict(config)})
         texts = [render(r["messages"], tools=r.get("tools"), date=DATE) for r in splits["sft"][:4000]]
         tokenizer = build_demo_tokenizer(texts)
         model = build_demo_model(tokenizer, seed=config.seed)
@@ -406,22 +415,54 @@ def run(config: Config) -> dict[str, Any]:
     return report
 
 
-# What a demo run writes under output_dir; a new run removes these first.
+# What a demo run writes under output_dir (listed in its manifest); a new run removes these first.
 RUN_OUTPUTS = ("data", "sft", "sample", "annotate", "pairs", "logprobs", "qrpo", "dpo", "evaluate",
                "report.json", "training.png")
+DEMO_MANIFEST = "_demo.json"
+
+
+def check_demo_output_dir(out: Path) -> None:
+    """The demo writes only into a new or empty directory, or over an earlier demo run.
+
+    An earlier run is recognised by its manifest (``_demo.json``, listing what it wrote);
+    a directory holding anything else is refused, so a mistyped ``output_dir`` never costs a
+    user their files.
+    """
+    if not out.exists():
+        return
+    if not out.is_dir():
+        raise NotADirectoryError(f"demo: output_dir={str(out)!r} is a file, not a directory")
+    manifest = out / DEMO_MANIFEST
+    listed: set[str] = set()
+    if manifest.is_file():
+        try:
+            listed = set(json.loads(manifest.read_text()).get("outputs") or [])
+        except (json.JSONDecodeError, AttributeError):
+            raise ValueError(f"demo: {manifest} is not a demo manifest; choose another output_dir") from None
+    foreign = sorted(p.name for p in out.iterdir() if p.name != DEMO_MANIFEST and p.name not in listed)
+    if foreign:
+        shown = ", ".join(foreign[:5]) + (f" and {len(foreign) - 5} more" if len(foreign) > 5 else "")
+        raise FileExistsError(f"demo: output_dir={str(out)!r} holds files that no demo run wrote ({shown}); "
+                              "choose a new or empty output_dir")
 
 
 def _clear_previous_run(out: Path) -> None:
-    """Start from nothing: the demo's stages resume from what they find, and a previous run
-    with other settings (another seed, another preset) would be refused or mixed in."""
+    """Start from nothing: remove exactly what the earlier demo run's manifest lists.
+
+    The demo's stages resume from what they find, and a previous run with other settings
+    (another seed, another preset) would be refused or mixed in.
+    """
     import shutil
 
-    found = [out / name for name in RUN_OUTPUTS if (out / name).exists()]
-    if not found:
+    manifest = out / DEMO_MANIFEST
+    if not manifest.is_file():
         return
-    print(f"[align demo] removing the previous run's outputs in {out}", flush=True)
+    listed = json.loads(manifest.read_text()).get("outputs") or []
+    found = [out / name for name in listed if (out / name).exists() or (out / name).is_symlink()]
+    print(f"[align demo] removing the previous demo run's outputs in {out}", flush=True)
     for path in found:
-        shutil.rmtree(path) if path.is_dir() else path.unlink()
+        shutil.rmtree(path) if path.is_dir() and not path.is_symlink() else path.unlink()
+    manifest.unlink()
 
 
 def _encodable(pairs: list[dict], tokenizer: Any, skips: list[dict]) -> list[dict]:

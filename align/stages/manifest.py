@@ -146,7 +146,7 @@ def _charter_input(value: str | None) -> dict[str, Any]:
     from rewards.charter import find_charter
 
     path = find_charter(value)
-    return {"path": str(value) if value else "(default)", "kind": "charter", "fingerprint": file_digest(path)}
+    return {"path": str(value) if value else "default", "kind": "charter", "fingerprint": file_digest(path)}
 
 
 # --------------------------------------------------------------------------- the manifest

@@ -33,9 +33,10 @@ def test_judge_validate_stage_writes_report_plot_and_verdicts(judge_dir, tmp_pat
     data = tmp_path / "prompts.jsonl"
     data.write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in records()))
     out = tmp_path / "validate"
-    printed = run_cli(["judge-validate", f"input={data}", f"output_dir={out}", f"model={judge_dir}",
-                       "charter=charter/example_de.md", "steps=2", "resamples=200", "device=cpu",
-                       "model_batch_size=16", "min_kendall_tau=0.5", "single_order=skip"])
+    args = ["judge-validate", f"input={data}", f"output_dir={out}", f"model={judge_dir}",
+            "charter=charter/example_de.md", "steps=2", "resamples=200", "device=cpu",
+            "model_batch_size=16", "min_kendall_tau=0.5", "single_order=skip"]
+    printed = run_cli(args)
     assert f"[align judge-validate] wrote {out}" in printed
     assert "[align judge-validate] en: NOT qualified" in printed and "[align judge-validate] de: NOT qualified" in printed
     info = stage_completion_info(out)
@@ -46,8 +47,9 @@ def test_judge_validate_stage_writes_report_plot_and_verdicts(judge_dir, tmp_pat
     assert report["degrader"]["degrader"] == "rules"
     assert {"en", "de"} == set(report["languages"])
     assert (out / "score_by_step.png").stat().st_size > 1000 and (out / "report.md").exists()
-    again = run_cli(["judge-validate", f"input={data}", f"output_dir={out}", f"model={judge_dir}"])
-    assert "already complete" in again
+    assert "already complete" in run_cli(args)
+    with pytest.raises(ValueError, match=r"judge-validate\.charter \(default\): other charter text"):
+        run_cli(args[:4])  # the defaults: another charter, steps, resamples...
 
 
 def test_judge_validate_with_an_llm_degrader(judge_dir, tmp_path):
