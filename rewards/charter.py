@@ -30,6 +30,7 @@ points at one clause.
 
 from __future__ import annotations
 
+import hashlib
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -195,22 +196,46 @@ def parse_charter(text: str, source: str = "<string>") -> Charter:
     return builder.build(len(lines))
 
 
+def bundled_charters() -> list[str]:
+    """The names of the charters shipped in ``charter/``."""
+    return sorted(p.name for p in charter_dir().glob("*.md"))
+
+
 def find_charter(name_or_path: str | Path | None = None) -> Path:
     """The charter file meant by a path, or by a name in ``charter/`` (``default``,
-    ``example_de.md``, ``charter/example_de.md``); None is the default charter."""
+    ``example_de.md``, ``charter/example_de.md``); None is the default charter.
+
+    An existing file is that file. A value that looks like a path (a directory part other
+    than ``charter/``, absolute, or starting with ``~``) and is not a file is an error
+    naming it, never a bundled charter of the same name: a typo in a charter path must not
+    judge with another charter. Anything else must be a bundled name.
+    """
     if name_or_path is None:
         return charter_dir() / DEFAULT_CHARTER
-    path = Path(name_or_path)
+    text = str(name_or_path)
+    if not text.strip():
+        raise ValueError("charter: an empty name (leave it unset for the default charter)")
+    path = Path(text).expanduser()
     if path.is_file():
         return path
-    for candidate in (path, Path(path.name)):
-        for name in (candidate, candidate.with_suffix(".md")):
-            if len(name.parts) == 1 or name.parts[0] == "charter":
-                bundled = charter_dir() / name.name
-                if bundled.is_file():
-                    return bundled
-    raise FileNotFoundError(f"no charter {str(name_or_path)!r}: not a file, and not one of "
-                            f"{sorted(p.name for p in charter_dir().glob('*.md'))} in {charter_dir()}")
+    parts = Path(text).parts
+    bundled_form = len(parts) == 1 or (len(parts) == 2 and parts[0] == "charter")
+    if not bundled_form or text.startswith(("~", "/", ".")):
+        raise FileNotFoundError(f"no charter {text!r}: file not found")
+    name = Path(parts[-1])
+    for candidate in (name, name.with_suffix(".md")):
+        bundled = charter_dir() / candidate.name
+        if bundled.is_file():
+            return bundled
+    raise FileNotFoundError(f"no charter {text!r}: not a file, and not one of the bundled charters "
+                            f"{bundled_charters()} in {charter_dir()}")
+
+
+def charter_fingerprint(name_or_path: str | Path | Charter | None = None) -> str:
+    """sha256 (hex) of the charter text the judge prompts start with (``Charter.text()``):
+    what a judge's scores depend on, resolved as `find_charter` resolves a name or path."""
+    charter = name_or_path if isinstance(name_or_path, Charter) else load_charter(name_or_path)
+    return hashlib.sha256(charter.text().encode("utf-8")).hexdigest()
 
 
 def load_charter(path: str | Path | None = None) -> Charter:
