@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import json
 import os
+import random
 import signal
 import subprocess
 import sys
 import time
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from align.data.records import RecordError
@@ -251,3 +253,84 @@ def test_stage_errors_name_the_bad_setting(stage_inputs, tmp_path):
     result = _align("evaluate", str(recipe), f"output_dir={tmp_path}",
                     f"policies=[{{name: sft, model: {root / 'sft'}}}, {{name: sft, model: {root / 'qrpo'}}}]")
     assert result.returncode != 0 and "'sft' is used twice" in result.stderr
+
+
+# --------------------------------------------------------------------------- the gain interval is paired over prompts
+
+
+def _shared_difficulty_completions(count: int, n: int, seed: int = 0) -> tuple[list[dict], dict[str, list[dict]]]:
+    """Prompts whose difficulty both policies share, so per-prompt accuracy spans 0 to 1 for both,
+    while the tuned policy gets at most one more of its n samples right on each prompt. Paired
+    over prompts the gain is small with a narrow interval; resampled apart, the spread of
+    difficulty dominates and the interval is wide."""
+    rng = random.Random(seed)
+    prompt_rows, given = [], {"base": [], "tuned": []}
+    for i in range(count):
+        answer = str(100 + i)
+        prompt_rows.append({"id": f"q{i:02d}", "messages": [{"role": "user", "content": f"say {answer}"}],
+                            "answer": answer})
+        right = {"base": rng.randint(0, n)}
+        right["tuned"] = min(n, right["base"] + rng.choice([0, 1]))
+        for name, k in right.items():
+            texts = [f"\\boxed{{{answer}}}"] * k + ["\\boxed{-1}"] * (n - k)
+            rng.shuffle(texts)
+            given[name].append({"id": f"q{i:02d}", "completions": [{"text": t, "num_tokens": 4, "finish_reason": "stop"}
+                                                                  for t in texts]})
+    return prompt_rows, given
+
+
+def _percentile_interval(replicates: np.ndarray) -> tuple[float, float]:
+    low, high = np.quantile(replicates, [0.025, 0.975])
+    return float(low), float(high)
+
+
+def test_gain_interval_of_align_evaluate_is_a_paired_bootstrap_over_prompts(tmp_path):
+    """`align evaluate` on given completions: the report's sampled gain interval is recomputed from
+    eval.jsonl with a paired bootstrap over prompts (the library's documented resampling: seeded
+    numpy ``integers`` draws of prompt indices, percentile interval), and an unpaired bootstrap
+    of the same rows gives a visibly wider interval, so a report with an unpaired interval fails."""
+    from align.io import write_jsonl
+
+    n, count, resamples, seed = 8, 60, 1000, 7
+    prompt_rows, given = _shared_difficulty_completions(count, n)
+    write_jsonl(tmp_path / "prompts.jsonl", prompt_rows)
+    for name, rows in given.items():
+        write_jsonl(tmp_path / f"{name}.jsonl", rows)
+    recipe = tmp_path / "evaluate.yaml"
+    recipe.write_text(
+        f"prompts: {tmp_path / 'prompts.jsonl'}\nbaseline: base\n"
+        f"policies:\n  - {{name: base, completions: {tmp_path / 'base.jsonl'}}}\n"
+        f"  - {{name: tuned, completions: {tmp_path / 'tuned.jsonl'}}}\n"
+        f"reward: {{provider: verifiable}}\nn: {n}\nkl: false\nplots: false\nresamples: {resamples}\nseed: {seed}\n")
+    out = tmp_path / "out"
+    done = _align("evaluate", str(recipe), f"output_dir={out}")
+    assert done.returncode == 0, done.stderr[-3000:]
+    report = json.loads((out / "report.json").read_text())
+    assert (report["settings"]["resamples"], report["settings"]["seed"]) == (resamples, seed)
+    gain = report["overall"]["comparisons"]["tuned"]["reward_difference_sampled"]
+
+    # per prompt: each policy's mean sample score, read back from eval.jsonl
+    rows = [json.loads(line) for line in (out / "eval.jsonl").read_text().splitlines()]
+    assert [r["id"] for r in rows] == [p["id"] for p in prompt_rows]
+    means = {name: np.array([np.mean([s["score"] for s in r["policies"][name]["samples"]]) for r in rows])
+             for name in ("base", "tuned")}
+    expected_means = {name: np.array([sum("\\boxed{-1}" not in c["text"] for c in g["completions"]) / n
+                                      for g in given[name]]) for name in given}
+    for name, values in means.items():  # the verifier scored what was built
+        np.testing.assert_allclose(values, expected_means[name], atol=1e-12)
+    deltas = means["tuned"] - means["base"]
+    assert gain["n"] == count and gain["estimate"] == pytest.approx(deltas.mean(), abs=1e-12)
+
+    # paired: one draw of prompt indices per resample, both policies' values move together
+    draws = np.random.default_rng(seed).integers(0, count, size=(resamples, count))
+    paired = _percentile_interval(deltas[draws].mean(axis=1))
+    assert (gain["low"], gain["high"]) == pytest.approx(paired, abs=1e-12)
+
+    # unpaired: each policy's prompts resampled on their own; on these rows far wider
+    other = np.random.default_rng(seed + 1).integers(0, count, size=(resamples, count))
+    unpaired = _percentile_interval(means["tuned"][draws].mean(axis=1) - means["base"][other].mean(axis=1))
+    paired_width, unpaired_width = paired[1] - paired[0], unpaired[1] - unpaired[0]
+    assert unpaired_width > 4 * paired_width, (paired, unpaired)
+    assert gain["high"] - gain["low"] < 2 * paired_width < unpaired_width
+    assert gain["low"] > 0  # paired, the gain is clear of zero; unpaired it would not be
+    assert unpaired[0] < 0
