@@ -8,9 +8,12 @@ Layout (one line; the only newlines are inside the developer block and the texts
 
 Choices, and where they differ from the released template:
 
-- Turns. Consecutive assistant and tool messages form one assistant turn. The training
-  form closes every assistant turn with ``<|assistant_end|>`` (the released template only
-  closes a turn when a user message follows), so the model learns to stop.
+- Turns. An assistant message, the tool messages after it and the assistant message that
+  answers them form one assistant turn. The training form closes every assistant turn with
+  ``<|assistant_end|>`` (the released template only closes a turn when a user message
+  follows), so the model learns to stop. A conversation opening with an assistant message,
+  or an assistant message directly after another (not after its tool outputs), is an error
+  (``align.chat.messages``, turn order), not merged into one turn.
 - Generation prompt. ``add_generation_prompt=True`` leaves the model where it writes
   next: after ``<|assistant_start|>`` when the conversation ends with a user turn (as the
   released template), or inside the still-open assistant turn when it ends with tool
@@ -45,7 +48,16 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from align.chat.formats import APERTUS
-from align.chat.messages import Block, Message, ToolCall, check_text, message_error, normalize
+from align.chat.messages import (
+    Block,
+    Message,
+    ToolCall,
+    check_follows,
+    check_opening,
+    check_text,
+    message_error,
+    normalize,
+)
 from align.chat.segments import Segment, Transcript
 from align.chat.tools import declaration, format_calls, function_schemas
 
@@ -99,6 +111,7 @@ class _Renderer:
         self.in_inner = False
         self.open_outputs: int | None = None  # index of the last tool message in "[a, b"
         self.turn_last = -1
+        self.previous: Message | None = None
 
     # -- turn bookkeeping -------------------------------------------------------------
     def close_outputs(self) -> None:
@@ -144,10 +157,13 @@ class _Renderer:
         self.open_turn(m.index)
         if m.blocks is not None:
             self.set_kind("blocks", m.index)
+        elif m.text is not None:
+            self.set_kind("string", m.index)
+        check_follows(self.previous, m)
+        if m.blocks is not None:
             for k, block in enumerate(m.blocks):
                 self.block(block, m.index, k)
         elif m.text is not None:
-            self.set_kind("string", m.index)
             self.close_outputs()
             self.out.add(m.text, m.index, trained=True)
         if m.tool_calls:
@@ -231,7 +247,9 @@ def segments(
     else:
         r.out.add(SYSTEM_START + DEFAULT_SYSTEM.format(date=date_text(date)) + SYSTEM_END, None)
     r.out.add(developer_block(tools, enable_thinking), None)
+    check_opening(msgs)
     for m in msgs:
         getattr(r, m.role)(m)
+        r.previous = m
     r.finish(add_generation_prompt)
     return r.out.segments

@@ -12,6 +12,9 @@ Llama-3 follows the Lucie-7B report (docs/method.md, The Apertus chat format): u
 Meta's Llama 3 the BOS is ``<s>`` and each text is followed by a blank line before
 ``<|eot_id|>``. ChatML, as the original, has no BOS. Neither has a default system text.
 
+Turn order as in every format (``align.chat.messages``): a user message first (after an
+optional system message), never two assistant messages in a row.
+
 Trained on: assistant text plus the format's ``turn_end`` (``\\n\\n<|eot_id|>``,
 ``<|im_end|>``: what the model generates until it stops); not on headers, system or user
 text, nor on the newline ChatML puts after ``<|im_end|>``. Tools, tool messages,
@@ -26,6 +29,8 @@ from typing import Any
 
 from align.chat.formats import CHATML, LLAMA3, ChatFormat
 from align.chat.messages import (
+    check_follows,
+    check_opening,
     check_text,
     normalize,
     plain_assistant_text,
@@ -69,10 +74,12 @@ def segments(
     fmt = style.format
     msgs = normalize(messages)
     refuse_tools_and_thinking(tools, enable_thinking, msgs, fmt.name)
+    check_opening(msgs)
     out = Transcript()
     if fmt.bos:
         out.add(fmt.bos, None)
-    for m in msgs:
+    for previous, m in zip([None, *msgs], msgs):
+        check_follows(previous, m)
         text = plain_assistant_text(m, fmt.name) if m.role == "assistant" else m.text
         check_text(text, fmt.forbidden_in_text, m.index, m.role, "content")
         out.add(style.header_for(m.role), m.index)

@@ -5,6 +5,15 @@ content, OpenAI-style ``tool_calls`` and ``role: "tool"`` messages). Every shape
 into the same small typed form here, once, so renderers never guess. Anything that cannot
 be rendered faithfully raises ``ValueError`` naming the message index and the problem;
 nothing is dropped silently.
+
+Turn order, in every format (``check_opening``, ``check_follows``, applied by the
+renderers): a conversation opens with a user message, after an optional system message;
+an assistant message never directly follows another assistant message, except after one
+whose last block is ``tool_outputs``. A tool call, its outputs and the answer are one
+assistant turn in either of two shapes: assistant (with the calls), then ``tool``
+messages, then assistant; or one assistant message whose blocks hold the calls, the
+``tool_outputs`` and the response. Two assistant messages in a row otherwise were merged
+silently into one turn; now they are an error naming the later message.
 """
 
 from __future__ import annotations
@@ -229,6 +238,31 @@ def normalize(messages: Sequence[Mapping[str, Any]]) -> list[Message]:
         else:
             out.append(_assistant(raw, i))
     return out
+
+
+def check_opening(msgs: Sequence[Message]) -> None:
+    """A conversation opens with a user turn (after an optional system message).
+
+    An opening assistant message has no request to answer: rendered, it would sit right
+    after the system block as if the model spoke unprompted, which no prompt the model is
+    served ever looks like. It is an error, not rendered as given.
+    """
+    first = next((m for m in msgs if m.role != "system"), None)
+    if first is not None and first.role == "assistant":
+        raise message_error(first.index, "assistant", "the conversation opens with an assistant message; it must "
+                            "start with a user message (after an optional system message)")
+
+
+def check_follows(previous: Message | None, m: Message) -> None:
+    """An assistant message directly after another one is an error, unless the earlier one
+    ends with its tool outputs (a ``tool_outputs`` block): two assistant messages in a row
+    would otherwise be rendered as one turn (Apertus) or as two replies to one request."""
+    if previous is None or previous.role != "assistant" or m.role != "assistant":
+        return
+    if previous.blocks and previous.blocks[-1].type == "tool_outputs":
+        return
+    raise message_error(m.index, "assistant", f"follows assistant message {previous.index} with no user or tool "
+                        "message between them; join the two into one message, or put the tool outputs between them")
 
 
 def check_text(text: str, forbidden: Sequence[str], index: int, role: str, what: str) -> None:

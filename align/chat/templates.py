@@ -14,7 +14,7 @@ Template variables beyond the standard ``messages``, ``tools``, ``add_generation
 
 The templates reject the structurally invalid input ``render`` rejects (unknown role,
 tool message outside an assistant turn, mixed content, unknown block type, calls to
-undeclared tools). Checks jinja cannot do (arguments that are not JSON, special tokens
+undeclared tools, an opening assistant message, two assistant messages in a row). Checks jinja cannot do (arguments that are not JSON, special tokens
 inside texts) are left to ``render``/``encode``, which run on training data.
 """
 
@@ -70,6 +70,12 @@ _PLAIN_ASSISTANT_MACRO = r"""
 {%- if tools -%}{{- raise_exception('this format has no tool declarations; use the apertus format') -}}{%- endif -%}
 {%- if enable_thinking is defined and enable_thinking -%}{{- raise_exception('this format has no thinking mode') -}}{%- endif -%}
 {%- if not messages -%}{{- raise_exception('conversation is empty: nothing to render') -}}{%- endif -%}
+{%- set order = namespace(prev=none) -%}
+{%- for message in messages -%}
+{%- if message['role'] == 'assistant' and (order.prev is none or order.prev == 'system') -%}{{- raise_exception('message ' ~ loop.index0 ~ ' (assistant): the conversation opens with an assistant message') -}}{%- endif -%}
+{%- if message['role'] == 'assistant' and order.prev == 'assistant' -%}{{- raise_exception('message ' ~ loop.index0 ~ ' (assistant): follows an assistant message with no user message between them') -}}{%- endif -%}
+{%- set order.prev = message['role'] -%}
+{%- endfor -%}
 """
 
 _APERTUS = _CONTENT_MACROS + r"""
@@ -180,7 +186,7 @@ _APERTUS = _CONTENT_MACROS + r"""
 {%- set fn = tool['function'] if tool['function'] is defined else tool -%}
 {%- set decl.names = decl.names + [fn['name']] -%}
 {%- endfor -%}
-{%- set st = namespace(start=0, in_turn=false, kind=none, in_inner=false, open_outputs=false) -%}
+{%- set st = namespace(start=0, in_turn=false, kind=none, in_inner=false, open_outputs=false, prev=none, prev_outputs=false) -%}
 {{- '<s><|system_start|>' -}}
 {%- if messages[0]['role'] == 'system' -%}
 {{- system_text(messages[0]['content']) -}}
@@ -212,6 +218,8 @@ _APERTUS = _CONTENT_MACROS + r"""
 {%- endif -%}
 {{- '<|user_start|>' ~ user_text(content, i) ~ '<|user_end|>' -}}
 {%- elif role == 'assistant' -%}
+{%- if st.prev is none -%}{{- raise_exception('message ' ~ i ~ ' (assistant): the conversation opens with an assistant message') -}}{%- endif -%}
+{%- if st.prev == 'assistant' and not st.prev_outputs -%}{{- raise_exception('message ' ~ i ~ ' (assistant): follows an assistant message with no user or tool message between them') -}}{%- endif -%}
 {%- if not st.in_turn -%}
 {{- '<|assistant_start|>' -}}
 {%- set st.in_turn = true -%}{%- set st.kind = none -%}{%- set st.in_inner = false -%}
@@ -273,6 +281,11 @@ _APERTUS = _CONTENT_MACROS + r"""
 {{- raise_exception('message ' ~ i ~ ' (system): a system message is only allowed at index 0') -}}
 {%- else -%}
 {{- raise_exception('message ' ~ i ~ ': unknown role ' ~ role) -}}
+{%- endif -%}
+{%- if i >= st.start -%}
+{%- set blocks = content['blocks'] if (content is mapping and content['blocks'] is defined and content['blocks'] is not string) else [] -%}
+{%- set st.prev_outputs = role == 'assistant' and (blocks | length) > 0 and blocks[-1] is mapping and blocks[-1]['type'] == 'tool_outputs' -%}
+{%- set st.prev = role -%}
 {%- endif -%}
 {%- endfor -%}
 {%- if st.open_outputs -%}{{- ']' -}}{%- endif -%}
