@@ -56,9 +56,30 @@ def test_samples_do_not_depend_on_the_batch(sampler):
     assert _texts(alone)[0] == _texts(together)[2]
 
 
-def test_temperature_zero_is_greedy(sampler):
-    out = sampler.sample(CONVS[:1], n=3, temperature=0.0, max_tokens=10, seed=0)
-    assert len(set(_texts(out)[0])) == 1
+def argmax_decode(model, prompt_ids: list[int], stop_ids, max_tokens: int) -> list[int]:
+    """Greedy decoding by hand: one full forward per token, no cache, no padding, take the argmax."""
+    ids, generated = list(prompt_ids), []
+    with torch.no_grad():
+        for _ in range(max_tokens):
+            token = int(model(torch.tensor([ids])).logits[0, -1].argmax())
+            generated.append(token)
+            if token in stop_ids:
+                break
+            ids.append(token)
+    return generated
+
+
+def test_temperature_zero_is_greedy(sampler, tiny_model):
+    """Every sample at temperature 0 is the argmax continuation, for each prompt of a padded batch."""
+    max_tokens = 10
+    out = sampler.sample(CONVS, n=3, temperature=0.0, max_tokens=max_tokens, seed=0)
+    for conv, row in zip(CONVS, out):
+        expected = argmax_decode(tiny_model, sampler.encoder.prompt_ids(conv), set(sampler.encoder.stop_ids),
+                                 max_tokens)
+        for completion in row:
+            assert list(completion.token_ids) == expected, conv
+            assert completion.num_tokens == len(expected)
+            assert completion.finish_reason == ("stop" if expected[-1] in sampler.encoder.stop_ids else "length")
 
 
 def test_prompt_ids_start_with_exactly_one_bos(sampler, tiny_tokenizer):
