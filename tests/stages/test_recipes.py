@@ -94,3 +94,54 @@ def test_tiny_pipeline_pins_one_date_everywhere():
     assert configs["logprobs"].max_length == configs["train"].max_length
     assert configs["pairs"].num_ref_rewards == configs["train"].num_ref_rewards == configs["sample"].n
     assert configs["sft"].use_cpu and configs["train"].use_cpu and not configs["train"].bf16
+
+
+def load_recipe(size: str, name: str):
+    """recipes/SIZE/NAME.yaml loaded with its stage's Config (the defaults it leaves unset included)."""
+    stage = stage_of(f"{name}.yaml")
+    config_cls = stage_module(stage).Config
+    return load_config(config_cls, RECIPES / size / f"{name}.yaml", cpu_overrides(config_cls), section=stage)
+
+
+@pytest.mark.parametrize("size", ["apertus-8b", "apertus-70b"])
+def test_apertus_stage_recipes_agree_with_each_other(size):
+    """The separate stage files of one model size: what the log-prob pass, the trainers, the
+    samplers and the evaluation must share is the same in every file, and each stage reads
+    what the one before it writes."""
+    r = {name: load_recipe(size, name) for name in ("sft", "sample", "sample_offline", "annotate_rm", "pairs",
+                                                    "logprobs", "qrpo", "dpo", "evaluate")}
+    tokenized = {"sft": r["sft"], "logprobs": r["logprobs"], "qrpo": r["qrpo"], "dpo": r["dpo"]}
+    samplers = {"sample": r["sample"].sampler, "evaluate": r["evaluate"].sampler}
+
+    # one chat date and one chat format for every prompt the policy is trained or sampled on
+    dates = {**{k: c.chat_date for k, c in tokenized.items()}, **{k: s.date for k, s in samplers.items()}}
+    assert len(set(dates.values())) == 1 and None not in dates.values(), dates
+    formats = {**{k: c.chat_format for k, c in tokenized.items()}, **{k: s.chat_format for k, s in samplers.items()}}
+    assert set(formats.values()) == {"apertus"}, formats
+    thinking = {"logprobs": r["logprobs"].enable_thinking, "qrpo": r["qrpo"].enable_thinking,
+                "dpo": r["dpo"].enable_thinking, **{k: s.enable_thinking for k, s in samplers.items()}}
+    assert len(set(thinking.values())) == 1, thinking
+
+    # the pass scores exactly the token ids the trainers train on
+    lengths = {k: tokenized[k].max_length for k in ("logprobs", "qrpo", "dpo")}
+    assert len(set(lengths.values())) == 1 and None not in lengths.values(), lengths
+    truncated = {k: r[k].truncated for k in ("pairs", "logprobs", "qrpo", "dpo")}
+    assert len(set(truncated.values())) == 1, truncated
+
+    # quantile rewards: as many references as were sampled per prompt
+    assert r["pairs"].num_ref_rewards == r["qrpo"].num_ref_rewards == r["sample"].n, \
+        (r["pairs"].num_ref_rewards, r["qrpo"].num_ref_rewards, r["sample"].n)
+    assert r["sample"].mode == "reference" and r["sample_offline"].mode == "offline"
+
+    # each stage reads what the one before it writes
+    sft_out = r["sft"].output_dir
+    assert r["sample"].sampler.model == r["logprobs"].model_name_or_path == sft_out
+    assert r["qrpo"].model_name_or_path == r["dpo"].model_name_or_path == sft_out
+    assert r["sample_offline"].prompts == r["sample"].output_dir
+    assert r["annotate_rm"].input == r["sample_offline"].output_dir
+    assert r["pairs"].input == r["annotate_rm"].output_dir
+    assert r["logprobs"].dataset == f"{r['pairs'].output_dir}/pairs.jsonl"
+    assert r["qrpo"].dataset == r["dpo"].dataset == r["logprobs"].output_dir
+    models = {p.name: p.model for p in r["evaluate"].policies}
+    assert models == {"sft": sft_out, "qrpo": r["qrpo"].output_dir, "dpo": r["dpo"].output_dir}
+    assert r["evaluate"].baseline == "sft"
