@@ -39,9 +39,10 @@ class EvalPolicy:
     sampler:     generates greedy and sampled completions (transformers or vLLM); or a
                  function that builds one, called when this policy's turn comes and
                  released after (so one engine at a time holds the GPU).
-    completions: records with ``id`` and ``completions`` (a ``sample`` stage output, a
-                 list, or a path), used in place of a sampler: their first ``n``
-                 completions are the samples; there is no greedy completion.
+    completions: records with ``id``, the prompt's ``messages`` and ``completions`` (a
+                 ``sample`` stage output, a list, or a path), used in place of a sampler:
+                 their first ``n`` completions are the samples (fewer is an error, and so
+                 is a prompt other than the held-out one); there is no greedy completion.
     model:       the causal LM for KL estimates; default the sampler's model when it has
                  one in memory (transformers backend).
     """
@@ -148,9 +149,14 @@ def check_prompts(prompts: Sequence[Mapping[str, Any]], source: str, reference_f
     for index, record in enumerate(prompts):
         try:
             validate_prompt(record, index)
-            if reference_field is not None and record.get(reference_field) in (None, ""):
+            if reference_field is not None and record.get(reference_field) is None:
                 raise RecordError(record_id(record, index), reference_field,
                                   "missing: the verifiable reward compares completions with it")
+            if reference_field is not None:
+                from rewards.verifiable import reference_problem
+
+                if problem := reference_problem(record[reference_field]):
+                    raise RecordError(record_id(record, index), reference_field, problem)
         except RecordError as error:
             raise RecordError(error.record_id, error.field, f"{error.problem} ({source}, row {index})") from None
         if record["id"] in seen:
@@ -183,31 +189,54 @@ def _generated(completion: Any) -> dict[str, Any]:
 
 
 def given_generations(policy: EvalPolicy, prompts: Sequence[Mapping[str, Any]], n: int) -> dict[str, dict]:
-    """Generation rows from completions given in place of a sampler, checked against the prompts."""
+    """Generation rows from completions given in place of a sampler, checked against the prompts.
+
+    Matching by id alone would score completions against whatever prompt now has that id,
+    so each row must carry the prompt it answered (``messages``, and ``tools`` when it had
+    them; a ``sample`` output does) and it must equal the held-out prompt. An id twice is an
+    error, and so is a prompt with fewer than ``n`` completions (the first ``n`` are used).
+    """
     from align.io import read_records
 
     source = policy.completions
     records = read_records(source) if isinstance(source, (str, Path)) else list(source)  # type: ignore[arg-type]
     where = str(source) if isinstance(source, (str, Path)) else f"policy {policy.name!r} completions"
     by_id: dict[str, Mapping[str, Any]] = {}
+    row_of: dict[str, int] = {}
     for index, record in enumerate(records):
         rid = record.get("id") if isinstance(record, Mapping) else None
         if not isinstance(rid, str):
             raise RecordError(f"<row {index}>", "id", f"missing ({where})")
-        by_id[rid] = record
+        if rid in by_id:
+            raise RecordError(rid, "id", f"duplicate id (rows {row_of[rid]} and {index} of {where})")
+        by_id[rid], row_of[rid] = record, index
+    for prompt in prompts:
+        if prompt["id"] not in by_id:
+            raise RecordError(prompt["id"], "completions", f"no completions for this prompt in {where}")
+    needed = max(n, 1)
     rows = {}
     for prompt in prompts:
-        record = by_id.get(prompt["id"])
-        if record is None:
-            raise RecordError(prompt["id"], "completions", f"no completions for this prompt in {where}")
+        record = by_id[prompt["id"]]
+        if "messages" not in record:
+            raise RecordError(prompt["id"], "messages", f"missing in {where}: given completions must carry the "
+                              "prompt they answered (a sample output does), so they cannot be matched by id alone")
+        if record["messages"] != prompt["messages"]:
+            raise RecordError(prompt["id"], "messages", f"the completions in {where} answered another prompt than "
+                              "the held-out prompt with this id")
+        if (record.get("tools") or None) != (prompt.get("tools") or None):
+            raise RecordError(prompt["id"], "tools", f"the completions in {where} were sampled with other tools "
+                              "than the held-out prompt declares")
         completions = record.get("completions")
         if not isinstance(completions, list) or not completions:
             raise RecordError(prompt["id"], "completions", f"missing or empty in {where}")
+        if len(completions) < needed:
+            raise RecordError(prompt["id"], "completions", f"{len(completions)} completions in {where}, n={n} "
+                              "are evaluated: sample at least n per prompt, or evaluate with a smaller n")
         for i, c in enumerate(completions):
             if not isinstance(c, Mapping) or not isinstance(c.get("text"), str):
                 raise RecordError(prompt["id"], f"completions[{i}].text", f"expected a string ({where})")
         rows[prompt["id"]] = {"id": prompt["id"], "greedy": None,
-                              "samples": [_completion(c) for c in completions[: max(n, 1)]]}
+                              "samples": [_completion(c) for c in completions[:needed]]}
     return rows
 
 

@@ -136,7 +136,8 @@ def test_win_rates_and_order_agreement_match_a_hand_count(samplers, tmp_path):
 
 
 def test_completions_given_in_place_of_a_policy(samplers, tmp_path):
-    given = [{"id": p["id"], "completions": [{"text": p["answer"], "num_tokens": 2, "finish_reason": "stop"}]}
+    given = [{"id": p["id"], "messages": p["messages"],
+              "completions": [{"text": p["answer"], "num_tokens": 2, "finish_reason": "stop"}] * SETTINGS["n"]}
              for p in prompts()]
     from rewards.verifiable import VerifiableReward
 
@@ -274,8 +275,8 @@ def _shared_difficulty_completions(count: int, n: int, seed: int = 0) -> tuple[l
         for name, k in right.items():
             texts = [f"\\boxed{{{answer}}}"] * k + ["\\boxed{-1}"] * (n - k)
             rng.shuffle(texts)
-            given[name].append({"id": f"q{i:02d}", "completions": [{"text": t, "num_tokens": 4, "finish_reason": "stop"}
-                                                                  for t in texts]})
+            given[name].append({"id": f"q{i:02d}", "messages": prompt_rows[-1]["messages"],
+                                "completions": [{"text": t, "num_tokens": 4, "finish_reason": "stop"} for t in texts]})
     return prompt_rows, given
 
 
