@@ -76,14 +76,3 @@ def test_report_describes_the_pairs_and_the_watch_during_training(demo_report):
     for name in ("qrpo", "dpo"):
         steps = [entry["step"] for entry in report["during_training"][name]]
         assert steps[0] == 0 and steps[-1] == report["steps"][name]
-
-
-def test_a_new_run_removes_the_previous_runs_outputs_and_nothing_else(tmp_path):
-    from align.stages.demo import _clear_previous_run
-
-    (tmp_path / "logprobs").mkdir()
-    (tmp_path / "logprobs" / "_job.json").write_text("{}")
-    (tmp_path / "report.json").write_text("{}")
-    (tmp_path / "notes.txt").write_text("mine")
-    _clear_previous_run(tmp_path)
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["notes.txt"]
