@@ -274,3 +274,34 @@ def test_secret_rules():
     assert not is_secret_key("max_new_tokens") and not is_secret_key("tokenizer") and not is_secret_key("top_k")
     assert redact({"base_url": "http://user:pw@host:8000/v1?api_key=abc&x=1", "hub_token": "t", "n": 3}) == \
         {"base_url": "http://host:8000/v1?api_key=&x=1", "n": 3}
+
+
+@pytest.mark.parametrize("stage", ["sft", "sample", "annotate", "pairs", "logprobs", "train", "evaluate",
+                                   "decontaminate", "judge-validate", "pipeline"])
+def test_every_stage_takes_overwrite(stage):
+    """The key the rerun error offers exists on every stage (it used to be unknown to four)."""
+    import dataclasses
+
+    from align.stages import stage_module
+
+    fields = {f.name: f for f in dataclasses.fields(stage_module(stage).Config)}
+    assert fields["overwrite"].default is False
+
+
+def test_overwrite_is_a_recipe_key_of_the_trainer_stages(ws):
+    from align.config import load_config
+    from align.stages import stage_module
+
+    for stage in ("sft", "train", "sample", "annotate", "logprobs"):
+        config = load_config(stage_module(stage).Config, RECIPE, ["overwrite=true"], section=stage)
+        assert config.overwrite is True
+
+
+def test_keys_that_cannot_change_an_output_do_not_make_it_stale(ws):
+    """A log interval, a progress-bar flag, reporting and the job's shard layout are not settings."""
+    rc, out, err = cli(["train", RECIPE, "logging_steps=2", "disable_tqdm=false", "report_to=[]",
+                        "save_total_limit=3"])
+    assert rc == 0, err
+    assert "is already complete; skipping" in out
+    rc, out, err = cli(["annotate", RECIPE, "num_shards=1", "shard_index=0"])
+    assert rc == 0 and "is already complete; skipping" in out, err
