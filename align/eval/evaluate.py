@@ -19,7 +19,7 @@ any number of restarts.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -110,24 +110,28 @@ class EvalSettings:
         task that finishes last writes the report.
     """
 
-    greedy: bool = True
-    n: int = 4
-    temperature: float = 1.0
-    top_p: float = 1.0
-    max_tokens: int = 512
-    seed: int = 0
-    judge_pairwise: bool = True
-    pairwise_samples: int = 1
-    kl: bool = True
-    kl_reference: str | None = None
-    tie_margin: float = 0.0
-    resamples: int = stats.DEFAULT_RESAMPLES
-    confidence: float = stats.DEFAULT_CONFIDENCE
-    batch_size: int = 16
-    kl_batch_size: int = 32
-    plots: bool = True
-    shard_index: int = 0
-    num_shards: int = 1
+    greedy: bool = field(default=True, metadata={"help": "generate one greedy completion per prompt"})
+    n: int = field(default=4, metadata={"help": "samples per prompt (0: greedy only)"})
+    temperature: float = field(default=1.0, metadata={"help": "sampling temperature (KL needs 1)"})
+    top_p: float = field(default=1.0, metadata={"help": "nucleus sampling (KL needs 1)"})
+    max_tokens: int = field(default=512, metadata={"help": "completion length budget"})
+    seed: int = field(default=0, metadata={"help": "each prompt's draws are seeded by (seed, id), the same for "
+                                           "every policy"})
+    judge_pairwise: bool = field(default=True, metadata={"help": "judge: also compare with the baseline head to "
+                                                         "head, both orders"})
+    pairwise_samples: int = field(default=1, metadata={"help": "judge: sampled pairs per prompt compared (besides "
+                                                       "the greedy pair)"})
+    kl: bool = field(default=True, metadata={"help": "estimate KL(π‖π_ref) from each policy's samples"})
+    kl_reference: str | None = field(default=None, metadata={"help": "the π_ref policy (default: the baseline)"})
+    tie_margin: float = field(default=0.0, metadata={"help": "judge preferences within this of 0.5 are ties"})
+    resamples: int = field(default=stats.DEFAULT_RESAMPLES, metadata={"help": "bootstrap resamples"})
+    confidence: float = field(default=stats.DEFAULT_CONFIDENCE, metadata={"help": "confidence level of every "
+                                                                          "interval"})
+    batch_size: int = field(default=16, metadata={"help": "prompts per job batch"})
+    kl_batch_size: int = field(default=32, metadata={"help": "KL: sequences per forward pass"})
+    plots: bool = field(default=True, metadata={"help": "write the PNG plots"})
+    shard_index: int = field(default=0, metadata={"help": "this task's shard of the prompts"})
+    num_shards: int = field(default=1, metadata={"help": "number of shards"})
 
     def __post_init__(self) -> None:
         if self.n < 0 or (self.n == 0 and not self.greedy):
