@@ -16,8 +16,11 @@ import contextlib
 import io
 import json
 import shutil
+import socket
+import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, HTTPServer
 from pathlib import Path
 
 import pytest
@@ -245,7 +248,7 @@ CASES: list[Case] = [
          "FileNotFoundError", ("prompts", "missing.jsonl", "does not exist")),
     Case("input directory without data files", "pairs",
          lambda ws: [f"input={(ws.root / 'emptydir').mkdir() or ws.root / 'emptydir'}", f"output_dir={ws.out()}"],
-         "FileNotFoundError", ("emptydir", "no .jsonl or .parquet files")),
+         "FileNotFoundError", ("emptydir", "no .jsonl, .json or .parquet files")),
     Case("empty dataset", "pairs",
          lambda ws: [f"input={ws.file('in.jsonl', [])}", f"output_dir={ws.out()}"],
          "ValueError", ("in.jsonl", "holds no rows")),
@@ -519,6 +522,119 @@ CASES: list[Case] = [
     Case("judge-validate: input missing", "judge-validate",
          lambda ws: [f"input={ws.root / 'ladders.jsonl'}", f"output_dir={ws.out()}", f"model={ws.policy}"],
          "FileNotFoundError", ("input", "ladders.jsonl", "does not exist")),
+    # --- input directories and paths: one reading rule --------------------------------------
+    Case("input directory holding a file that is not data", "pairs",
+         lambda ws: [f"input={_data_dir(ws, 'notes.txt')}", f"output_dir={ws.out()}"],
+         "ValueError", ("notes.txt", "not a data file", "move it out")),
+    Case("input directory holding an unknown marker-like file", "pairs",
+         lambda ws: [f"input={_data_dir(ws, '_extra.jsonl')}", f"output_dir={ws.out()}"],
+         "ValueError", ("_extra.jsonl", "named like one of the library's markers")),
+    Case("input directory holding a subdirectory", "pairs",
+         lambda ws: [f"input={_data_dir(ws, 'more/b.jsonl')}", f"output_dir={ws.out()}"],
+         "ValueError", ("more", "a subdirectory inside an input directory")),
+    Case("input directory with .json and upper-case .JSONL files (read)", "pairs",
+         lambda ws: [f"input={_data_dir(ws, 'b.JSONL', 'c.json')}", f"output_dir={ws.out()}"],
+         None, check=lambda ws, out, err: _assert_in(
+             "['a', 'b', 'c']", repr(sorted(r["id"] for r in _skips(ws.out() / "pairs.jsonl"))))),
+    Case("empty input path", "pairs", lambda ws: ["input=", f"output_dir={ws.out()}"],
+         "ValueError", ("input path is empty", "never read as the current directory")),
+    Case("missing input with an upper-case suffix (no hub lookup)", "pairs",
+         lambda ws: ["input=gone.JSONL", f"output_dir={ws.out()}"],
+         "FileNotFoundError", ("gone.JSONL: not found",)),
+    # --- recipes: a key given twice ---------------------------------------------------------
+    Case("recipe with a key given twice", "pairs",
+         lambda ws: [_recipe(ws, "seed: 1\ninput: x.jsonl\nseed: 2\n")],
+         "ConfigError", ("recipe.yaml", "key 'seed' is given twice (lines 1 and 3)")),
+    Case("pipeline: two train sections", "pipeline",
+         lambda ws: [_recipe(ws, "train: {beta: 1}\npairs: {input: x.jsonl}\ntrain: {beta: 5}\n")],
+         "ConfigError", ("recipe.yaml", "key 'train' is given twice (lines 1 and 3)")),
+    # --- outputs: never written through a symlink -------------------------------------------
+    Case("annotate: output shard that is a symlink", "annotate",
+         lambda ws: _linked(ws, "shard-00001-of-00002.jsonl"),
+         "PermissionError", ("shard-00001-of-00002.jsonl is a symlink", "remove the link")),
+    Case("annotate: shard lock file that is a symlink", "annotate",
+         lambda ws: _linked(ws, "shard-00001-of-00002.lock"),
+         "PermissionError", ("shard-00001-of-00002.lock is a symlink",)),
+    # --- the verifiable reward: model text is untrusted ---------------------------------------
+    Case("annotate: completion with a ten-million-digit exponent (scored)", "annotate",
+         lambda ws: [_verifiable_input(ws, "1e10000000", "\\boxed{1e5000}", "\\boxed{4}"),
+                     f"output_dir={ws.out()}", "provider=verifiable"],
+         None, check=lambda ws, out, err: _assert_in("[0.0, 0.0, 1.0]", repr(_annotate_rows(ws.out())[0]["rewards"]))),
+    Case("annotate: completion of 100,000 digits (scored)", "annotate",
+         lambda ws: [_verifiable_input(ws, "9" * 100_000, "\\boxed{" + "9" * 100_000 + "}", "4"),
+                     f"output_dir={ws.out()}", "provider=verifiable"],
+         None, check=lambda ws, out, err: _assert_in("[0.0, 0.0, 1.0]", repr(_annotate_rows(ws.out())[0]["rewards"]))),
+    Case("annotate: empty reference answer", "annotate",
+         lambda ws: [f"input={ws.file('in.jsonl', [annotated('a', answer='')])}", f"output_dir={ws.out()}",
+                     "provider=verifiable"],
+         "RecordError", ("record 'a'", "'answer'", "empty reference answer", "it would match an empty")),
+    Case("annotate: reference answer too long to compare", "annotate",
+         lambda ws: [f"input={ws.file('in.jsonl', [annotated('a', answer='7' * 1001)])}", f"output_dir={ws.out()}",
+                     "provider=verifiable"],
+         "RecordError", ("record 'a'", "'answer'", "1001 characters (over 1000)")),
+    Case("evaluate: empty reference answer", "evaluate",
+         lambda ws: [f"prompts={ws.file('p.jsonl', [prompt('a', answer='  ')])}", "baseline=a", f"output_dir={ws.out()}",
+                     f"policies=[{{name: a, model: {ws.policy}}}, {{name: b, model: {ws.policy}}}]"],
+         "RecordError", ("record 'a'", "'answer'", "empty reference answer")),
+    # --- OpenAI-compatible servers: the API key and a server that is down ---------------------
+    Case("annotate: judge server down", "annotate",
+         lambda ws: [*_judge_openai(ws, _closed_url())],
+         "ServerError", ("/v1/completions: request failed after 3 tries",)),
+    Case("annotate: judge server demands an API key, none set", "annotate",
+         lambda ws: [*_judge_openai(ws, _keyed_url())],
+         "ServerError", ("/v1/completions: HTTP 401", "no API key was sent", "api_key_env")),
+    Case("annotate: api_key_env names an unset variable", "annotate",
+         lambda ws: [*_judge_openai(ws, _keyed_url()), "api_key_env=ALIGN_NO_SUCH_KEY_VAR"],
+         "ValueError", ("api_key_env='ALIGN_NO_SUCH_KEY_VAR'", "$ALIGN_NO_SUCH_KEY_VAR is not set")),
+    Case("annotate: api_key_env holding the key itself", "annotate",
+         lambda ws: ["input=x.jsonl", "provider=verifiable", "api_key_env=sk-live-0123"],
+         "ConfigError", ("api_key_env: must be the name of an environment variable", "not the key itself")),
+    Case("sample: server down", "sample",
+         lambda ws: [f"prompts={ws.file('prompts.jsonl', [prompt()])}", f"output_dir={ws.out()}",
+                     *_openai_sampler(ws, _closed_url())],
+         "ServerError", ("/v1/models: request failed after 3 tries",)),
+    Case("sample: server refuses the API key", "sample",
+         lambda ws: [f"prompts={ws.file('prompts.jsonl', [prompt()])}", f"output_dir={ws.out()}",
+                     *_openai_sampler(ws, _keyed_url()), "sampler.api_key_env=ALIGN_BAD_INPUTS_KEY"],
+         "ServerError", ("/v1/models: HTTP 401", "the API key sent was refused"),
+         extra={"env": {"ALIGN_BAD_INPUTS_KEY": "not-the-key"}}),
+    # --- the judge's charter ------------------------------------------------------------------
+    Case("annotate: judge charter path missing", "annotate",
+         lambda ws: [f"input={ws.file('in.jsonl', [annotated('a')])}", f"output_dir={ws.out()}", "provider=judge",
+                     f"model={ws.policy}", "device=cpu", f"charter={ws.root / 'mine' / 'default.md'}"],
+         "FileNotFoundError", ("no charter", "mine/default.md", "file not found")),
+    Case("annotate: judge charter name unknown", "annotate",
+         lambda ws: [f"input={ws.file('in.jsonl', [annotated('a')])}", f"output_dir={ws.out()}", "provider=judge",
+                     f"model={ws.policy}", "device=cpu", "charter=defualt"],
+         "FileNotFoundError", ("no charter 'defualt'", "not one of the bundled charters", "default.md")),
+    # --- chat turn order ----------------------------------------------------------------------
+    Case("sft: two assistant messages in a row", "sft",
+         lambda ws: [f"dataset={ws.file('sft.jsonl', [{'id': 'a', 'messages': SFT_ROW['messages'] + [{'role': 'assistant', 'content': 'sure'}]}])}",
+                     f"output_dir={ws.out()}", f"model_name_or_path={ws.policy}", "use_cpu=true", "report_to=[]",
+                     f"chat_date={DATE}"],
+         "RecordError", ("record 'a'", "'messages'", "message 2 (assistant): follows assistant message 1")),
+    Case("sft: tool call answered without its output", "sft",
+         lambda ws: [f"dataset={ws.file('sft.jsonl', [{'id': 'a', 'messages': [SFT_ROW['messages'][0], {'role': 'assistant', 'content': None, 'tool_calls': [{'function': {'name': 'calc', 'arguments': '{}'}}]}, {'role': 'assistant', 'content': '4'}]}])}",
+                     f"output_dir={ws.out()}", f"model_name_or_path={ws.policy}", "use_cpu=true", "report_to=[]",
+                     f"chat_date={DATE}"],
+         "RecordError", ("record 'a'", "message 2 (assistant): follows assistant message 1", "tool outputs")),
+    Case("sample: prompt opening with an assistant message", "sample",
+         lambda ws: [f"prompts={ws.file('prompts.jsonl', [prompt('a', messages=[{'role': 'assistant', 'content': 'Hi!'}, {'role': 'user', 'content': 'q'}])])}",
+                     f"output_dir={ws.out()}", *_cpu_sampler(ws.policy)],
+         "RecordError", ("record 'a'", "'messages'", "message 0 (assistant): the conversation opens with an assistant")),
+    # --- evaluate: given completions are checked against the prompts -------------------------
+    Case("evaluate: given completions answering another prompt", "evaluate",
+         lambda ws: _given(ws, [prompt('a', 'Is 5 even?', answer='no') | {'completions': [completion('no')] * 2}]),
+         "RecordError", ("record 'a'", "'messages'", "answered another prompt")),
+    Case("evaluate: given completions without their prompt", "evaluate",
+         lambda ws: _given(ws, [{'id': 'a', 'completions': [completion('yes')] * 2}]),
+         "RecordError", ("record 'a'", "'messages'", "must carry the prompt they answered")),
+    Case("evaluate: given completions with an id twice", "evaluate",
+         lambda ws: _given(ws, [prompt('a', answer='yes') | {'completions': [completion('yes')] * 2}] * 2),
+         "RecordError", ("record 'a'", "'id'", "duplicate id (", "given.jsonl")),
+    Case("evaluate: fewer given completions than n", "evaluate",
+         lambda ws: _given(ws, [prompt('a', answer='yes') | {'completions': [completion('yes')]}]),
+         "RecordError", ("record 'a'", "'completions'", "1 completions", "n=2")),
 ]
 
 
@@ -545,6 +661,99 @@ def _pairs_dir(ws: Workspace) -> Path:
     return out
 
 
+def _data_dir(ws: Workspace, *extra: str) -> Path:
+    """A plain data directory: a.jsonl (row 'a') plus the named files (rows named by their stem)."""
+    folder = ws.root / "data"
+    jsonl(folder / "a.jsonl", [annotated("a")])
+    for name in extra:
+        path = folder / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        stem = path.name.split(".")[0]
+        if path.suffix == ".json":
+            path.write_text(json.dumps([annotated(stem)]))
+        elif path.suffix.lower() == ".jsonl":
+            jsonl(path, [annotated(stem)])
+        else:
+            path.write_text("notes\n")
+    return folder
+
+
+def _linked(ws: Workspace, name: str) -> list:
+    """Shard 0 of 2 annotated; then shard 1's file `name` is a symlink to a file outside the
+    output directory, and shard 1 is started."""
+    args = [f"input={ws.file('in.jsonl', [annotated(f'p{i}') for i in range(4)])}", f"output_dir={ws.out()}",
+            "provider=verifiable", "num_shards=2"]
+    rc, _, err = run_main(["annotate", *args, "shard_index=0"])
+    assert rc == 0, err
+    outside = ws.root / "outside.jsonl"
+    outside.write_text("")
+    (ws.out() / name).symlink_to(outside)
+    return [*args, "shard_index=1"]
+
+
+def _verifiable_input(ws: Workspace, *texts: str) -> str:
+    """input= a row 'a' (answer "4") with these completions, to be annotated."""
+    row = prompt("a", answer="4", completions=[completion(t) for t in texts])
+    return f"input={ws.file('in.jsonl', [row])}"
+
+
+def _given(ws: Workspace, rows: list[dict]) -> list:
+    """evaluate with policy 'b' given as completions (first, so it is checked before any model runs)."""
+    given = ws.file("given.jsonl", rows)
+    return [f"prompts={ws.file('p.jsonl', [prompt('a', answer='yes')])}", "baseline=a", f"output_dir={ws.out()}",
+            "n=2", "sampler.device=cpu", "max_tokens=4",
+            f"policies=[{{name: b, completions: {given}}}, {{name: a, model: {ws.policy}}}]"]
+
+
+class _KeyedHandler(BaseHTTPRequestHandler):
+    """An OpenAI-compatible server on 127.0.0.1 that accepts no request without its key."""
+
+    def _refuse(self) -> None:
+        payload = b'{"error": {"message": "invalid api key"}}'
+        self.send_response(401)
+        self.send_header("Content-Length", str(len(payload)))
+        self.end_headers()
+        self.wfile.write(payload)
+
+    def do_GET(self):
+        self._refuse()
+
+    def do_POST(self):
+        self.rfile.read(int(self.headers.get("Content-Length", 0)))
+        self._refuse()
+
+    def log_message(self, *args):
+        pass
+
+
+_SERVER: list[HTTPServer] = []
+
+
+def _keyed_url() -> str:
+    if not _SERVER:
+        server = HTTPServer(("127.0.0.1", 0), _KeyedHandler)
+        threading.Thread(target=server.serve_forever, daemon=True).start()
+        _SERVER.append(server)
+    return f"http://127.0.0.1:{_SERVER[0].server_address[1]}/v1"
+
+
+def _closed_url() -> str:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    return f"http://127.0.0.1:{port}/v1"
+
+
+def _judge_openai(ws: Workspace, url: str) -> list:
+    return [f"input={ws.file('in.jsonl', [annotated('a')])}", f"output_dir={ws.out()}", "provider=judge",
+            "backend=openai", f"base_url={url}", "model=served", f"tokenizer={ws.policy}", "top_k_pairwise=0"]
+
+
+def _openai_sampler(ws: Workspace, url: str) -> list[str]:
+    return ["sampler.backend=openai", f"sampler.base_url={url}", "sampler.model=served",
+            f"sampler.tokenizer={ws.policy}", f"sampler.date={DATE}", "max_tokens=4", "n=2"]
+
+
 def run_main(args: list) -> tuple[int, str, str]:
     out, err = io.StringIO(), io.StringIO()
     with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
@@ -557,8 +766,10 @@ def test_bad_input(case: Case, models, tmp_path, monkeypatch):
     import torch
 
     monkeypatch.delenv("ALIGN_TRACEBACK", raising=False)
-    for var in ("SLURM_ARRAY_TASK_ID", "SLURM_ARRAY_TASK_COUNT", "RANK", "WORLD_SIZE"):
+    for var in ("SLURM_ARRAY_TASK_ID", "SLURM_ARRAY_TASK_COUNT", "RANK", "WORLD_SIZE", "OPENAI_API_KEY"):
         monkeypatch.delenv(var, raising=False)
+    for var, value in case.extra.get("env", {}).items():
+        monkeypatch.setenv(var, value)
     monkeypatch.chdir(tmp_path)
     ws = Workspace(root=tmp_path, **models)
     threads = torch.get_num_threads()
@@ -581,8 +792,8 @@ def test_bad_input(case: Case, models, tmp_path, monkeypatch):
 
 
 def test_corpus_size_and_doc_table():
-    """At least 40 entries, and docs/bad-inputs.md has a row for each."""
-    assert len(CASES) >= 40
+    """At least 110 entries, and docs/bad-inputs.md has a row for each."""
+    assert len(CASES) >= 110
     assert len({c.name for c in CASES}) == len(CASES)
     doc = (Path(__file__).resolve().parents[1] / "docs" / "bad-inputs.md").read_text()
     missing = [c.name for c in CASES if f"| {c.name} |" not in doc]
