@@ -1,13 +1,90 @@
-"""Session-wide tiny fixtures: built once per test session, offline, in a temp dir."""
+"""Session-wide setup: caches in a session temp dir, tiny fixtures, torch threads, the skip report.
+
+Tests write only into temporary directories. The caches that libraries keep under $HOME
+(the `datasets` cache, the Hub, matplotlib, torch's compiled extensions, Jupyter and IPython
+state, vLLM) are pointed at one temp directory for the session, removed when it ends. This
+happens when this file is imported, before any test module imports `datasets` or
+`transformers`, and child processes (the CLI, launchers) inherit it.
+"""
 
 from __future__ import annotations
 
+import json
 import os
+import re
+import shutil
+import sys
+import tempfile
+from pathlib import Path
 
 import pytest
 
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+
+# --------------------------------------------------------------------------- caches out of $HOME
+
+CACHE_ROOT = Path(tempfile.mkdtemp(prefix="align-tests-caches-"))
+CACHE_DIRS = {
+    "HF_HOME": "huggingface",
+    "HF_DATASETS_CACHE": "huggingface/datasets",
+    "XDG_CACHE_HOME": "cache",  # pip, and whatever else follows the XDG convention
+    "XDG_CONFIG_HOME": "config",
+    "XDG_DATA_HOME": "data",
+    "MPLCONFIGDIR": "matplotlib",
+    "TORCHINDUCTOR_CACHE_DIR": "torchinductor",
+    "TRITON_CACHE_DIR": "triton",
+    "IPYTHONDIR": "ipython",
+    "JUPYTER_CONFIG_DIR": "jupyter/config",
+    "JUPYTER_DATA_DIR": "jupyter/data",
+    "JUPYTER_RUNTIME_DIR": "jupyter/runtime",
+    "VLLM_CACHE_ROOT": "vllm",
+}
+for _name, _sub in CACHE_DIRS.items():
+    os.environ[_name] = str(CACHE_ROOT / _sub)
+    (CACHE_ROOT / _sub).mkdir(parents=True, exist_ok=True)
+# DeepSpeed builds a CPU op on its first run (~45 s): a TORCH_EXTENSIONS_DIR set on purpose is
+# kept (to reuse the build across sessions); otherwise the build goes into the session dir too.
+os.environ.setdefault("TORCH_EXTENSIONS_DIR", str(CACHE_ROOT / "torch_extensions"))
+
+_EARLY = sorted(m for m in ("datasets", "transformers", "matplotlib") if m in sys.modules)
+if _EARLY:  # a plugin imported them before this file: they read their cache paths already
+    raise pytest.UsageError(f"{_EARLY} were imported before tests/conftest.py set the cache directories")
+
+
+def pytest_unconfigure(config):
+    shutil.rmtree(CACHE_ROOT, ignore_errors=True)
+
+
+# --------------------------------------------------------------------------- torch threads
+
+
+@pytest.fixture()
+def one_torch_thread():
+    """One torch thread for this test (tiny models gain nothing from more; the cores are shared),
+    restored afterwards."""
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+@pytest.fixture(autouse=True)
+def _torch_threads_unchanged():
+    """A test that changes torch's thread count must restore it (use ``one_torch_thread``)."""
+    torch = sys.modules.get("torch")
+    before = torch.get_num_threads() if torch is not None else None
+    yield
+    if before is not None and torch.get_num_threads() != before:
+        after = torch.get_num_threads()
+        torch.set_num_threads(before)
+        pytest.fail(f"the test left torch.get_num_threads() at {after} (was {before}): use the "
+                    "one_torch_thread fixture, which restores it", pytrace=False)
+
+
+# --------------------------------------------------------------------------- tiny models
 
 
 @pytest.fixture(scope="session")
@@ -38,3 +115,55 @@ def tiny_model(tiny_tokenizer):
     from align.testing.tiny import build_causal_lm
 
     return build_causal_lm(tiny_tokenizer)
+
+
+# --------------------------------------------------------------------------- skips
+
+# THE allowed skips: the only tests that may be skipped in CI's main environment, with the
+# reason they may give. The vLLM tests run for real in their own environment (.venv-vllm,
+# `.ci/setup_vllm_env.sh`); in the main environment vllm is not installed and they skip.
+# Every other skip is a test that silently did not run: with ALIGN_SKIP_REPORT set (as
+# `.ci/run` does), the session writes every skip to that file and fails on one outside this
+# set. Add an entry only for a test that cannot run in the main environment by design.
+ALLOWED_SKIPS = (
+    # (path prefix of the skipped test or module, regular expression its reason must match)
+    ("tests/vllm/", r"^vllm is not (installed|importable here)"),
+)
+SKIP_REPORT_ENV = "ALIGN_SKIP_REPORT"
+
+_skipped: list[dict] = []
+
+
+def _record_skip(report) -> None:
+    if not report.skipped or getattr(report, "wasxfail", None) is not None:
+        return
+    path, _line, reason = report.longrepr if isinstance(report.longrepr, tuple) else ("", 0, str(report.longrepr))
+    reason = reason.removeprefix("Skipped: ")
+    nodeid = report.nodeid or str(path)
+    allowed = any(nodeid.startswith(prefix) and re.search(pattern, reason) for prefix, pattern in ALLOWED_SKIPS)
+    _skipped.append({"nodeid": nodeid, "reason": reason, "allowed": allowed})
+
+
+def pytest_runtest_logreport(report):
+    _record_skip(report)
+
+
+def pytest_collectreport(report):
+    _record_skip(report)  # a module skipped as a whole (`pytest.importorskip`, allow_module_level)
+
+
+def pytest_sessionfinish(session, exitstatus):
+    target = os.environ.get(SKIP_REPORT_ENV)
+    if not target:
+        return
+    Path(target).write_text("".join(json.dumps(entry) + "\n" for entry in _skipped))
+    if any(not entry["allowed"] for entry in _skipped) and session.exitstatus == 0:
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED
+
+
+def pytest_terminal_summary(terminalreporter):
+    unexpected = [entry for entry in _skipped if not entry["allowed"]]
+    if unexpected and os.environ.get(SKIP_REPORT_ENV):
+        terminalreporter.section("skips outside the allowed set (tests/conftest.py, ALLOWED_SKIPS)", red=True)
+        for entry in unexpected:
+            terminalreporter.write_line(f"{entry['nodeid']}: {entry['reason']}")

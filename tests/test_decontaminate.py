@@ -226,7 +226,8 @@ def test_raw_prompt_field_mode():
 
 
 def test_dataset_in_dataset_out():
-    datasets = pytest.importorskip("datasets")
+    import datasets
+
     ds = datasets.Dataset.from_list(
         [{"id": "a", "prompt": BENCH}, {"id": "b", "prompt": "fresh text"}]
     )

@@ -34,9 +34,7 @@ import importlib
 import inspect
 
 import pytest
-
-transformers = pytest.importorskip("transformers")
-trl = pytest.importorskip("trl")
+import transformers
 
 
 def _hook(owner: object, name: str, where: str):

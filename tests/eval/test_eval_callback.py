@@ -37,16 +37,13 @@ def test_compare_counts_wins_ties_and_losses_by_hand(tokenizer):
     assert metrics == {"reward": pytest.approx(2 / 3), "win_rate": 0.5, "length": 4.0}  # tie, win, loss
 
 
-def test_sft_trainer_logs_generation_metrics_at_start_and_every_eval_steps(tokenizer, tmp_path):
-    import torch
-
+def test_sft_trainer_logs_generation_metrics_at_start_and_every_eval_steps(tokenizer, tmp_path, one_torch_thread):
     from align.chat import install_format
     from align.testing.tiny import build_causal_lm
     from align.trainers.sft_config import SFTConfig
     from align.trainers.sft_trainer import train_sft
     from rewards.verifiable import VerifiableReward
 
-    torch.set_num_threads(1)
     install_format(tokenizer)
     callback = GenerationEvalCallback(prompts(), VerifiableReward(), tokenizer, eval_steps=2, date=DATE, max_tokens=4)
     config = SFTConfig(output_dir=str(tmp_path), use_cpu=True, bf16=False, report_to=[], seed=0,

@@ -22,6 +22,8 @@ REPO = Path(__file__).resolve().parents[2]
 DATE = "2026-01-01"
 SETTINGS = {"n": 3, "max_tokens": 6, "resamples": 300, "batch_size": 4}
 
+pytestmark = pytest.mark.usefixtures("one_torch_thread")  # the samplers run in these tests
+
 
 def prompts(count: int = 8) -> list[dict]:
     return [{"id": f"p{i:02d}", "messages": [{"role": "user", "content": f"what is {i} + 1"}],
@@ -30,12 +32,9 @@ def prompts(count: int = 8) -> list[dict]:
 
 @pytest.fixture(scope="module")
 def samplers():
-    import torch
-
     from align.sampling.hf import TransformersSampler
     from align.testing.tiny import build_causal_lm, build_tokenizer
 
-    torch.set_num_threads(1)
     tokenizer = build_tokenizer()
     return {name: TransformersSampler(build_causal_lm(tokenizer, seed=seed), tokenizer, date=DATE, model_name=name)
             for name, seed in (("sft", 0), ("qrpo", 1))}

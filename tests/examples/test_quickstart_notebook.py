@@ -9,11 +9,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import ipykernel  # noqa: F401  (the kernel nbclient starts; a dev dependency, like the two below)
+import nbclient
+import nbformat
 import pytest
-
-nbformat = pytest.importorskip("nbformat")
-nbclient = pytest.importorskip("nbclient")
-pytest.importorskip("ipykernel")
 
 NOTEBOOK = Path(__file__).resolve().parents[2] / "examples" / "quickstart.ipynb"
 

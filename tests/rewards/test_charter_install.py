@@ -31,8 +31,8 @@ print(names, default.source, len(default.clauses), example.source, len(example.c
 
 @pytest.mark.slow
 def test_charter_folder_is_found_from_a_wheel_install(tmp_path):
-    pytest.importorskip("setuptools")
-    pytest.importorskip("wheel")
+    import setuptools  # noqa: F401  (the build backend pyproject.toml names; --no-build-isolation uses this one)
+
     src = tmp_path / "src"
     src.mkdir()
     for name in ("pyproject.toml", "README.md"):
@@ -40,7 +40,10 @@ def test_charter_folder_is_found_from_a_wheel_install(tmp_path):
     ignore = shutil.ignore_patterns("__pycache__", "*.egg-info")
     for name in ("align", "rewards", "charter"):
         shutil.copytree(ROOT / name, src / name, ignore=ignore)
-    env = {**os.environ, "PIP_DISABLE_PIP_VERSION_CHECK": "1", "PIP_NO_INDEX": "1"}
+    # pip runs `rustc --version` for its user agent; where rustc is a rustup proxy with no
+    # ~/.rustup yet, that writes ~/.rustup/settings.toml: keep it in this test's directory
+    env = {**os.environ, "PIP_DISABLE_PIP_VERSION_CHECK": "1", "PIP_NO_INDEX": "1",
+           **({} if (Path.home() / ".rustup").is_dir() else {"RUSTUP_HOME": str(tmp_path / "rustup")})}
     pip = [sys.executable, "-m", "pip"]
     subprocess.run([*pip, "wheel", "--no-deps", "--no-build-isolation", "-q", "-w", str(tmp_path / "dist"), str(src)],
                    check=True, env=env, cwd=tmp_path, capture_output=True)

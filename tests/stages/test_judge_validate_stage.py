@@ -2,17 +2,25 @@
 
 from __future__ import annotations
 
+import importlib.util
 import json
-import sys
 from pathlib import Path
 
 import pytest
 from stage_helpers import run_cli
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "rewards"))
-from validation_cases import records
-
 from align.io import stage_completion_info
+
+
+def _load_module(path: Path):
+    """A helper module of another test folder, loaded from its file (no sys.path change)."""
+    spec = importlib.util.spec_from_file_location(f"_cases_{path.stem}", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+records = _load_module(Path(__file__).resolve().parents[1] / "rewards" / "validation_cases.py").records
 
 
 @pytest.fixture(scope="module")
@@ -62,7 +70,7 @@ def test_judge_validate_with_an_llm_degrader(judge_dir, tmp_path):
     out = tmp_path / "validate_llm"
     torch.manual_seed(0)  # sampled rewrites (greedy ones from a random model are all end-of-turn)
     run_cli(["judge-validate", f"input={data}", f"output_dir={out}", f"model={judge_dir}", "degrader=llm",
-             f"degrader_model={judge_dir}", "degrader_max_new_tokens=12", "degrader_temperature=1.0", "steps=2", "kinds=[factual_accuracy,faulty_reasoning]",
+             f"generator.model={judge_dir}", "generator.max_new_tokens=12", "generator.temperature=1.0", "generator.device=cpu", "steps=2", "kinds=[factual_accuracy,faulty_reasoning]",
              "pairwise=false", "resamples=100", "device=cpu", "require_significant=false"])
     report = json.loads((out / "report.json").read_text())
     assert report["degrader"]["degrader"] == "llm" and report["degrader"]["model"] == str(judge_dir)

@@ -11,9 +11,6 @@ import math
 from pathlib import Path
 
 import pytest
-
-pytest.importorskip("tensorboard")
-
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 from test_preference_trainer import config as preference_config
 from test_preference_trainer import make_rows, with_ref_logps
