@@ -314,12 +314,13 @@ def _nested_dataclass(annotation: Any) -> type | None:
     return None
 
 
-def field_docs(cls: type, prefix: str = "") -> list[tuple[str, str, str, str]]:
+def field_docs(cls: type, prefix: str = "", defaults: Any = None) -> list[tuple[str, str, str, str]]:
     """(key, type, default, help) for every recipe key of ``cls``, nested keys as ``a.b``.
 
     The one source of ``--help``: help comes from ``field(metadata={"help": ...})`` or,
     failing that, from the class docstring. Keys of nested configs (``sampler.model``,
-    ``reward.provider``, ``policies[].name``) follow their parent.
+    ``reward.provider``, ``policies[].name``) follow their parent, with the defaults of the
+    parent field's own default (``defaults``: evaluate's sampler is on transformers).
     """
     rows = []
     docstring_docs = _docstring_fields(cls)
@@ -327,7 +328,9 @@ def field_docs(cls: type, prefix: str = "") -> list[tuple[str, str, str, str]]:
     for f in dataclasses.fields(cls):
         if not f.init:
             continue
-        if f.default is not dataclasses.MISSING:
+        if defaults is not None:
+            default = repr(getattr(defaults, f.name))
+        elif f.default is not dataclasses.MISSING:
             default = repr(f.default)
         elif f.default_factory is not dataclasses.MISSING:  # type: ignore[misc]
             default = repr(f.default_factory())  # type: ignore[misc]
@@ -342,7 +345,12 @@ def field_docs(cls: type, prefix: str = "") -> list[tuple[str, str, str, str]]:
         rows.append((prefix + f.name, kind, default, doc))
         if nested is not None:
             is_list = get_origin(hint) in (list, Sequence, typing.Sequence)
-            rows += field_docs(nested, f"{prefix}{f.name}{'[]' if is_list else ''}.")
+            if defaults is not None:
+                value = getattr(defaults, f.name)
+            else:
+                value = f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default
+            value = value if isinstance(value, nested) else None
+            rows += field_docs(nested, f"{prefix}{f.name}{'[]' if is_list else ''}.", value)
     return rows
 
 
