@@ -36,7 +36,6 @@ are ``align.scoring``'s; this module holds the pass over a dataset and its cache
 
 from __future__ import annotations
 
-import json
 import logging
 import math
 from collections.abc import Mapping, Sequence
@@ -49,7 +48,7 @@ from torch import Tensor
 
 from align.chat.apertus import date_text
 from align.data.records import RecordError, record_id
-from align.io import output_files, read_output, read_records
+from align.io import read_output
 from align.io.fingerprint import json_digest, weights_fingerprint
 from align.jobs import run_job
 from align.scoring import (
@@ -399,25 +398,3 @@ def load_ref_logprobs(output_dir: str | Path, records: Sequence[Mapping[str, Any
                 if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
                     raise RecordError(record_id(row, index), column, f"expected a finite number, got {value!r}")
     return rows
-
-
-
-# --------------------------------------------------------------------------- reading rows
-
-
-def load_records(path: str | Path) -> list[dict]:
-    """Rows of a JSONL/JSON/Parquet file, or of a finished job output directory."""
-    path = Path(path)
-    if path.is_dir():
-        # a job's shard directory, else any directory of .jsonl/.parquet files
-        return read_output(path) if output_files(path) else read_records(path)
-    if path.suffix == ".parquet":
-        import datasets
-
-        return list(datasets.load_dataset("parquet", data_files=str(path), split="train"))
-    if path.suffix == ".jsonl":
-        with open(path) as f:
-            return [json.loads(line) for line in f if line.strip()]
-    if path.suffix == ".json":
-        return json.loads(path.read_text())
-    raise ValueError(f"dataset {path}: expected .jsonl, .json, .parquet or a job output directory")

@@ -35,6 +35,7 @@ The reference log-prob pass adds ``ref_chosen_logps``, ``ref_rejected_logps``,
 
 from __future__ import annotations
 
+import json
 import math
 from collections.abc import Iterable, Mapping
 from typing import Any
@@ -72,6 +73,27 @@ class RecordError(ValueError):
     def __init__(self, record_id: Any, field: str, problem: str):
         self.record_id, self.field, self.problem = record_id, field, problem
         super().__init__(f"record {record_id!r}: field {field!r}: {problem}")
+
+
+def list_field(record: Mapping[str, Any], field: str, rid: Any) -> list[Any] | None:
+    """A list column (``messages``, ``tools``) as a list: the one rule for every reader.
+
+    Parquet and Arrow tables often hold such a column as JSON text, so a string is parsed;
+    text that is not JSON, or JSON that is not a list, is an error naming the record and the
+    field. Absent, None or an empty string: None.
+    """
+    value = record.get(field)
+    if value is None or (isinstance(value, str) and not value.strip()):
+        return None
+    if isinstance(value, str):
+        try:
+            value = json.loads(value)
+        except json.JSONDecodeError as err:
+            raise RecordError(rid, field, f"JSON text that does not parse ({err.msg} at character {err.pos})") \
+                from None
+    if not isinstance(value, list):
+        raise RecordError(rid, field, f"expected a list, got {type(value).__name__}")
+    return value
 
 
 def record_id(record: Mapping[str, Any], index: int | None = None) -> str:

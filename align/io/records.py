@@ -21,6 +21,7 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
+from align.data.records import RecordError
 from align.io.files import iter_jsonl
 from align.io.shards import is_job_shard
 
@@ -76,33 +77,55 @@ def data_files(directory: str | Path) -> list[Path]:
 def read_records(source: str | Path, *, split: str = "train") -> list[dict[str, Any]]:
     """Load rows from a JSONL/JSON/Parquet file, a stage output dir, or a `datasets` spec.
 
-    A directory is read as the union of its data files (job shards or a stage's output),
-    in sorted file order, under the rule of the module docstring. A name that looks like a
-    hub dataset (``org/name``) and is not a local path is passed to
-    ``datasets.load_dataset``.
+    The one reader of the library's inputs. A directory is read as the union of its data
+    files (job shards or a stage's output), in sorted file order, under the rule of the
+    module docstring. A name that looks like a hub dataset (``org/name``) and is not a local
+    path is passed to ``datasets.load_dataset``.
 
     A JSONL file whose last line has no newline and does not parse was cut short: an error
     naming ``file:line``. Job shards (``shard-*-of-*.jsonl``, written by `align.jobs`) are
     the exception: there such a line is a record a killed writer left half-written, and it
     is skipped (the job redoes it when it resumes).
+
+    One duplicate-id rule everywhere: a string ``id`` on two rows is an error naming the id
+    and both places (jobs resume by id, pairs and log-probs are joined by it). Rows without
+    a string id (SFT conversations often have none) are not checked.
     """
+    rows, where = _read_located(source, split)
+    seen: dict[str, int] = {}
+    for index, row in enumerate(rows):
+        rid = row.get("id")
+        if isinstance(rid, str) and rid:
+            if rid in seen:
+                raise RecordError(rid, "id", f"duplicate id ({where[seen[rid]]} and {where[index]})")
+            seen[rid] = index
+    return rows
+
+
+def _read_located(source: str | Path, split: str) -> tuple[list[dict[str, Any]], list[str]]:
+    """(rows, where each row is: ``file:line``, ``file[item]`` or ``source[row]``)."""
     if not str(source).strip():
         raise ValueError("input path is empty (an empty path is never read as the current directory)")
     path = Path(source).expanduser()
     if path.is_dir():
         rows: list[dict[str, Any]] = []
+        where: list[str] = []
         for file in data_files(path):
-            rows.extend(read_records(file))
-        return rows
+            more, places = _read_located(file, split)
+            rows.extend(more)
+            where.extend(places)
+        return rows, where
     suffix = data_suffix(path)
     if not path.exists():
         if looks_local(source):
             raise FileNotFoundError(f"{path}: not found")
         import datasets
 
-        return datasets.load_dataset(str(source), split=split).to_list()
+        rows = datasets.load_dataset(str(source), split=split).to_list()
+        return rows, [f"{source}[{i}]" for i in range(len(rows))]
     if suffix == ".jsonl":
-        return [record for _, record in iter_jsonl(path, torn_tail=is_job_shard(path))]
+        located = list(iter_jsonl(path, torn_tail=is_job_shard(path)))
+        return [record for _, record in located], [f"{path.name}:{number}" for number, _ in located]
     if suffix == ".json":
         try:
             data = json.loads(path.read_text())
@@ -114,11 +137,12 @@ def read_records(source: str | Path, *, split: str = "train") -> list[dict[str, 
             if not isinstance(row, dict):
                 raise ValueError(  # noqa: TRY004 (bad data, reported by the CLI like every other)
                     f"{path}: item {number}: expected a JSON object per record, got {type(row).__name__}")
-        return data
+        return data, [f"{path.name}[{i}]" for i in range(len(data))]
     if suffix == ".parquet":
         import datasets
 
-        return datasets.Dataset.from_parquet(str(path)).to_list()
+        rows = datasets.Dataset.from_parquet(str(path)).to_list()
+        return rows, [f"{path.name}[{i}]" for i in range(len(rows))]
     raise ValueError(f"{path}: unsupported file type {path.suffix!r} (use .jsonl, .json or .parquet)")
 
 

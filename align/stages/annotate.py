@@ -25,119 +25,23 @@ Example: ``align annotate recipes/apertus-8b/annotate_rm.yaml`` or
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any
 
-from align.io.http import check_api_key_env
 from align.stages.common import check_model_path, check_output_dir, finish, read_input
 from align.stages.manifest import begin, start
+from rewards.config import RewardProviderConfig, build_reward_provider
 
 
 @dataclass
-class Config:
+class Config(RewardProviderConfig):
+    """The reward provider's keys (`rewards.config.RewardProviderConfig`), then the stage's own."""
+
     input: str = field(default="", metadata={"help": "records with completions (file or stage dir)"})
     output_dir: str = field(default="runs/annotate", metadata={"help": "job output directory (shards)"})
-    provider: Literal["reward_model", "judge", "verifiable", "classifier"] = field(
-        default="reward_model", metadata={"help": "reward_model | judge | verifiable | classifier"}
-    )
-    model: str = field(default="", metadata={"help": "reward model / judge / classifier model path or name"})
-    backend: Literal["transformers", "vllm", "openai"] = field(
-        default="transformers", metadata={"help": "judge/classifier backend: transformers | vllm | openai"}
-    )
-    base_url: str | None = field(default=None, metadata={"help": "openai backend: the endpoint (http://host:8000/v1)"})
-    tokenizer: str | None = field(default=None, metadata={"help": "openai backend: tokenizer of the served model"})
-    api_key_env: str | None = field(default=None, metadata={
-        "help": "openai backend: environment variable holding the API key (default: $OPENAI_API_KEY when set); "
-                "the key itself never goes in a recipe"})
-    charter: str | None = field(default=None, metadata={"help": "judge: charter file (default: the project's charter)"})
-    scale: list[int] = field(default_factory=lambda: [1, 9], metadata={"help": "judge: rating scale (paper: 1-9)"})
-    top_k_pairwise: int = field(default=5, metadata={"help": "judge: top-k re-ranked pairwise (0: off)"})
-    single_order: Literal["score", "skip"] = field(default="score", metadata={
-        "help": "judge: a pairwise comparison with only one readable order is scored from it or skipped"})
-    answer_field: str = field(default="answer", metadata={"help": "verifiable: field with the reference answer"})
-    threshold: int = field(default=2, metadata={"help": "classifier: label >= threshold is controversial"})
-    max_attempts: int = field(default=3, metadata={"help": "classifier: tries before recording a failure"})
-    temperature: float = field(
-        default=0.0, metadata={"help": "classifier: sampling temperature (0: greedy; retries only help when > 0)"}
-    )
-    max_new_tokens: int = field(default=256, metadata={"help": "classifier: answer length budget in tokens"})
     batch_size: int = field(default=16, metadata={"help": "prompt records per job batch"})
-    model_batch_size: int = field(default=8, metadata={"help": "sequences per forward"})
-    max_length: int = field(default=16384, metadata={"help": "reward model: max tokens per input (Skywork-Reward-V2: 16,384)"})
-    on_truncation: Literal["skip", "score"] = field(
-        default="skip", metadata={"help": "reward model: an input over max_length gets no reward (skip) or "
-                                  "is scored on its first max_length tokens (score); counted either way"})
-    empty_score: float | None = field(
-        default=None, metadata={"help": "reward model: reward of an empty completion (None: the lowest score "
-                                "of the prompt's other completions)"})
-    dtype: str | None = field(default=None, metadata={"help": "weights dtype (default: bf16 on GPU, fp32 on CPU)"})
-    device: str | None = field(default=None, metadata={"help": "cuda / cpu (default: cuda when available)"})
-    engine_kwargs: dict = field(default_factory=dict, metadata={"help": "vllm: extra vllm.LLM arguments"})
     shard_index: int | None = field(default=None, metadata={"help": "this shard (default: from SLURM/RANK env)"})
     num_shards: int | None = field(default=None, metadata={"help": "number of shards (default: from env)"})
     overwrite: bool = field(default=False, metadata={"help": "redo a finished or partial output made from other settings or inputs (removes only what this stage wrote there)"})
-
-    def __post_init__(self) -> None:
-        if self.provider in ("reward_model", "judge", "classifier") and not self.model:
-            raise ValueError(f"model: provider {self.provider!r} needs a model path or name")
-        if self.backend == "openai" and not self.base_url:
-            raise ValueError("base_url: the openai backend needs the endpoint URL")
-        check_api_key_env(self.api_key_env)
-        if len(self.scale) != 2:
-            raise ValueError(f"scale: expected [low, high], got {self.scale}")
-        if self.temperature < 0:
-            raise ValueError(f"temperature: must be >= 0, got {self.temperature}")
-        if self.max_new_tokens < 1:
-            raise ValueError(f"max_new_tokens: must be >= 1, got {self.max_new_tokens}")
-
-
-def build_provider(config: Config) -> Any:
-    """The reward provider (or classifier) a recipe describes."""
-    import rewards
-
-    if config.provider == "verifiable":
-        return rewards.VerifiableReward(config.answer_field)
-    if config.provider == "reward_model":
-        return rewards.RewardModel(config.model, batch_size=config.model_batch_size, max_length=config.max_length,
-                                   device=config.device, dtype=config.dtype, on_truncation=config.on_truncation,
-                                   empty_score=config.empty_score)
-    if config.provider == "judge":
-        return rewards.ConstitutionalJudge(_judge_backend(config), config.charter, scale=tuple(config.scale),
-                                           top_k_pairwise=config.top_k_pairwise, single_order=config.single_order)
-    return rewards.ControversyClassifier(_generate(config), threshold=config.threshold,
-                                         max_attempts=config.max_attempts)
-
-
-def _judge_backend(config: Config) -> Any:
-    import rewards
-
-    if config.backend == "vllm":
-        return rewards.VLLMJudgeBackend(config.model, **config.engine_kwargs)
-    if config.backend == "openai":
-        return rewards.OpenAIJudgeBackend(config.base_url, config.model, config.tokenizer or config.model,
-                                          api_key_env=config.api_key_env, batch_size=config.model_batch_size)
-    return rewards.TransformersJudgeBackend(config.model, batch_size=config.model_batch_size,
-                                            device=config.device, dtype=config.dtype)
-
-
-def _generate(config: Config) -> Any:
-    import rewards
-
-    if config.backend == "vllm":
-        from vllm import LLM
-
-        return rewards.vllm_generate(LLM(config.model, **config.engine_kwargs), max_tokens=config.max_new_tokens,
-                                     temperature=config.temperature)
-    if config.backend == "openai":
-        raise ValueError("backend: the classifier runs on transformers or vllm")
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    from rewards.reward_model import resolve_device, resolve_dtype
-
-    device = resolve_device(config.device)
-    model = AutoModelForCausalLM.from_pretrained(config.model, dtype=resolve_dtype(config.dtype, device))
-    return rewards.transformers_generate(model.to(device).eval(), AutoTokenizer.from_pretrained(config.model),
-                                         batch_size=config.model_batch_size, max_new_tokens=config.max_new_tokens,
-                                         temperature=config.temperature)
 
 
 def run(config: Config) -> dict:
@@ -160,7 +64,7 @@ def run(config: Config) -> dict:
         check_model_path(config.model, "annotate", "model")
     start(begun, {"input": records})
     index, count = resolve_shard(config.shard_index, config.num_shards)
-    provider = build_provider(config)
+    provider = build_reward_provider(config)
     common = {"shard_index": index, "num_shards": count, "batch_size": config.batch_size}
     if config.provider == "classifier":
         classify_records(records, provider, config.output_dir, **common)

@@ -92,12 +92,8 @@ def check_output_dir(path: str | Path, stage: str, key: str = "output_dir") -> N
 
 
 def read_input(path: str | Path, stage: str, key: str) -> list[dict[str, Any]]:
-    """A stage's input rows: checked (exists, finished), not empty, no id twice.
-
-    A duplicate id would make two rows one (job shards resume by id) or pair a prompt
-    twice; it is an error naming the id and both rows.
-    """
-    from align.data.records import RecordError
+    """A stage's input rows: checked (exists, finished), not empty; ``align.io.read_records``
+    refuses an id on two rows, naming both places."""
     from align.io import read_records
 
     check_input_exists(path, stage, key)
@@ -105,13 +101,6 @@ def read_input(path: str | Path, stage: str, key: str) -> list[dict[str, Any]]:
     rows = read_records(path)
     if not rows:
         raise ValueError(f"{stage}: {key}={str(path)!r} holds no rows")
-    seen: dict[Any, int] = {}
-    for index, row in enumerate(rows):
-        rid = row.get("id") if isinstance(row, dict) else None
-        if isinstance(rid, str) and rid:
-            if rid in seen:
-                raise RecordError(rid, "id", f"duplicate id (rows {seen[rid]} and {index} of {key}={str(path)!r})")
-            seen[rid] = index
     return rows
 
 

@@ -16,10 +16,11 @@ Example::
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
+from align.eval.evaluate import EvalSettings
 from align.sampling.config import SamplerConfig
 from align.stages.common import (
     check_output_dir,
@@ -28,6 +29,7 @@ from align.stages.common import (
     read_input,
 )
 from align.stages.manifest import begin, start
+from rewards.config import RewardProviderConfig, build_reward_provider
 
 
 @dataclass
@@ -45,29 +47,17 @@ class PolicyConfig:
             raise ValueError(f"policy {self.name!r}: set exactly one of model and completions")
 
 
-@dataclass
-class RewardConfig:
-    provider: Literal["reward_model", "judge", "verifiable"] = field(
-        default="verifiable", metadata={"help": "reward_model | judge | verifiable"}
-    )
-    model: str = field(default="", metadata={"help": "reward model / judge model path or name"})
-    backend: Literal["transformers", "vllm", "openai"] = field(
-        default="transformers", metadata={"help": "judge backend: transformers | vllm | openai"}
-    )
-    base_url: str | None = field(default=None, metadata={"help": "openai backend: the endpoint (http://host:8000/v1)"})
-    tokenizer: str | None = field(default=None, metadata={"help": "openai backend: tokenizer of the served model"})
-    charter: str | None = field(default=None, metadata={"help": "judge: charter file (default: the project's charter)"})
-    scale: list[int] = field(default_factory=lambda: [1, 9], metadata={"help": "judge: rating scale"})
-    answer_field: str = field(default="answer", metadata={"help": "verifiable: field with the reference answer"})
-    model_batch_size: int = field(default=8, metadata={"help": "sequences per reward-model / judge forward"})
-    max_length: int = field(default=16384, metadata={"help": "reward model: max tokens"})
-    dtype: str | None = field(default=None, metadata={"help": "weights dtype (default: bf16 on GPU, fp32 on CPU)"})
-    device: str | None = field(default=None, metadata={"help": "cuda / cpu (default: cuda when available)"})
-    engine_kwargs: dict = field(default_factory=dict, metadata={"help": "vllm: extra vllm.LLM arguments"})
+def _eval_reward() -> RewardProviderConfig:
+    """Evaluate's reward provider by default: answer checking; the judge scores pointwise
+    (head-to-head comparisons with the baseline are ``judge_pairwise``)."""
+    return RewardProviderConfig(provider="verifiable", top_k_pairwise=0)
 
 
 @dataclass
-class Config:
+class Config(EvalSettings):
+    """The evaluation settings (`align.eval.evaluate.EvalSettings`), then the stage's own keys:
+    the prompts, the policies, the sampler they share and the reward provider."""
+
     prompts: str = field(default="", metadata={"help": "held-out prompt records: id, messages (+ answer, language, "
                                                "category)"})
     output_dir: str = field(default="runs/evaluate", metadata={"help": "where eval.jsonl, the report and plots go"})
@@ -78,28 +68,22 @@ class Config:
         default_factory=lambda: SamplerConfig(backend="transformers"),
         metadata={"help": "backend and engine settings shared by the policies (sampler.model is set per policy)"},
     )
-    reward: RewardConfig = field(default_factory=RewardConfig, metadata={"help": "the reward provider"})
-    greedy: bool = field(default=True, metadata={"help": "generate one greedy completion per prompt"})
-    n: int = field(default=4, metadata={"help": "samples per prompt (0: greedy only)"})
-    temperature: float = field(default=1.0, metadata={"help": "sampling temperature (KL needs 1)"})
-    top_p: float = field(default=1.0, metadata={"help": "nucleus sampling (KL needs 1)"})
-    max_tokens: int = field(default=512, metadata={"help": "completion length budget"})
-    seed: int = field(default=0, metadata={"help": "each prompt's draws are seeded by (seed, id), the same for "
-                                           "every policy"})
-    judge_pairwise: bool = field(default=True, metadata={"help": "judge: also compare with the baseline head to head, "
-                                                         "both orders"})
-    pairwise_samples: int = field(default=1, metadata={"help": "judge: sampled pairs per prompt compared (besides "
-                                                       "the greedy pair)"})
-    kl: bool = field(default=True, metadata={"help": "estimate KL(π‖π_ref) from each policy's samples"})
-    kl_reference: str | None = field(default=None, metadata={"help": "the π_ref policy (default: the baseline)"})
-    tie_margin: float = field(default=0.0, metadata={"help": "judge preferences within this of 0.5 are ties"})
-    resamples: int = field(default=2000, metadata={"help": "bootstrap resamples"})
-    confidence: float = field(default=0.95, metadata={"help": "confidence level of every interval"})
-    batch_size: int = field(default=16, metadata={"help": "prompts per job batch"})
-    plots: bool = field(default=True, metadata={"help": "write the PNG plots"})
+    reward: RewardProviderConfig = field(default_factory=_eval_reward, metadata={
+        "help": "the reward provider (rewards.config.RewardProviderConfig): reward_model | judge | verifiable"})
     shard_index: int | None = field(default=None, metadata={"help": "this shard (default: from SLURM/RANK env)"})
     num_shards: int | None = field(default=None, metadata={"help": "number of shards (default: from env)"})
     overwrite: bool = field(default=False, metadata={"help": "redo a finished or partial output made from other settings or inputs (removes only what this stage wrote there)"})
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.reward.provider == "classifier":
+            raise ValueError("reward.provider: evaluate scores with reward_model, judge or verifiable "
+                             "(the classifier labels prompts; it gives no reward)")
+
+    def eval_settings(self, shard_index: int, num_shards: int) -> EvalSettings:
+        """The library's settings object: this config's `EvalSettings` fields, with the shard resolved."""
+        values = {f.name: getattr(self, f.name) for f in fields(EvalSettings) if f.init}
+        return EvalSettings(**{**values, "shard_index": shard_index, "num_shards": num_shards})
 
 
 def build_policies(config: Config) -> list[Any]:
@@ -135,18 +119,9 @@ def _model_exists(model: str | None) -> bool:
     return not (model.startswith((".", "/", "~")) or model.count("/") > 1)
 
 
-def build_provider(reward: RewardConfig) -> Any:
-    """The reward provider; the judge scores pointwise here (head-to-head is asked separately)."""
-    from dataclasses import asdict
-
-    from align.stages import annotate
-
-    return annotate.build_provider(annotate.Config(input="-", output_dir="-", top_k_pairwise=0, **asdict(reward)))
-
-
 def run(config: Config) -> dict:
     """Evaluate this shard; the task that completes the last shard writes the report."""
-    from align.eval.evaluate import EvalSettings, check_policies, evaluate
+    from align.eval.evaluate import check_policies, evaluate
     from align.jobs import resolve_shard
 
     if not config.prompts:
@@ -161,14 +136,8 @@ def run(config: Config) -> dict:
     prompts = read_input(config.prompts, "evaluate", "prompts")
     start(begun, {"prompts": prompts})
     index, count = resolve_shard(config.shard_index, config.num_shards)
-    settings = EvalSettings(
-        greedy=config.greedy, n=config.n, temperature=config.temperature, top_p=config.top_p,
-        max_tokens=config.max_tokens, seed=config.seed, judge_pairwise=config.judge_pairwise,
-        pairwise_samples=config.pairwise_samples, kl=config.kl, kl_reference=config.kl_reference,
-        tie_margin=config.tie_margin, resamples=config.resamples, confidence=config.confidence,
-        batch_size=config.batch_size, plots=config.plots, shard_index=index, num_shards=count,
-    )
-    provider = build_provider(config.reward)
+    settings = config.eval_settings(index, count)
+    provider = build_reward_provider(config.reward)
     report = evaluate(prompts, build_policies(config), provider, config.output_dir, baseline=config.baseline,
                       settings=settings, source=config.prompts)
     if report.get("complete") is False:

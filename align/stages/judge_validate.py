@@ -19,45 +19,36 @@ charter=charter/example_de.md``.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from types import SimpleNamespace
 from typing import Any, Literal
 
 from align.stages.common import check_model_path, check_output_dir, finish, read_input
 from align.stages.manifest import begin, start
+from rewards.config import GeneratorConfig, JudgeModelConfig, build_generator, build_judge
+
+
+def _degrader_generator() -> GeneratorConfig:
+    """The LLM degrader's generation defaults: a whole rewritten response fits (1,024 tokens), greedy."""
+    return GeneratorConfig(max_new_tokens=1024)
 
 
 @dataclass
-class Config:
+class Config(JudgeModelConfig):
+    """The judge's keys (`rewards.config.JudgeModelConfig`, as ``align annotate provider=judge``
+    takes them), the LLM degrader's generation model under ``generator.`` (a
+    `rewards.config.GeneratorConfig`), then the stage's own keys."""
+
     input: str = field(default="", metadata={"help": "prompts with good completions (file or stage dir)"})
     output_dir: str = field(default="runs/judge_validate", metadata={"help": "where the report and plot go"})
     completion_field: str = field(default="completion", metadata={
         "help": "field holding the good completion (else the first of completions, else chosen)"})
     language_field: str = field(default="language", metadata={"help": "column to break results down by, if present"})
     max_prompts: int = field(default=0, metadata={"help": "use at most this many prompts (0: all)"})
-    model: str = field(default="", metadata={"help": "judge model path or name"})
-    backend: Literal["transformers", "vllm", "openai"] = field(
-        default="transformers", metadata={"help": "judge backend: transformers | vllm | openai"})
-    base_url: str | None = field(default=None, metadata={"help": "openai backend: the endpoint (http://host:8000/v1)"})
-    tokenizer: str | None = field(default=None, metadata={"help": "openai backend: tokenizer of the served model"})
-    charter: str | None = field(default=None, metadata={
-        "help": "charter file, or a name in charter/ (default: charter/default.md)"})
-    scale: list[int] = field(default_factory=lambda: [1, 9], metadata={"help": "judge rating scale (paper: 1-9)"})
-    single_order: Literal["score", "skip"] = field(default="score", metadata={
-        "help": "a comparison with only one readable order: score it from that order, or skip it"})
-    model_batch_size: int = field(default=8, metadata={"help": "sequences per forward (judge and degrader)"})
-    dtype: str | None = field(default=None, metadata={"help": "weights dtype (default: bf16 on GPU, fp32 on CPU)"})
-    device: str | None = field(default=None, metadata={"help": "cuda / cpu (default: cuda when available)"})
-    engine_kwargs: dict = field(default_factory=dict, metadata={"help": "vllm: extra vllm.LLM arguments (judge)"})
     degrader: Literal["rules", "llm"] = field(default="rules", metadata={
-        "help": "rules (text transforms, no model) | llm (a model rewrites with charter/degrade.txt)"})
-    degrader_model: str = field(default="", metadata={"help": "llm degrader: generation model path or name"})
-    degrader_backend: Literal["transformers", "vllm"] = field(default="transformers", metadata={
-        "help": "llm degrader: transformers | vllm"})
+        "help": "rules (text transforms, no model) | llm (generator.model rewrites with charter/degrade.txt)"})
     degrader_template: str = field(default="degrade", metadata={
         "help": "llm degrader: prompt template (name in charter/ or a file)"})
-    degrader_max_new_tokens: int = field(default=1024, metadata={"help": "llm degrader: rewrite length budget in tokens"})
-    degrader_temperature: float = field(default=0.0, metadata={"help": "llm degrader: sampling temperature (0: greedy)"})
-    degrader_engine_kwargs: dict = field(default_factory=dict, metadata={"help": "llm degrader on vllm: vllm.LLM arguments"})
+    generator: GeneratorConfig = field(default_factory=_degrader_generator, metadata={
+        "help": "llm degrader: the generation model that rewrites (model, backend, max_new_tokens, temperature, ...)"})
     steps: int = field(default=4, metadata={"help": "flaws per ladder (each step adds one new flaw)"})
     kinds: list[str] = field(default_factory=list, metadata={
         "help": "flaw kinds to draw from (empty: every kind the degrader can imitate)"})
@@ -71,14 +62,11 @@ class Config:
     overwrite: bool = field(default=False, metadata={"help": "redo a finished or partial output made from other settings or inputs (removes only what this stage wrote there)"})
 
     def __post_init__(self) -> None:
-        if self.backend == "openai" and not self.base_url:
-            raise ValueError("base_url: the openai backend needs the endpoint URL")
-        if len(self.scale) != 2:
-            raise ValueError(f"scale: expected [low, high], got {self.scale}")
+        super().__post_init__()
         if self.steps < 1:
             raise ValueError(f"steps: must be >= 1, got {self.steps}")
-        if self.degrader == "llm" and not self.degrader_model:
-            raise ValueError("degrader_model: the llm degrader needs a generation model")
+        if self.degrader == "llm" and not self.generator.model:
+            raise ValueError("generator.model: the llm degrader needs a generation model")
         if self.qualify_on == "pairwise" and not self.pairwise:
             raise ValueError("qualify_on: pairwise needs pairwise=true")
 
@@ -89,24 +77,8 @@ def build_degrader(config: Config) -> Any:
 
     if config.degrader == "rules":
         return RuleDegrader()
-    from align.stages.annotate import _generate
-
-    settings = SimpleNamespace(model=config.degrader_model, backend=config.degrader_backend,
-                               engine_kwargs=config.degrader_engine_kwargs, max_new_tokens=config.degrader_max_new_tokens,
-                               temperature=config.degrader_temperature, model_batch_size=config.model_batch_size,
-                               device=config.device, dtype=config.dtype)
-    return LLMDegrader(_generate(settings), template=config.degrader_template, model=config.degrader_model)
-
-
-def build_judge(config: Config) -> Any:
-    """The constitutional judge, built as `align annotate provider=judge` builds it."""
-    from align.stages.annotate import _judge_backend
-    from rewards.judge import ConstitutionalJudge
-
-    if not config.model:
-        raise ValueError("judge-validate: set model (the judge to validate: a model path or name)")
-    return ConstitutionalJudge(_judge_backend(config), config.charter, scale=tuple(config.scale),
-                               single_order=config.single_order)
+    return LLMDegrader(build_generator(config.generator), template=config.degrader_template,
+                       model=config.generator.model)
 
 
 def run(config: Config) -> dict:
@@ -115,6 +87,8 @@ def run(config: Config) -> dict:
 
     if not config.input:
         raise ValueError("judge-validate: set input (prompts with good completions)")
+    if not config.model:
+        raise ValueError("judge-validate: set model (the judge to validate: a model path or name)")
     check_output_dir(config.output_dir, "judge-validate")
     begun = begin("judge-validate", config, config.output_dir, overwrite=config.overwrite)
     if begun.skip:

@@ -18,12 +18,11 @@ from pathlib import Path
 
 import torch
 
-from align.io import job_is_complete
+from align.io import job_is_complete, read_records
 from align.jobs import shard_from_env
 from align.logprobs import (
     cache_fields_for,
     compute_ref_logprobs,
-    load_records,
     missing_ids,
     ref_cache_key,
     weights_fingerprint,
@@ -110,7 +109,7 @@ def run(config: Config) -> dict:
         if begun.skip:
             return {}
     check_model_path(config.model_name_or_path, "logprobs", "model_name_or_path")
-    records = load_records(config.dataset)
+    records = read_records(config.dataset)
     if not records:
         raise ValueError(f"logprobs: dataset={config.dataset!r} holds no rows (a directory is read as job "
                          "shards, shard-*.jsonl; for the pairs stage's output name the file: .../pairs.jsonl)")
@@ -151,7 +150,7 @@ def run_pass(config: LogprobsConfig) -> Path:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     shard_index, num_shards = shard_from_env()
-    records = load_records(config.dataset)
+    records = read_records(config.dataset)
     tokenizer = AutoTokenizer.from_pretrained(config.model_name_or_path)
     if config.chat_date is None:
         logger.warning("chat_date is None (today's date): pin it so the trainer renders the same prompts")

@@ -92,20 +92,13 @@ def _rows_used(trainer, config: Config) -> int | None:
 
 def _check_conversations(records: list[dict]) -> None:
     """``messages`` (where a row has them) must be a list, or JSON text of one (Parquet)."""
-    import json
-
-    from align.data.records import RecordError, record_id
+    from align.data.records import RecordError, list_field, record_id
 
     for index, row in enumerate(records):
         if "messages" not in row:
             continue  # pre-tokenized rows (input_ids + labels) are checked by the trainer
-        messages = row["messages"]
-        if isinstance(messages, str):
-            try:
-                messages = json.loads(messages)
-            except json.JSONDecodeError:
-                pass
-        if not isinstance(messages, list) or not messages:
+        messages = list_field(row, "messages", record_id(row, index))
+        if not messages:
             raise RecordError(record_id(row, index), "messages",
                               f"expected a non-empty list of messages, got {row['messages']!r:.60}")
 

@@ -25,8 +25,8 @@ import datasets
 
 from align.data.quantiles import quantile_rewards
 from align.data.records import RecordError, record_id, validate_pair
-from align.io import rows_to_dataset
-from align.logprobs import check_ref_tokens, load_records, pass_settings, reference_fingerprint
+from align.io import read_records, rows_to_dataset
+from align.logprobs import check_ref_tokens, pass_settings, reference_fingerprint
 from align.scoring import PAIR_NAMES, count_truncated, encode_record
 from align.trainers.common import preparation_order
 
@@ -166,7 +166,7 @@ def prepare_dataset(dataset: Any, tokenizer: Any, config: Any, model: Any = None
     (``preparation_order``).
     """
     if isinstance(dataset, (str, Path)):
-        dataset = load_records(dataset)
+        dataset = read_records(dataset)
     if isinstance(dataset, datasets.IterableDataset):
         raise TypeError("streaming datasets are not supported: pass a datasets.Dataset or a list of rows")
     if isinstance(dataset, datasets.Dataset) and "prompt_ids" in dataset.column_names:

@@ -29,7 +29,7 @@ from datasets import Dataset
 
 from align.chat import encode
 from align.chat.encode import IGNORE_INDEX
-from align.data.records import RecordError, record_id
+from align.data.records import RecordError, list_field, record_id
 from align.io import rows_to_dataset
 from align.trainers.sft_hygiene import IDENTITY_KEYWORDS, filter_identity, strip_boxed_messages
 
@@ -58,30 +58,13 @@ def labels_from_mask(input_ids: Sequence[int], loss_mask: Sequence[int]) -> list
 
 def _row_tools(row: Mapping[str, Any], rid: str) -> list[Any] | None:
     """The row's tool schemas: a list, a JSON string of a list (Arrow-friendly), or absent."""
-    tools = row.get("tools")
-    if tools is None or tools == "":
-        return None
-    if isinstance(tools, str):
-        try:
-            tools = json.loads(tools)
-        except json.JSONDecodeError as err:
-            raise RecordError(rid, "tools", f"not valid JSON: {err}") from None
-    if not isinstance(tools, list):
-        raise RecordError(
-            rid, "tools", f"expected a list of tool schemas, got {type(tools).__name__}"
-        )
-    return tools or None
+    return list_field(row, "tools", rid) or None
 
 
 def _row_messages(row: Mapping[str, Any], rid: str) -> list[Any]:
     """The conversation (a list, or its JSON string), with at least one assistant turn."""
-    messages = row.get("messages")
-    if isinstance(messages, str):
-        try:
-            messages = json.loads(messages)
-        except json.JSONDecodeError as err:
-            raise RecordError(rid, "messages", f"not valid JSON: {err}") from None
-    if not isinstance(messages, list) or not messages:
+    messages = list_field(row, "messages", rid)
+    if not messages:
         raise RecordError(rid, "messages", "missing or not a non-empty list of messages")
     for i, message in enumerate(messages):
         if not isinstance(message, Mapping) or "role" not in message:
@@ -183,16 +166,6 @@ def truncate_sft_dataset(dataset: Dataset, max_length: int | None) -> Dataset:
     return kept
 
 
-def _messages_list(messages: Any) -> Any:
-    """A conversation given as a list or as its JSON text, as a list (else as it is)."""
-    if isinstance(messages, str):
-        try:
-            return json.loads(messages)
-        except json.JSONDecodeError:
-            return messages  # reported by `encode_sft_row`, naming the row
-    return messages
-
-
 def clean_sft_dataset(
     dataset: Dataset,
     *,
@@ -225,9 +198,9 @@ def clean_sft_dataset(
         dataset = kept
     if strip_boxed:
         def _strip(row: dict[str, Any], index: int) -> dict[str, Any]:
-            messages = _messages_list(row["messages"])
-            if not isinstance(messages, list):
-                return {"messages": row["messages"], "_boxed": False}
+            messages = list_field(row, "messages", record_id(row, index))
+            if not messages:
+                return {"messages": row["messages"], "_boxed": False}  # named by `encode_sft_row`
             stripped = strip_boxed_messages(messages, record_id(row, index))
             out = json.dumps(stripped) if isinstance(row["messages"], str) else stripped
             return {"messages": out, "_boxed": stripped != messages}

@@ -12,14 +12,13 @@ Only assistant text is touched: system/user/tool text is context, not a target.
 
 from __future__ import annotations
 
-import json
 import re
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
 from datasets import Dataset
 
-from align.data.records import RecordError, record_id
+from align.data.records import RecordError, list_field, record_id
 
 __all__ = [
     "IDENTITY_KEYWORDS",
@@ -176,16 +175,6 @@ def strip_boxed_dataset(dataset: Dataset) -> Dataset:
     return dataset.map(_strip, with_indices=True, desc="Stripping \\boxed{} from answers")
 
 
-def _as_messages(messages: Any) -> Any:
-    """A conversation's JSON text parsed; a list (or anything else) as it is."""
-    if isinstance(messages, str):
-        try:
-            return json.loads(messages)
-        except json.JSONDecodeError:
-            return []  # not a conversation: `align.trainers.sft_data` names the row when it encodes it
-    return messages
-
-
 def _keyword_pattern(keywords: Iterable[str]) -> re.Pattern[str]:
     """Whole-word alternation, longest first so 'GPT-3.5' wins over 'GPT-3'."""
     words = sorted({k for k in keywords if k}, key=len, reverse=True)
@@ -216,7 +205,8 @@ def filter_identity(
     ``messages`` may be a list or its JSON text (as `align.trainers.sft_data` accepts).
     """
     pattern = _keyword_pattern(keywords)
-    reasons = [identity_claim(_as_messages(row["messages"]), pattern=pattern) for row in dataset]
+    reasons = [identity_claim(list_field(row, "messages", record_id(row, index)) or [], pattern=pattern)
+               for index, row in enumerate(dataset)]
     dropped_idx = [i for i, reason in enumerate(reasons) if reason]
     kept = dataset.select([i for i, reason in enumerate(reasons) if not reason])
     dropped = dataset.select(dropped_idx)

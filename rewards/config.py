@@ -1,0 +1,215 @@
+"""The reward side's recipe sections, and building each part from its section.
+
+One definition, one default and one help text per setting; every stage that needs a part
+composes its config (as a base class, so the keys stay flat, or as a nested section) and
+builds it with the builder here, as samplers are built by `align.sampling.config`:
+
+* ``GeneratorConfig`` → ``build_generator``: a ``generate(conversations) -> texts``
+  callable on transformers or vLLM (the controversy classifier, the LLM degrader).
+* ``JudgeModelConfig`` → ``build_judge_backend`` (where the judge's next-token
+  probabilities come from: transformers, vLLM or an OpenAI-compatible server) and
+  ``build_judge`` (the constitutional judge on that backend, with its charter and scale).
+* ``RewardProviderConfig`` → ``build_reward_provider``: the reward model, the judge, the
+  verifiable reward or the controversy classifier, with every setting of each.
+
+``align annotate`` takes ``RewardProviderConfig``'s keys at the top level, ``align
+evaluate`` under ``reward.``, ``align judge-validate`` takes ``JudgeModelConfig``'s at the
+top level and the LLM degrader's ``GeneratorConfig`` under ``generator.``.
+
+Heavy libraries (torch, transformers, vLLM) are imported by the builders, only for the
+backend a config names.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from align.io.http import check_api_key_env
+
+__all__ = [
+    "EngineFields",
+    "GeneratorConfig",
+    "JudgeModelConfig",
+    "PROVIDERS",
+    "RewardProviderConfig",
+    "build_generator",
+    "build_judge",
+    "build_judge_backend",
+    "build_reward_provider",
+]
+
+PROVIDERS = ("reward_model", "judge", "verifiable", "classifier")
+
+
+@dataclass
+class EngineFields:
+    """The model a part loads, and how (shared by the judge, the reward model and generators)."""
+
+    model: str = field(default="", metadata={
+        "help": "model path or name (reward model, judge, or the model that generates)"})
+    backend: Literal["transformers", "vllm", "openai"] = field(default="transformers", metadata={
+        "help": "transformers | vllm | openai"})
+    model_batch_size: int = field(default=8, metadata={"help": "sequences per forward"})
+    dtype: str | None = field(default=None, metadata={"help": "weights dtype (default: bf16 on GPU, fp32 on CPU)"})
+    device: str | None = field(default=None, metadata={"help": "cuda / cpu (default: cuda when available)"})
+    engine_kwargs: dict = field(default_factory=dict, metadata={"help": "vllm: extra vllm.LLM arguments"})
+
+
+def _check_generation(config: Any) -> None:
+    if config.temperature < 0:
+        raise ValueError(f"temperature: must be >= 0, got {config.temperature}")
+    if config.max_new_tokens < 1:
+        raise ValueError(f"max_new_tokens: must be >= 1, got {config.max_new_tokens}")
+
+
+def _check_judge(config: Any) -> None:
+    if config.backend == "openai" and not config.base_url:
+        raise ValueError("base_url: the openai backend needs the endpoint URL")
+    check_api_key_env(config.api_key_env)
+    if len(config.scale) != 2:
+        raise ValueError(f"scale: expected [low, high], got {config.scale}")
+
+
+@dataclass
+class GeneratorConfig(EngineFields):
+    """A generation model: chat in, text out (the controversy classifier, the LLM degrader)."""
+
+    backend: Literal["transformers", "vllm"] = field(default="transformers", metadata={"help": "transformers | vllm"})
+    max_new_tokens: int = field(default=256, metadata={"help": "generation (classifier, llm degrader): answer length budget in tokens"})
+    temperature: float = field(default=0.0, metadata={
+        "help": "generation (classifier, llm degrader): sampling temperature (0: greedy; the classifier's "
+                "retries only help when > 0)"})
+
+    def __post_init__(self) -> None:
+        _check_generation(self)
+
+
+@dataclass
+class JudgeModelConfig(EngineFields):
+    """The constitutional judge: its model, the backend that reads its probabilities, the
+    charter it judges by and its rating scale."""
+
+    backend: Literal["transformers", "vllm", "openai"] = field(default="transformers", metadata={
+        "help": "transformers | vllm | openai (an OpenAI-compatible server at base_url: the judge only)"})
+    base_url: str | None = field(default=None, metadata={"help": "openai backend: the endpoint (http://host:8000/v1)"})
+    tokenizer: str | None = field(default=None, metadata={"help": "openai backend: tokenizer of the served model"})
+    api_key_env: str | None = field(default=None, metadata={
+        "help": "openai backend: environment variable holding the API key (default: $OPENAI_API_KEY when set); "
+                "the key itself never goes in a recipe"})
+    charter: str | None = field(default=None, metadata={
+        "help": "judge: charter file, or a name in charter/ (default: the project's charter, charter/default.md)"})
+    scale: list[int] = field(default_factory=lambda: [1, 9], metadata={"help": "judge: rating scale (paper: 1-9)"})
+    single_order: Literal["score", "skip"] = field(default="score", metadata={
+        "help": "judge: a pairwise comparison with only one readable order is scored from it or skipped"})
+
+    def __post_init__(self) -> None:
+        _check_judge(self)
+
+
+@dataclass
+class RewardProviderConfig(JudgeModelConfig, GeneratorConfig):
+    """One reward provider, and every setting of each kind (docs/method.md, Reward providers):
+
+    - ``reward_model``: a one-label sequence classifier (Skywork-Reward-V2 family): the raw
+      logit, the reward model's own chat template, length-sorted batches;
+    - ``judge``: the constitutional judge (``JudgeModelConfig``), pointwise, then the top
+      ``top_k_pairwise`` ranked pairwise in both orders;
+    - ``verifiable``: answer matching against the record's ``answer_field``;
+    - ``classifier``: the controversy classifier, generating with the ``GeneratorConfig``
+      keys (``model``, ``backend``, ``max_new_tokens``, ``temperature``, ...).
+    """
+
+    provider: Literal["reward_model", "judge", "verifiable", "classifier"] = field(
+        default="reward_model", metadata={"help": "reward_model | judge | verifiable | classifier"})
+    top_k_pairwise: int = field(default=5, metadata={"help": "judge: top-k re-ranked pairwise (0: off)"})
+    answer_field: str = field(default="answer", metadata={"help": "verifiable: field with the reference answer"})
+    threshold: int = field(default=2, metadata={"help": "classifier: label >= threshold is controversial"})
+    max_attempts: int = field(default=3, metadata={"help": "classifier: tries before recording a failure"})
+    max_length: int = field(default=16384, metadata={
+        "help": "reward model: max tokens per input (Skywork-Reward-V2: 16,384)"})
+    on_truncation: Literal["skip", "score"] = field(
+        default="skip", metadata={"help": "reward model: an input over max_length gets no reward (skip) or "
+                                  "is scored on its first max_length tokens (score); counted either way"})
+    empty_score: float | None = field(
+        default=None, metadata={"help": "reward model: reward of an empty completion (None: the lowest score "
+                                "of the prompt's other completions)"})
+
+    def __post_init__(self) -> None:
+        if self.provider in ("reward_model", "judge", "classifier") and not self.model:
+            raise ValueError(f"model: provider {self.provider!r} needs a model path or name")
+        _check_judge(self)
+        _check_generation(self)
+        if self.provider == "classifier" and self.backend == "openai":
+            raise ValueError("backend: the classifier runs on transformers or vllm")
+
+
+# --------------------------------------------------------------------------- builders
+
+
+def build_generator(config: GeneratorConfig) -> Any:
+    """A ``generate(conversations) -> texts`` callable on the config's model and backend."""
+    from rewards.generation import transformers_generate, vllm_generate
+
+    if config.backend == "vllm":
+        from vllm import LLM
+
+        return vllm_generate(LLM(config.model, **config.engine_kwargs), max_tokens=config.max_new_tokens,
+                             temperature=config.temperature)
+    if config.backend == "openai":
+        raise ValueError("backend: generation runs on transformers or vllm")
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from rewards.reward_model import resolve_device, resolve_dtype
+
+    device = resolve_device(config.device)
+    model = AutoModelForCausalLM.from_pretrained(config.model, dtype=resolve_dtype(config.dtype, device))
+    return transformers_generate(model.to(device).eval(), AutoTokenizer.from_pretrained(config.model),
+                                 batch_size=config.model_batch_size, max_new_tokens=config.max_new_tokens,
+                                 temperature=config.temperature)
+
+
+def build_judge_backend(config: JudgeModelConfig) -> Any:
+    """Where the judge's next-token probabilities come from (the config's ``backend``)."""
+    if config.backend == "vllm":
+        from rewards.judge_backends.vllm_backend import VLLMJudgeBackend
+
+        return VLLMJudgeBackend(config.model, **config.engine_kwargs)
+    if config.backend == "openai":
+        from rewards.judge_backends.openai import OpenAIJudgeBackend
+
+        return OpenAIJudgeBackend(config.base_url, config.model, config.tokenizer or config.model,
+                                  api_key_env=config.api_key_env, batch_size=config.model_batch_size)
+    from rewards.judge_backends.hf import TransformersJudgeBackend
+
+    return TransformersJudgeBackend(config.model, batch_size=config.model_batch_size,
+                                    device=config.device, dtype=config.dtype)
+
+
+def build_judge(config: JudgeModelConfig, *, top_k_pairwise: int = 5) -> Any:
+    """The constitutional judge on the config's backend, charter and scale; ``top_k_pairwise``:
+    how many of a prompt's best completions a group score ranks pairwise (0: none)."""
+    from rewards.judge import ConstitutionalJudge
+
+    return ConstitutionalJudge(build_judge_backend(config), config.charter, scale=tuple(config.scale),
+                               top_k_pairwise=top_k_pairwise, single_order=config.single_order)
+
+
+def build_reward_provider(config: RewardProviderConfig) -> Any:
+    """The reward provider (or, for ``classifier``, the controversy classifier) a config describes."""
+    if config.provider == "verifiable":
+        from rewards.verifiable import VerifiableReward
+
+        return VerifiableReward(config.answer_field)
+    if config.provider == "reward_model":
+        from rewards.reward_model import RewardModel
+
+        return RewardModel(config.model, batch_size=config.model_batch_size, max_length=config.max_length,
+                           device=config.device, dtype=config.dtype, on_truncation=config.on_truncation,
+                           empty_score=config.empty_score)
+    if config.provider == "judge":
+        return build_judge(config, top_k_pairwise=config.top_k_pairwise)
+    from rewards.classifier import ControversyClassifier
+
+    return ControversyClassifier(build_generator(config), threshold=config.threshold,
+                                 max_attempts=config.max_attempts)
