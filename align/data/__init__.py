@@ -18,7 +18,7 @@ _EXPORTS = {
     "select_pair": "align.data.pairs",
     "make_pairs": "align.data.pairs",
     "decontaminate": "align.data.decontaminate",
-    "MatchSettings": "align.data.decontaminate",
+    "MatchSettings": "align.data.decontaminate_types",
 }
 
 __all__ = sorted(_EXPORTS)

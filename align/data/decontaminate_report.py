@@ -1,18 +1,17 @@
 """The decontamination report: one row per removed record, and the per-benchmark summary.
 
-Pure functions of the matches ``align.data.decontaminate`` found; ``summary_lines`` is
-the human-readable digest the stage logs.
+Pure functions of the matches ``align.data.decontaminate`` found (over the types of
+``align.data.decontaminate_types``; this module does not import the matcher);
+``summary_lines`` is the human-readable digest the stage logs.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
+from align.data.decontaminate_types import BenchmarkPrompts, MatchSettings, TrainPrompt
 from align.data.ngram_index import Match, gram_length
-
-if TYPE_CHECKING:
-    from align.data.decontaminate import BenchmarkPrompts, MatchSettings, TrainPrompt
 
 
 def _bench_places(benchmarks: list[BenchmarkPrompts]) -> list[tuple[int, int]]:
