@@ -8,6 +8,12 @@ names of the lazy re-export tables. Each import must point to the module's own c
 or to a lower layer; within the layers whose components are peers (``PEER_LAYERS``), one
 component does not import another.
 
+Two more rules: no stage imports another stage (``STAGE_HELPERS`` are the shared modules
+every stage may use; ``STAGE_DRIVERS`` drive the stages through ``align.stages.stage_module``),
+and no module imports a private name (``_something``) of another component: what a
+component offers others is public, and what two components both need moves down a layer
+or becomes public. No two modules import each other.
+
 ``LAYERS`` is the one table of components and layers; docs/architecture.md states the same
 (``test_the_architecture_doc_states_the_same_layers``).
 """
@@ -53,6 +59,12 @@ LAYERS: dict[str, int] = {
 }
 # Layers whose components are peers: none imports another (what they share moves down).
 PEER_LAYERS = {2, 3, 4}
+# Stages talk through datasets on disk: a stage module imports no other stage module, only
+# these shared helpers (the package itself: ``stage_module``, the stage table).
+STAGE_HELPERS = {"align.stages", "align.stages.common", "align.stages.manifest"}
+# Modules that drive other stages through ``align.stages.stage_module``, and what else of
+# align.stages each may import (``align status`` reads a pipeline recipe as the pipeline does).
+STAGE_DRIVERS = {"align.stages.pipeline": set(), "align.stages.status": {"align.stages.pipeline"}}
 
 
 def module_files() -> dict[str, Path]:
@@ -142,6 +154,43 @@ def violations(module: str, targets: set[str]) -> list[str]:
     return out
 
 
+def stage_violations(module: str, targets: set[str]) -> list[str]:
+    """A stage module's imports of other stage modules."""
+    if not module.startswith("align.stages."):
+        return []
+    allowed = STAGE_HELPERS | STAGE_DRIVERS.get(module, set())
+    return [f"{module} -> {target}: a stage imports another stage (stages talk through datasets on disk; "
+            "what two stages share goes to align.stages.common or a lower layer)"
+            for target in sorted(targets) if target.startswith("align.stages.") and target not in allowed]
+
+
+def _private(name: str) -> bool:
+    return name.startswith("_") and not (name.startswith("__") and name.endswith("__"))
+
+
+def private_imports(source: str, module: str, *, is_package: bool = False) -> list[str]:
+    """Private names (``_x``, or a name inside a private module) that ``source`` imports from
+    another component, wherever the import is."""
+    own = component(module)
+    out = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.ImportFrom):
+            base = _resolve(module, is_package, node.level, node.module) if node.level else node.module or ""
+            names = [(base, alias.name) for alias in node.names]
+        elif isinstance(node, ast.Import):
+            names = [(alias.name, None) for alias in node.names]
+        else:
+            continue
+        for base, name in names:
+            if not _ours(base) or component(base) == own:
+                continue
+            dotted = f"{base}.{name}" if name else base
+            if any(_private(part) for part in dotted.split(".")):
+                out.append(f"{module} -> {dotted}: imports a private name of {component(base)} "
+                           "(make it public, or move what both need down a layer)")
+    return out
+
+
 def import_graph(*, lazy_tables: bool = True) -> dict[str, set[str]]:
     return {module: imports_of(path.read_text(), module, is_package=path.name == "__init__.py",
                                lazy_tables=lazy_tables)
@@ -158,6 +207,69 @@ def test_every_module_is_in_a_layer():
 def test_imports_only_go_down_and_peers_stay_independent():
     problems = [line for module, targets in sorted(GRAPH.items()) for line in violations(module, targets)]
     assert problems == [], "\n".join(problems)
+
+
+def test_no_stage_imports_another_stage():
+    problems = [line for module, targets in sorted(GRAPH.items()) for line in stage_violations(module, targets)]
+    assert problems == [], "\n".join(problems)
+
+
+@pytest.mark.parametrize(("module", "source"), [
+    ("align.stages.judge_validate", "from align.stages.annotate import _generate\n"),
+    ("align.stages.evaluate", "def f():\n    from align.stages import annotate\n    return annotate.Config\n"),
+    ("align.stages.sample", "import align.stages.train\n"),
+    ("align.stages.pairs", "from . import logprobs\n"),
+    ("align.stages.demo", "from align.stages.pipeline import Config\n"),
+])
+def test_a_stage_importing_another_stage_is_caught(module, source):
+    problems = stage_violations(module, imports_of(source, module))
+    assert problems and "a stage imports another stage" in problems[0], problems
+
+
+@pytest.mark.parametrize(("module", "source"), [
+    ("align.stages.annotate", "from align.stages.common import finish\nfrom align.stages.manifest import begin\n"),
+    ("align.stages.pipeline", "from align.stages import stage_module\n"),
+    ("align.stages.status", "from align.stages.pipeline import Config\n"),
+    ("align.stages.annotate", "from rewards.config import build_reward_provider\n"),
+])
+def test_stage_helpers_and_drivers_are_allowed(module, source):
+    assert stage_violations(module, imports_of(source, module)) == []
+
+
+def test_no_module_imports_a_private_name_of_another_component():
+    problems = [line for module, path in sorted(MODULES.items())
+                for line in private_imports(path.read_text(), module, is_package=path.name == "__init__.py")]
+    assert problems == [], "\n".join(problems)
+
+
+@pytest.mark.parametrize(("module", "source"), [
+    ("align.stages.example", "from rewards.reward_model import _load\n"),
+    ("align.eval.example", "def f():\n    from align.io.files import _umask\n    return _umask()\n"),
+    ("rewards.example", "from align.jobs import run_job, _check as check\n"),
+    ("align.trainers.example", "import align.scoring._kernels\n"),
+    ("align.stages.example", "from align.stages.annotate import ok\nfrom align.eval._impl import thing\n"),
+])
+def test_a_private_import_across_components_is_caught(module, source):
+    problems = private_imports(source, module)
+    assert problems and "imports a private name" in problems[0], problems
+
+
+@pytest.mark.parametrize(("module", "source"), [
+    ("rewards.judge", "from rewards.text import _within_the_package\n"),
+    ("align.stages.evaluate", "from align.stages.common import _shared_by_stages\n"),
+    ("align.eval.report", "from .summary import _helper\n"),
+    ("align.stages.annotate", "from align import __version__\n"),
+])
+def test_private_imports_within_a_component_are_allowed(module, source):
+    assert private_imports(source, module) == []
+
+
+def test_no_two_modules_import_each_other():
+    """What an import loads (lazy tables aside): two modules that import each other, even for
+    type annotations only, are one module in two files; what both need moves to a third."""
+    loads = import_graph(lazy_tables=False)
+    pairs = sorted({tuple(sorted((a, b))) for a, targets in loads.items() for b in targets if a in loads.get(b, ())})
+    assert pairs == []
 
 
 def test_rewards_never_reaches_the_training_stack():
