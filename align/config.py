@@ -61,7 +61,7 @@ def read_yaml(path: str | Path) -> dict[str, Any]:
     if not path.is_file():
         raise ConfigError(f"recipe file not found: {path}")
     try:
-        data = yaml.load(path.read_text(), Loader=_RecipeLoader) or {}  # noqa: S506 (a SafeLoader)
+        data = yaml.load(path.read_text(), Loader=_RecipeLoader) or {}  # a SafeLoader subclass
     except _DuplicateKey as exc:
         raise ConfigError(f"{path}: {exc}; give each key once") from None
     except yaml.YAMLError as exc:

@@ -200,7 +200,7 @@ def test_the_sampler_with_a_wrong_key_is_told_the_key_was_refused(server, no_key
     sampler = build_sampler(SamplerConfig(backend="openai", base_url=server, model="served",
                                           tokenizer=str(tokenizer_dir)))
     with pytest.raises(ServerError, match=rf"{server}/models: HTTP 401.*the API key sent was refused"):
-        sampler.max_model_len
+        _ = sampler.max_model_len
 
 
 def test_api_key_env_must_name_a_variable_in_the_recipe():

@@ -12,7 +12,13 @@ import signal
 
 import pytest
 
-from rewards.verifiable import MAX_ANSWER_CHARS, VerifiableReward, answers_match, as_number, reference_problem
+from rewards.verifiable import (
+    MAX_ANSWER_CHARS,
+    VerifiableReward,
+    answers_match,
+    as_number,
+    reference_problem,
+)
 
 CONV = [{"role": "user", "content": "What is the answer?"}]
 DIGITS = "9" * 100_000
