@@ -53,11 +53,19 @@ DegradeItem = tuple[Conversation, str, str, int]  # (question, text, flaw kind, 
 
 
 class Degrader:
-    """Makes a text worse by one flaw of a given kind."""
+    """Makes a text worse by one flaw of a given kind.
+
+    `ORDER` says how `build_ladders` builds a ladder with it. None (the default): one flaw
+    at a time, each step degrading the previous step's text with the next kind drawn (a
+    model that rewrites keeps the flaws already there). A tuple of kinds: the degrader's
+    flaws are text transforms a later one could undo (a truncation cutting away an inserted
+    passage), so a ladder draws its kinds first and applies them in this order.
+    """
 
     name = "degrader"
     kinds: tuple[str, ...] = ()
     cannot: Mapping[str, str] = {}
+    ORDER: ClassVar[tuple[str, ...] | None] = None
 
     def degrade(self, items: Sequence[DegradeItem]) -> list[str | None]:
         raise NotImplementedError
@@ -221,7 +229,7 @@ class RuleDegrader(Degrader):
         "off_task": _flaw_off_task,
         "language_quality": _flaw_language_quality,
     }
-    ORDER = tuple(TRANSFORMS)
+    ORDER: ClassVar[tuple[str, ...] | None] = tuple(TRANSFORMS)
     kinds = tuple(TRANSFORMS)
     cannot: ClassVar[dict[str, str]] = {
         "factual_accuracy": "needs knowledge of which statements are true; changing numbers is `wrong_answer`",
@@ -316,6 +324,9 @@ class Ladder:
                 "texts": self.texts, "flaws": self.flaws}
 
 
+Start = tuple[str, Conversation, str, str | None]  # (id, conversation, good completion, language)
+
+
 def build_ladders(
     items: Sequence[tuple[str, Conversation, str, str | None]],
     degrader: Degrader,
@@ -330,7 +341,8 @@ def build_ladders(
     (default: all the degrader can imitate), each kind at most once. A kind that does not
     apply to the current text is replaced by the next one drawn. Every degrader call is
     batched over all ladders. Returns (ladders, skipped): a prompt whose ladder cannot
-    reach `steps` flaws is skipped with its reason.
+    reach `steps` flaws is skipped with its reason. New `Ladder` objects; nothing passed in
+    is changed.
     """
     if steps < 1:
         raise ValueError(f"steps must be >= 1, got {steps}")
@@ -344,8 +356,9 @@ def build_ladders(
                          + "; ".join(f"{k}: {degrader.cannot.get(k, '')}" for k in unable))
     if len(pool) < steps:
         raise ValueError(f"{steps} steps need {steps} flaw kinds, only {len(pool)} given: {pool}")
-    ordered = getattr(degrader, "ORDER", None)
-    ladders, skipped, queues = [], [], []
+    skipped: list[dict[str, Any]] = []
+    starts: list[Start] = []
+    queues: list[list[str]] = []
     for item_id, conversation, text, language in items:
         if not text or not text.strip():
             skipped.append({"id": item_id, "reason": "empty good completion"})
@@ -353,61 +366,77 @@ def build_ladders(
         rng = random.Random(f"{seed}:{item_id}")
         queue = pool[:]
         rng.shuffle(queue)
-        ladders.append(Ladder(str(item_id), conversation, [text], [], language))
+        starts.append((str(item_id), conversation, text, language))
         queues.append(queue)
-    # rule-based flaws go in the degrader's ORDER: draw the kinds first, then apply sorted
-    plans: list[list[str]] = [[] for _ in ladders]
-    if ordered:
-        for n, ladder in enumerate(ladders):
-            plans[n] = _plan(ladder, queues[n], steps, degrader, seed, ordered)
-    active = [n for n in range(len(ladders)) if not ordered or len(plans[n]) == steps]
-    failed = {n: "fewer applicable flaw kinds than steps" for n in range(len(ladders)) if n not in active}
-    if not ordered:
-        for _ in range(steps):
-            pending = {n: 0 for n in active}
-            while pending:
-                batch = list(pending)
-                requests = [(ladders[n].conversation, ladders[n].texts[-1], queues[n][0], _seed(seed, ladders[n])) for n in batch]
-                for n, out in zip(batch, degrader.degrade(requests)):
-                    kind = queues[n].pop(0)
-                    if out is not None:
-                        ladders[n].texts.append(out)
-                        ladders[n].flaws.append(kind)
-                        del pending[n]
-                    elif not queues[n]:
-                        failed[n] = f"no flaw kind left that the degrader could apply (last tried {kind})"
-                        del pending[n]
-            active = [n for n in active if n not in failed]
+    if degrader.ORDER:
+        built = [_planned(start, queue, steps, degrader, seed, degrader.ORDER) for start, queue in zip(starts, queues)]
+        failed = {n: "fewer applicable flaw kinds than steps" for n, (_, flaws) in enumerate(built) if len(flaws) != steps}
+    else:
+        built, failed = _step_by_step(starts, queues, steps, degrader, seed)
     for n, reason in failed.items():
-        skipped.append({"id": ladders[n].id, "reason": reason})
-    return [ladders[n] for n in sorted(active)], skipped
+        skipped.append({"id": starts[n][0], "reason": reason})
+    ladders = [Ladder(item_id, conversation, texts, flaws, language)
+               for n, ((item_id, conversation, _, language), (texts, flaws)) in enumerate(zip(starts, built))
+               if n not in failed]
+    return ladders, skipped
 
 
-def _seed(seed: int, ladder: Ladder) -> int:
-    return random.Random(f"{seed}:{ladder.id}:{ladder.steps}").randrange(2**31)
+def _seed(seed: int, ladder_id: str, step: int) -> int:
+    return random.Random(f"{seed}:{ladder_id}:{step}").randrange(2**31)
 
 
-def _plan(ladder: Ladder, queue: list[str], steps: int, degrader: Degrader, seed: int, order: Sequence[str]) -> list[str]:
-    """Rule-based ladders: pick `steps` kinds that apply, in the degrader's application order.
+def _step_by_step(starts: Sequence[Start], queues: list[list[str]], steps: int, degrader: Degrader,
+                  seed: int) -> tuple[list[tuple[list[str], list[str]]], dict[int, str]]:
+    """Ladders without an application order: each step degrades the previous text with the
+    next kind drawn, batched over every ladder still pending; a kind that fails is replaced
+    by the next one. Returns (texts, flaws) per start, and the reason of each that failed."""
+    built: list[tuple[list[str], list[str]]] = [([text], []) for _, _, text, _ in starts]
+    failed: dict[int, str] = {}
+    active = list(range(len(starts)))
+    for _ in range(steps):
+        pending = {n: 0 for n in active}
+        while pending:
+            batch = list(pending)
+            requests = [(starts[n][1], built[n][0][-1], queues[n][0], _seed(seed, starts[n][0], len(built[n][1])))
+                        for n in batch]
+            for n, out in zip(batch, degrader.degrade(requests)):
+                kind = queues[n].pop(0)
+                if out is not None:
+                    built[n][0].append(out)
+                    built[n][1].append(kind)
+                    del pending[n]
+                elif not queues[n]:
+                    failed[n] = f"no flaw kind left that the degrader could apply (last tried {kind})"
+                    del pending[n]
+        active = [n for n in active if n not in failed]
+    return built, failed
+
+
+def _planned(start: Start, queue: Sequence[str], steps: int, degrader: Degrader, seed: int,
+             order: Sequence[str]) -> tuple[list[str], list[str]]:
+    """A ladder in the degrader's application order: (texts, flaws).
 
     Kinds are tried in the ladder's random draw; the chosen set is applied in `order`,
     re-checking applicability as the text changes, and a kind that stops applying is
-    swapped for the next one drawn.
+    swapped for the next one drawn. Fewer than `steps` flaws: no set of kinds applied.
     """
+    ladder_id, conversation, text, _ = start
+    texts, flaws = [text], []
     chosen: list[str] = []
     candidates = list(queue)
     while len(chosen) < steps and candidates:
         chosen.append(candidates.pop(0))
         sequence = sorted(chosen, key=order.index)
-        texts, ok = [ladder.texts[0]], True
+        attempt, ok = [text], True
         for kind in sequence:
-            out = degrader.degrade([(ladder.conversation, texts[-1], kind, random.Random(f"{seed}:{ladder.id}:{kind}").randrange(2**31))])[0]
+            kind_seed = random.Random(f"{seed}:{ladder_id}:{kind}").randrange(2**31)
+            out = degrader.degrade([(conversation, attempt[-1], kind, kind_seed)])[0]
             if out is None:
                 ok = False
                 break
-            texts.append(out)
+            attempt.append(out)
         if not ok:
             chosen.pop()
             continue
-        ladder.texts, ladder.flaws = texts, sequence
-    return chosen
+        texts, flaws = attempt, sequence
+    return texts, flaws

@@ -153,3 +153,46 @@ def test_llm_ladders_try_another_kind_when_a_rewrite_fails():
     ladders, skipped = build_ladders([("p", Q, PROSE, None)], LLMDegrader(generate), steps=3, seed=0)
     assert not skipped and ladders[0].steps == 3 and "faulty_reasoning" not in ladders[0].flaws
     assert Counter(ladders[0].texts[-1].count("[") for _ in [0]) == Counter({3: 1})
+
+
+def test_the_application_order_is_a_declared_capability():
+    """`Degrader.ORDER` is declared on the base class (None: one flaw at a time on the
+    previous text); a degrader that declares an order gets its flaws applied in it."""
+    from rewards.degrade import Degrader
+
+    assert Degrader.ORDER is None and LLMDegrader.ORDER is None and RuleDegrader.ORDER == tuple(RuleDegrader.TRANSFORMS)
+
+    class Tagger(Degrader):
+        """Appends a tag per kind; declares the reverse alphabetical order."""
+
+        name = "tagger"
+        kinds = ("off_task", "incompleteness", "wrong_answer")
+        ORDER = ("wrong_answer", "off_task", "incompleteness")
+
+        def degrade(self, items):
+            return [text + f" <{kind}>" for _, text, kind, _ in items]
+
+    ladders, skipped = build_ladders([("a", Q, "Good.", None), ("b", Q, "Fine.", None)], Tagger(), steps=2, seed=0)
+    assert not skipped
+    for ladder in ladders:
+        assert ladder.flaws == sorted(ladder.flaws, key=Tagger.ORDER.index) and ladder.steps == 2
+        assert ladder.texts[-1].count("<") == 2
+
+
+def test_build_ladders_is_pure():
+    """New ladders each call; the items (conversations, texts) are left as they were."""
+    import copy
+
+    items = [("prose", Q, PROSE, "en"), ("list", Q, LIST, None), ("short", Q, "Yes.", "en")]
+    before = copy.deepcopy(items)
+    first, skipped_first = build_ladders(items, RULES, steps=3, seed=2)
+    second, skipped_second = build_ladders(items, RULES, steps=3, seed=2)
+    assert items == before
+    assert [lad.to_dict() for lad in first] == [lad.to_dict() for lad in second] and skipped_first == skipped_second
+    for a, b in zip(first, second):
+        assert a is not b and a.texts is not b.texts and a.flaws is not b.flaws
+        assert a.texts[0] == {i: t for i, _, t, _ in items}[a.id]
+    llm_items = [("p", Q, PROSE, None)]
+    ladders, _ = build_ladders(llm_items, LLMDegrader(lambda convs: [f"rewrite {n}" for n in range(len(convs))]),
+                               steps=1, seed=0)
+    assert llm_items == [("p", Q, PROSE, None)] and ladders[0].texts[0] == PROSE
