@@ -164,3 +164,30 @@ def test_a_random_tiny_judge_shows_no_order(judge_lm, chat_tokenizer, short_char
     assert not report["verdicts"]["all"]["qualified"]
     assert report["all"]["comparisons"] == len(records()) * 6
     assert (tmp_path / "score_by_step.png").exists()
+
+
+def test_reports_are_written_atomically(chat_tokenizer, short_charter, tmp_path, monkeypatch):
+    """A run that dies while writing leaves the previous files whole and no temp files."""
+    from rewards.validation import report as report_module
+
+    recs = records(("en",))[:3]
+    ladders, _ = build_ladders([(r["id"], r["messages"], r["completion"], r["language"]) for r in recs],
+                               RuleDegrader(), steps=2, seed=0)
+    judge = ConstitutionalJudge(ScriptedBackend(chat_tokenizer, _oracle(ladders)), short_charter)
+    validate_judge(recs, judge, ladders=ladders, output_dir=tmp_path, resamples=50)
+    before = {p.name: p.read_bytes() for p in tmp_path.iterdir()}
+    assert set(before) == {"report.json", "report.md", "ladders.jsonl", "score_by_step.png"}
+    real, calls = report_module.ladder_row, []
+
+    def dies_on_the_second_row(result):
+        calls.append(result)
+        if len(calls) == 2:
+            raise KeyboardInterrupt("killed while writing ladders.jsonl")
+        return real(result)
+
+    monkeypatch.setattr(report_module, "ladder_row", dies_on_the_second_row)
+    with pytest.raises(KeyboardInterrupt):
+        validate_judge(recs, judge, ladders=ladders, output_dir=tmp_path, resamples=60)
+    assert {p.name: p.read_bytes() for p in tmp_path.iterdir()} | {"report.json": before["report.json"]} == before
+    assert json.loads((tmp_path / "report.json").read_text())["settings"]["resamples"] == 60  # written before
+    assert len((tmp_path / "ladders.jsonl").read_text().splitlines()) == 3  # the whole previous file
