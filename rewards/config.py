@@ -31,16 +31,12 @@ __all__ = [
     "EngineFields",
     "GeneratorConfig",
     "JudgeModelConfig",
-    "PROVIDERS",
     "RewardProviderConfig",
     "build_generator",
     "build_judge",
     "build_judge_backend",
     "build_reward_provider",
 ]
-
-PROVIDERS = ("reward_model", "judge", "verifiable", "classifier")
-
 
 @dataclass
 class EngineFields:
