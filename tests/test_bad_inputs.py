@@ -31,6 +31,7 @@ DATE = "2026-01-01"
 SFT_ROW = {"id": "s0", "messages": [{"role": "user", "content": "Is 4 even?"}, {"role": "assistant", "content": "yes"}]}
 LONG_PROMPT = [{"role": "user", "content": "word " * 300}]
 GOOD = "Four is even, since it is two times two. So the answer is yes."
+OLD_MARKER = '{"stage": "pairs", "config": {}, "summary": {}}'  # a completion marker of an earlier version
 TORN = '{"id": "b", "mess'  # a prompt cut mid-line
 
 
@@ -281,8 +282,7 @@ CASES: list[Case] = [
                      f"model_name_or_path={ws.policy}", "use_cpu=true", "report_to=[]"],
          "ValueError", ("pairs.jsonl:2", "truncated last line")),
     Case("annotate: shards of another num_shards (resume refused)", "annotate",
-         lambda ws: [f"input={ws.file('in.jsonl', [annotated('a')])}",
-                     f"output_dir={jsonl(ws.out() / 'shard-00000-of-00002.jsonl', []).parent}", "provider=verifiable"],
+         lambda ws: _other_shard_count(ws),
          "ValueError", ("shard-00000-of-00002.jsonl", "num_shards=1", "different shard counts")),
     # --- rows: ids, types, rewards ---------------------------------------------------------
     Case("NaN reward", "pairs",
@@ -312,11 +312,11 @@ CASES: list[Case] = [
     Case("duplicate ids", "pairs",
          lambda ws: [f"input={ws.file('in.jsonl', [annotated('a'), annotated('b'), annotated('a')])}",
                      f"output_dir={ws.out()}"],
-         "RecordError", ("record 'a'", "'id'", "rows 0 and 2")),
+         "RecordError", ("record 'a'", "'id'", "duplicate id (in.jsonl:1 and in.jsonl:3)")),
     Case("duplicate prompt ids", "sample",
          lambda ws: [f"prompts={ws.file('prompts.jsonl', [prompt('a'), prompt('a')])}", f"output_dir={ws.out()}",
                      *_cpu_sampler(ws.policy)],
-         "RecordError", ("record 'a'", "'id'", "rows 0 and 1")),
+         "RecordError", ("record 'a'", "'id'", "duplicate id (prompts.jsonl:1 and prompts.jsonl:2)")),
     Case("missing id", "pairs",
          lambda ws: [f"input={ws.file('in.jsonl', [{k: v for k, v in annotated('a').items() if k != 'id'}])}",
                      f"output_dir={ws.out()}"],
@@ -431,7 +431,7 @@ CASES: list[Case] = [
     Case("sft: messages not a list", "sft",
          lambda ws: [f"dataset={ws.file('sft.jsonl', [{'id': 'a', 'messages': 'hello'}])}", f"output_dir={ws.out()}",
                      f"model_name_or_path={ws.policy}", "use_cpu=true", "report_to=[]"],
-         "RecordError", ("record 'a'", "'messages'", "expected a non-empty list of messages")),
+         "RecordError", ("record 'a'", "'messages'", "JSON text that does not parse")),
     Case("sft: conversation without an assistant turn", "sft",
          lambda ws: [f"dataset={ws.file('sft.jsonl', [prompt('a')])}", f"output_dir={ws.out()}",
                      f"model_name_or_path={ws.policy}", "use_cpu=true", "report_to=[]"],
@@ -451,7 +451,8 @@ CASES: list[Case] = [
          "ValueError", ("/policy'", "has no chat_template", "apertus")),
     Case("sample: shards written with other settings (resume refused)", "sample",
          lambda ws: _other_settings(ws),
-         "ValueError", ("other settings", "use a new output_dir")),
+         "StaleOutputError", ("holds a partial output made from other settings or inputs", "sample.n: 2 → 3",
+                              "use another output_dir, or overwrite=true")),
     Case("annotate: reward model path missing", "annotate",
          lambda ws: [f"input={ws.file('in.jsonl', [annotated('a')])}", f"output_dir={ws.out()}",
                      "provider=reward_model", f"model={ws.root / 'no_rm'}", "device=cpu"],
@@ -487,7 +488,7 @@ CASES: list[Case] = [
          lambda ws: [f"prompts={ws.file('p.jsonl', [prompt('a', answer='y'), prompt('a', answer='n')])}",
                      "baseline=a", f"output_dir={ws.out()}",
                      f"policies=[{{name: a, model: {ws.policy}}}, {{name: b, model: {ws.policy}}}]"],
-         "RecordError", ("record 'a'", "'id'", "rows 0 and 1")),
+         "RecordError", ("record 'a'", "'id'", "duplicate id (p.jsonl:1 and p.jsonl:2)")),
     Case("decontaminate: benchmark file missing", "decontaminate",
          lambda ws: [f"train_path={ws.file('train.jsonl', [prompt('a')])}", f"output_dir={ws.out()}",
                      f"benchmarks=[{{name: b, path: {ws.root / 'bench.jsonl'}}}]"],
@@ -635,6 +636,50 @@ CASES: list[Case] = [
     Case("evaluate: fewer given completions than n", "evaluate",
          lambda ws: _given(ws, [prompt('a', answer='yes') | {'completions': [completion('yes')]}]),
          "RecordError", ("record 'a'", "'completions'", "1 completions", "n=2")),
+    # --- reruns: what an output was made from (docs/bad-inputs.md, "Reruns and manifests") ---------
+    Case("rerun: pairs with another setting", "pairs",
+         lambda ws: [*_done_pairs(ws), "seed=1"],
+         "StaleOutputError", ("holds an output made from other settings or inputs", "pairs.seed: 0 → 1",
+                              "use another output_dir, or overwrite=true")),
+    Case("rerun: pairs after an input row changed", "pairs",
+         lambda ws: _done_pairs(ws, change=lambda rows: [rows[0] | {"rewards": [1.0, 0.0, 0.5, 0.2]}, *rows[1:],
+                                                          annotated("added")]),
+         "StaleOutputError", ("pairs.input ({root}/in.jsonl): content changed (1 row differs, 1 added)",)),
+    Case("rerun: an output written without a manifest", "pairs",
+         lambda ws: [f"input={ws.file('in.jsonl', [annotated('a')])}",
+                     f"output_dir={_write(ws.out() / '_COMPLETE.json', OLD_MARKER).parent}"],
+         "StaleOutputError", ("written without a manifest", "what it was made from is unknown")),
+    Case("rerun: output_dir holds another stage's output", "pairs",
+         lambda ws: [f"input={ws.file('in.jsonl', [annotated('a')])}", f"output_dir={_done_annotate(ws)}"],
+         "StaleOutputError", ("holds the annotate stage's output; choose another output_dir",
+                              "overwrite=true never removes another stage's output")),
+    Case("rerun: an earlier stage's output changed", "pairs",
+         lambda ws: _upstream_changed(ws),
+         "StaleOutputError", ("pairs.input (", "made from other settings or inputs (the annotate stage's "
+                                                "manifest changed)")),
+    Case("rerun: partial job from other inputs", "annotate",
+         lambda ws: _partial_annotate_other_rows(ws),
+         "StaleOutputError", ("holds a partial output made from other settings or inputs",
+                              "annotate.input ({root}/in.jsonl): content changed (1 row differs)")),
+    Case("rerun: the base model's weights changed", "sft",
+         lambda ws: _sft_weights_changed(ws),
+         "StaleOutputError", ("sft.model_name_or_path (", "other weights")),
+    Case("rerun: a judge's charter changed", "annotate",
+         lambda ws: _judge_charter_changed(ws),
+         "StaleOutputError", ("annotate.charter (", "other charter text")),
+    Case("rerun: a key that changes nothing is not a difference", "pairs",
+         lambda ws: [*_done_pairs(ws), "overwrite=false"],
+         check=lambda ws, out, err: _assert_in("is already complete; skipping", out)),
+    Case("pipeline: an early stage made from other settings stops it", "pipeline",
+         lambda ws: _pipeline_stale(ws),
+         "StaleOutputError", ("pairs: ", "pairs.low_threshold: 0.2 → 0.3")),
+    Case("demo: output_dir holding other files", "demo",
+         lambda ws: [f"output_dir={_write(ws.out() / 'thesis.tex', 'mine').parent}", "preset=ci"],
+         "FileExistsError", ("holds files that no demo run wrote (thesis.tex)", "choose a new or empty output_dir")),
+    Case("demo: output_dir is a file", "demo",
+         lambda ws: [f"output_dir={_write(ws.root / 'report.txt', 'x')}", "preset=ci"],
+         "NotADirectoryError", ("output_dir=", "report.txt", "is a file, not a directory")),
+
 ]
 
 
@@ -647,7 +692,112 @@ def _other_settings(ws: Workspace) -> list:
     return [*args, "shard_index=1", "n=3"]
 
 
+def _other_shard_count(ws: Workspace) -> list:
+    """Shard 0 of 2 annotated, then the same settings with num_shards=1 (the manifest ignores the
+    shard layout, the job's shard check does not)."""
+    args = [f"input={ws.file('in.jsonl', [annotated(f'a{i}') for i in range(4)])}", f"output_dir={ws.out()}",
+            "provider=verifiable"]
+    rc, _, err = run_main(["annotate", *args, "num_shards=2", "shard_index=0"])
+    assert rc == 0, err
+    return [*args, "num_shards=1", "shard_index=0"]
+
+
+def _done_pairs(ws: Workspace, change=None) -> list:
+    """A finished pairs output from in.jsonl; with ``change``, in.jsonl rewritten by it afterwards."""
+    rows = [annotated(f"a{i}") for i in range(3)]
+    args = [f"input={ws.file('in.jsonl', rows)}", f"output_dir={ws.out()}"]
+    rc, _, err = run_main(["pairs", *args])
+    assert rc == 0, err
+    if change is not None:
+        ws.file("in.jsonl", change(rows))
+    return args
+
+
+def _done_annotate(ws: Workspace) -> Path:
+    out = ws.out("annotated")
+    rc, _, err = run_main(["annotate", f"input={ws.file('done.jsonl', [annotated('z')])}", f"output_dir={out}",
+                           "provider=verifiable"])
+    assert rc == 0, err
+    return out
+
+
+def _upstream_changed(ws: Workspace) -> list:
+    """pairs made from an annotate output; annotate then redone from other rows (overwrite)."""
+    upstream = _done_annotate(ws)
+    args = [f"input={upstream}", f"output_dir={ws.out()}"]
+    rc, _, err = run_main(["pairs", *args])
+    assert rc == 0, err
+    rc, _, err = run_main(["annotate", f"input={ws.file('done.jsonl', [annotated('y')])}",
+                           f"output_dir={upstream}", "provider=verifiable", "overwrite=true"])
+    assert rc == 0, err
+    return args
+
+
+def _partial_annotate_other_rows(ws: Workspace) -> list:
+    """Shard 0 of 2 annotated, then shard 1 started after a row of the input changed."""
+    rows = [annotated(f"a{i}") for i in range(4)]
+    args = [f"input={ws.file('in.jsonl', rows)}", f"output_dir={ws.out()}", "provider=verifiable", "num_shards=2"]
+    rc, _, err = run_main(["annotate", *args, "shard_index=0"])
+    assert rc == 0, err
+    ws.file("in.jsonl", [rows[0] | {"answer": "no"}, *rows[1:]])
+    return [*args, "shard_index=1"]
+
+
+def _fake_done(stage: str, config, out: Path) -> None:
+    """A completion marker with the manifest this config gives (as a finished run leaves it)."""
+    from align.io import mark_stage_complete
+    from align.stages.manifest import build_manifest
+
+    manifest = build_manifest(stage, config)
+    out.mkdir(parents=True, exist_ok=True)
+    mark_stage_complete(out, stage=stage, config={}, summary={}, manifest=manifest.as_json(),
+                        manifest_fingerprint=manifest.fingerprint)
+
+
+def _sft_weights_changed(ws: Workspace) -> list:
+    """An sft output recorded for a base model whose weights then changed (one byte)."""
+    from align.config import load_config
+    from align.stages.sft import Config
+
+    base = ws.root / "base"
+    shutil.copytree(ws.policy, base)
+    args = [f"dataset={ws.file('sft.jsonl', [SFT_ROW])}", f"output_dir={ws.out()}", f"model_name_or_path={base}",
+            "use_cpu=true", "bf16=false", "report_to=[]"]
+    _fake_done("sft", load_config(Config, None, args), ws.out())
+    weights = base / "model.safetensors"
+    data = bytearray(weights.read_bytes())
+    data[-1] ^= 1
+    weights.write_bytes(bytes(data))
+    return args
+
+
+def _judge_charter_changed(ws: Workspace) -> list:
+    """An annotate output recorded with one charter file; the charter then edited."""
+    from align.config import load_config
+    from align.stages.annotate import Config
+
+    charter = _write(ws.root / "charter.md", "# Charter\n\n## 1. Honesty\n\n[1.1] Say what is true.\n")
+    args = [f"input={ws.file('in.jsonl', [annotated('a')])}", f"output_dir={ws.out()}", "provider=judge",
+            f"model={ws.policy}", f"charter={charter}", "device=cpu"]
+    _fake_done("annotate", load_config(Config, None, args), ws.out())
+    _write(charter, "# Charter\n\n## 1. Honesty\n\n[1.1] Say what is true, always.\n")
+    return args
+
+
+def _pipeline_stale(ws: Workspace) -> list:
+    """A pipeline of annotate and pairs run once, then rerun with another pairs setting."""
+    rows = ws.file("in.jsonl", [annotated(f"a{i}") for i in range(3)])
+    recipe = _recipe(ws, f"""
+annotate: {{input: {rows}, output_dir: {ws.out('ann')}, provider: verifiable}}
+pairs: {{input: {ws.out('ann')}, output_dir: {ws.out('pairs')}}}
+""")
+    rc, _, err = run_main(["pipeline", recipe])
+    assert rc == 0, err
+    return [recipe, "pairs.low_threshold=0.3"]
+
+
 def _write(path: Path, text: str) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(text)
     return path
 
@@ -793,7 +943,7 @@ def test_bad_input(case: Case, models, tmp_path, monkeypatch):
 
 def test_corpus_size_and_doc_table():
     """At least 110 entries, and docs/bad-inputs.md has a row for each."""
-    assert len(CASES) >= 110
+    assert len(CASES) >= 131
     assert len({c.name for c in CASES}) == len(CASES)
     doc = (Path(__file__).resolve().parents[1] / "docs" / "bad-inputs.md").read_text()
     missing = [c.name for c in CASES if f"| {c.name} |" not in doc]

@@ -281,9 +281,9 @@ def _rows_change(old: Mapping[str, str], new: Mapping[str, str]) -> str:
 def differences(stage: str, old: Mapping[str, Any], new: Manifest, old_rows: Mapping[str, Any] | None = None,
                 new_rows: Mapping[str, Mapping[str, str]] | None = None) -> list[str]:
     """One line per difference between a recorded manifest and this run's."""
-    lines = []
+    lines: list[str] = []
     if old.get("stage") not in (None, stage):
-        lines.append(f"the directory holds the {old.get('stage')} stage's output, not {stage}'s")
+        return [f"the directory holds the {old.get('stage')} stage's output, not {stage}'s"]
     old_settings = old.get("settings") or {}
     for key in sorted(old_settings.keys() | new.settings.keys()):
         before, after = old_settings.get(key, "(unset)"), new.settings.get(key, "(unset)")
@@ -421,6 +421,9 @@ def begin(stage: str, config: Any, output_dir: str | Path, *, overwrite: bool = 
         return Begun(True, manifest, output_dir)
     if state == "empty" or same:
         return Begun(False, manifest, output_dir, resumed=state == "partial")
+    if recorded is not None and recorded.get("stage") not in (None, stage):
+        raise StaleOutputError(f"{stage}: {output_dir} holds the {recorded.get('stage')} stage's output; choose "
+                               "another output_dir (overwrite=true never removes another stage's output)")
     if not overwrite:
         if recorded is None:
             problem = ["it was written without a manifest (by an earlier version of align), so what it was "
