@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from ports import free_port
+from ports import accelerate_launch, torchrun
 
 HERE = Path(__file__).resolve().parent
 RECIPES = HERE.parents[1] / "recipes" / "accelerate"
@@ -75,13 +75,7 @@ def run(command: list[str], log: Path) -> None:
 def deepspeed_command(stage: int, script: str, args: list[str], directory: Path) -> list[str]:
     config = cpu_accelerate_config(stage, directory)
     return [
-        sys.executable,
-        "-m",
-        "accelerate.commands.launch",
-        "--config_file",
-        str(config),
-        "--main_process_port",
-        str(free_port()),
+        *accelerate_launch(config),
         str(HERE / script),
         *args,
         "--mode",
@@ -91,13 +85,7 @@ def deepspeed_command(stage: int, script: str, args: list[str], directory: Path)
 
 def ddp_command(script: str, args: list[str]) -> list[str]:
     return [
-        sys.executable,
-        "-m",
-        "torch.distributed.run",
-        "--nproc_per_node",
-        str(NUM_PROCESSES),
-        "--master_port",
-        str(free_port()),
+        *torchrun(NUM_PROCESSES),
         str(HERE / script),
         *args,
         "--mode",

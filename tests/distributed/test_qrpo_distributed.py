@@ -23,7 +23,6 @@ from dist_utils import (
     assert_weights_close,
     cpu_accelerate_config,
     deepspeed_command,
-    free_port,
     load_weights,
     read_facts,
     run,
@@ -31,6 +30,7 @@ from dist_utils import (
 )
 from dist_utils import _env as dist_env
 from facts import weights_digest
+from ports import free_port
 
 pytestmark = pytest.mark.distributed
 
