@@ -538,7 +538,7 @@ CASES: list[Case] = [
          None, check=lambda ws, out, err: _assert_in(
              "['a', 'b', 'c']", repr(sorted(r["id"] for r in _skips(ws.out() / "pairs.jsonl"))))),
     Case("empty input path", "pairs", lambda ws: ["input=", f"output_dir={ws.out()}"],
-         "ValueError", ("input path is empty", "never read as the current directory")),
+         "ValueError", ("pairs: set input", "never read as the current directory")),
     Case("missing input with an upper-case suffix (no hub lookup)", "pairs",
          lambda ws: ["input=gone.JSONL", f"output_dir={ws.out()}"],
          "FileNotFoundError", ("gone.JSONL: not found",)),

@@ -254,7 +254,7 @@ def load_personas(path: str | Path, *, field: str = "persona") -> list[str]:
     for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1):
         if not line.strip():
             continue
-        if path.suffix == ".jsonl":
+        if path.suffix.lower() == ".jsonl":
             row = json.loads(line)
             value = row.get(field) if isinstance(row, dict) else None
             if not isinstance(value, str) or not value.strip():

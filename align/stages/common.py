@@ -8,6 +8,7 @@ from typing import Any
 
 from align.config import to_dict
 from align.io import STAGE_COMPLETE_MARKER, mark_stage_complete, stage_completion_info
+from align.io.records import looks_local
 from align.stages.manifest import Begun, completion_fields, redact
 
 # Stage outputs that hold more than one kind of row: reading the whole directory would mix
@@ -43,18 +44,11 @@ def check_stage_input(path: str | Path, stage: str, key: str) -> None:
         )
 
 
-DATA_SUFFIXES = (".jsonl", ".json", ".parquet")
-
-
-def _looks_local(value: str) -> bool:
-    """A path on this machine rather than a hub name (``org/name``)."""
-    return (value.startswith((".", "/", "~")) or value.count("/") > 1
-            or Path(value).suffix in DATA_SUFFIXES)
-
-
 def check_input_exists(path: str | Path, stage: str, key: str) -> None:
     """A missing local input is an error naming the key, not a hub lookup failing deep in `datasets`."""
-    if not Path(path).exists() and _looks_local(str(path)):
+    if not str(path).strip():
+        raise ValueError(f"{stage}: set {key} (an empty path is never read as the current directory)")
+    if not Path(path).exists() and looks_local(str(path)):
         raise FileNotFoundError(f"{stage}: {key}={str(path)!r} does not exist")
 
 
@@ -71,7 +65,7 @@ def check_model_path(model: str | Path | None, stage: str, key: str) -> None:
         if not (path / "config.json").is_file():
             raise FileNotFoundError(f"{stage}: {key}={str(model)!r} has no config.json (not a saved model)")
         return
-    if _looks_local(str(model)):
+    if looks_local(str(model)):
         raise FileNotFoundError(f"{stage}: {key}={str(model)!r} does not exist (a model directory, or a hub "
                                 "name such as org/name)")
 

@@ -24,6 +24,7 @@ from align.data.decontaminate import BenchmarkPrompts, MatchSettings, decontamin
 from align.data.decontaminate_report import summary_lines
 from align.data.records import RecordError
 from align.io import iter_jsonl, read_records, write_json, write_jsonl
+from align.io.records import data_suffix
 from align.stages.common import finish
 from align.stages.manifest import begin, start
 
@@ -134,10 +135,10 @@ def _file_line(path: Path, line: int) -> str:
 
 def read_rows(path: str, *, split: str = "train", subset: str | None = None) -> Any:
     """Rows of a ``.jsonl``/``.parquet`` file (list of dicts) or a ``load_dataset`` source."""
-    if path.endswith((".jsonl", ".parquet")):
+    if data_suffix(path) in (".jsonl", ".parquet"):
         if not Path(path).is_file():
             raise ValueError(f"{path}: file not found")
-        if path.endswith(".jsonl"):
+        if data_suffix(path) == ".jsonl":
             return [row for _, row in iter_jsonl(path, where=_file_line)]
         return read_records(path)
     import datasets

@@ -143,10 +143,10 @@ def fingerprint_input(value: str, overrides: Mapping[str, tuple[str, str]] | Non
 
 
 def _charter_input(value: str | None) -> dict[str, Any]:
-    from rewards.charter import find_charter
+    """The charter text the judge's prompts start with (layout-only edits to the file do not count)."""
+    from rewards.charter import charter_fingerprint
 
-    path = find_charter(value)
-    return {"path": str(value) if value else "default", "kind": "charter", "fingerprint": file_digest(path)}
+    return {"path": str(value) if value else "default", "kind": "charter", "fingerprint": charter_fingerprint(value)}
 
 
 # --------------------------------------------------------------------------- the manifest
