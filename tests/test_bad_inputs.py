@@ -541,7 +541,7 @@ CASES: list[Case] = [
          "ValueError", ("pairs: set input", "never read as the current directory")),
     Case("missing input with an upper-case suffix (no hub lookup)", "pairs",
          lambda ws: ["input=gone.JSONL", f"output_dir={ws.out()}"],
-         "FileNotFoundError", ("gone.JSONL: not found",)),
+         "FileNotFoundError", ("pairs: input='gone.JSONL' does not exist",)),
     # --- recipes: a key given twice ---------------------------------------------------------
     Case("recipe with a key given twice", "pairs",
          lambda ws: [_recipe(ws, "seed: 1\ninput: x.jsonl\nseed: 2\n")],
