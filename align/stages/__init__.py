@@ -21,7 +21,7 @@ STAGES: dict[str, tuple[str, str]] = {
     "evaluate": ("align.stages.evaluate", "rewards, win rates against a baseline and KL, with confidence intervals"),
     "decontaminate": ("align.stages.decontaminate", "remove training prompts that overlap benchmarks"),
     "judge-validate": ("align.stages.judge_validate", "qualify a judge on degradation ladders (rank correlation, bias)"),
-    "pipeline": ("align.stages.pipeline", "every stage from one recipe, skipping finished ones"),
+    "pipeline": ("align.stages.pipeline", "every stage from one recipe, skipping those whose output is current"),
     "status": ("align.stages.status", "each stage of a pipeline recipe: done, stale (why), partial or not started"),
     "demo": ("align.stages.demo", "the whole method on a tiny model on CPU, in minutes"),
 }
