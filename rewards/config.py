@@ -38,6 +38,7 @@ __all__ = [
     "build_reward_provider",
 ]
 
+
 @dataclass
 class EngineFields:
     """The model a part loads, and how (shared by the judge, the reward model and generators)."""
@@ -72,7 +73,8 @@ class GeneratorConfig(EngineFields):
     """A generation model: chat in, text out (the controversy classifier, the LLM degrader)."""
 
     backend: Literal["transformers", "vllm"] = field(default="transformers", metadata={"help": "transformers | vllm"})
-    max_new_tokens: int = field(default=256, metadata={"help": "generation (classifier, llm degrader): answer length budget in tokens"})
+    max_new_tokens: int = field(default=256, metadata={
+        "help": "generation (classifier, llm degrader): answer length budget in tokens"})
     temperature: float = field(default=0.0, metadata={
         "help": "generation (classifier, llm degrader): sampling temperature (0: greedy; the classifier's "
                 "retries only help when > 0)"})
