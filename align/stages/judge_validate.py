@@ -12,8 +12,9 @@ bootstrap intervals over prompts, per language. A language qualifies when its τ
 
 Writes ``report.json``, ``report.md``, ``ladders.jsonl`` and ``score_by_step.png``.
 
-Example: ``align judge-validate recipes/tiny/judge_validate.yaml model=path/to/judge
-charter=charter/example_de.md``.
+Examples: ``align judge-validate recipes/tiny/judge_validate.yaml`` (after ``align pipeline
+recipes/tiny/pipeline.yaml``: the tiny SFT model as the judge, on CPU, in seconds);
+``align judge-validate recipes/apertus-8b/judge_validate.yaml charter=charter/example_de.md``.
 """
 
 from __future__ import annotations

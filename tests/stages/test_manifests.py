@@ -305,3 +305,14 @@ def test_keys_that_cannot_change_an_output_do_not_make_it_stale(ws):
     assert "is already complete; skipping" in out
     rc, out, err = cli(["annotate", RECIPE, "num_shards=1", "shard_index=0"])
     assert rc == 0 and "is already complete; skipping" in out, err
+
+
+def test_the_tiny_judge_validate_recipe_runs_as_its_help_says(ws):
+    """`align judge-validate --help` names recipes/tiny/judge_validate.yaml: it runs as written."""
+    from align.cli import stage_help
+
+    assert "align judge-validate recipes/tiny/judge_validate.yaml``" in stage_help("judge-validate")
+    rc, out, err = cli(["judge-validate", "recipes/tiny/judge_validate.yaml", "steps=2", "pairwise=false"])
+    assert rc == 0, err
+    info = stage_completion_info(ws / "runs/tiny/judge_validate")
+    assert info["summary"]["ladders"] == 6 and set(info["summary"]["qualified"]) == {"en", "de", "all"}
