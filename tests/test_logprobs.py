@@ -265,7 +265,7 @@ def two_format_policy(tmp_path_factory):
 
     tokenizer = build_tokenizer()
     model = build_causal_lm(tokenizer)
-    install_format(tokenizer, model, format="chatml")
+    install_format(tokenizer, model, "chatml")
     path = tmp_path_factory.mktemp("two_format_policy")
     model.save_pretrained(path)
     tokenizer.save_pretrained(path)
