@@ -66,8 +66,13 @@ def _logps_from_logits(logits: Tensor, targets: Tensor) -> Tensor:
 
 
 def _head_logps(hidden: Tensor, targets: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:
-    """Target log-probs of one tile of positions, through the LM head."""
-    return _logps_from_logits(torch.nn.functional.linear(hidden, weight, bias), targets)
+    """Target log-probs of one tile of positions, through the LM head.
+
+    The hidden states are cast to the head's dtype, as the model's own head sees them:
+    under mixed precision accelerate returns a bf16 model's outputs in float32, and this
+    projection runs outside the model's forward (and its autocast).
+    """
+    return _logps_from_logits(torch.nn.functional.linear(hidden.to(weight.dtype), weight, bias), targets)
 
 
 def _map_tiles(fn, sliced: tuple[Tensor, ...], shared: tuple, rows: int, recompute: bool) -> Tensor:
