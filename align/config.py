@@ -110,10 +110,48 @@ def merge(base: Mapping[str, Any], update: Mapping[str, Any]) -> dict[str, Any]:
     return out
 
 
+# One setting, one name (docs/settings.md). A key that was renamed, or that another stage
+# uses for the same meaning, is an error naming the key to use, whether or not difflib
+# would find it: old name -> the names it may have become (the first the config has is named).
+RENAMED_KEYS: dict[str, tuple[str, ...]] = {
+    "date": ("chat_date",),
+    "format": ("chat_format",),
+    "n_ref": ("num_ref_rewards",),
+    "vllm_dtype": ("dtype",),
+    "model_dtype": ("dtype",),
+    "torch_dtype": ("dtype",),
+    "dataset": ("input", "prompts"),
+    "train_path": ("input",),
+    "train_split": ("split",),
+    "train_text_field": ("text_field",),
+    "max_new_tokens": ("max_tokens",),
+}
+
+# A stage's input is ``prompts`` where it generates completions for prompt records
+# (sample, evaluate) and ``input`` where it processes rows (every other stage).
+_INPUT_KEYS = {"input": "prompts", "prompts": "input"}
+
+
+def renamed_key_hint(key: str, names: Sequence[str]) -> str | None:
+    """The key ``key`` is called now, among ``names`` (a config's keys), with the reason; else None."""
+    if key in RENAMED_KEYS:
+        new = next((n for n in RENAMED_KEYS[key] if n in names), None)
+        if new is not None:
+            return f"Did you mean {new!r}? ({key!r} is now {new!r}: one name per setting, docs/settings.md)"
+    if key in _INPUT_KEYS and _INPUT_KEYS[key] in names:
+        new = _INPUT_KEYS[key]
+        return (f"Did you mean {new!r}? (a stage's input is 'prompts' where it generates completions for "
+                f"prompt records, 'input' where it processes rows; docs/settings.md)")
+    return None
+
+
 def _unknown_key_error(cls: type, key: str, where: str) -> ConfigError:
     names = sorted(f.name for f in dataclasses.fields(cls) if f.init)
-    close = difflib.get_close_matches(key, names, n=1)
-    hint = f" Did you mean {close[0]!r}?" if close else ""
+    hint = renamed_key_hint(key, names)
+    if hint is None:
+        close = difflib.get_close_matches(key, names, n=1)
+        hint = f"Did you mean {close[0]!r}?" if close else ""
+    hint = f" {hint}" if hint else ""
     return ConfigError(
         f"unknown key {where}{key!r} for {cls.__name__}.{hint} Allowed keys: {', '.join(names)}"
     )
@@ -236,6 +274,51 @@ def _init_values(config: Any) -> dict[str, Any]:
             for f in dataclasses.fields(config) if f.init}
 
 
+def _component_fields(cls: type) -> list[tuple[dataclasses.Field, type]]:
+    """The init fields of ``cls`` that hold one nested component config (``sampler``,
+    ``reward``, ``generator``), with that config's class; lists of configs are not components."""
+    hints = typing.get_type_hints(cls)
+    out = []
+    for f in dataclasses.fields(cls):
+        hint = hints.get(f.name)
+        nested = _nested_dataclass(hint) if f.init else None
+        if nested is not None and get_origin(hint) not in (list, tuple, Sequence, typing.Sequence):
+            out.append((f, nested))
+    return out
+
+
+def default_keys(cls: type) -> set[str]:
+    """Every key a pipeline ``defaults`` entry can reach in ``cls``: its own keys and its
+    nested components' keys, at any depth."""
+    keys = {f.name for f in dataclasses.fields(cls) if f.init}
+    for _, nested in _component_fields(cls):
+        keys |= default_keys(nested)
+    return keys
+
+
+def apply_defaults(cls: type, defaults: Mapping[str, Any], section: Mapping[str, Any]) -> dict[str, Any]:
+    """``section`` over the pipeline ``defaults`` that ``cls`` knows, at every depth.
+
+    A default key reaches ``cls``'s own key of that name and the same key of every nested
+    component config (``defaults: {chat_date: ...}`` sets the trainers' ``chat_date`` and
+    ``sample.sampler.chat_date``); a key given in the section wins at its own level. A
+    component absent by default (its field defaults to None) is not created by a default.
+    Defaults that ``cls`` does not know are left out (they are meant for other stages).
+    """
+    own = {f.name for f in dataclasses.fields(cls) if f.init}
+    out = merge({k: v for k, v in defaults.items() if k in own}, section)
+    for f, nested in _component_fields(cls):
+        given = out.get(f.name)
+        if given is None and f.default_factory is dataclasses.MISSING:
+            continue
+        if given is not None and not isinstance(given, Mapping):
+            continue  # a config object (Python callers) or a wrong value: from_dict decides
+        projected = apply_defaults(nested, defaults, given or {})
+        if projected or f.name in out:
+            out[f.name] = projected
+    return out
+
+
 def load_config(
     cls: type[T],
     path: str | Path | None = None,
@@ -246,14 +329,16 @@ def load_config(
     """Load ``cls`` from a recipe file plus ``key=value`` overrides.
 
     With ``section``, a pipeline recipe (one mapping per stage) is accepted too: the
-    stage's own section is used, merged over the ``defaults`` keys that ``cls`` knows
-    (as ``align pipeline`` does: a default meant for other stages is not an error here).
+    stage's own section is used, over the ``defaults`` keys that ``cls`` or its nested
+    component configs know (``apply_defaults``, as ``align pipeline`` does: a default meant
+    for other stages is not an error here).
     """
     data = read_yaml(path) if path is not None else {}
     if section is not None and isinstance(data.get(section), Mapping):
-        known = {f.name for f in dataclasses.fields(cls)}
-        defaults = {k: v for k, v in (data.get("defaults") or {}).items() if k in known}
-        data = merge(defaults, data[section])
+        defaults = data.get("defaults") or {}
+        if not isinstance(defaults, Mapping):
+            raise ConfigError(f"defaults: expected a mapping of keys to values, got {defaults!r}")
+        data = apply_defaults(cls, defaults, data[section])
     return from_dict(cls, merge(data, parse_overrides(overrides)))
 
 

@@ -280,7 +280,7 @@ def cache_fields_for(
     model: torch.nn.Module | str,
     tokenizer: Any,
     *,
-    format: str,
+    chat_format: str,
     max_length: int | None,
     enable_thinking: bool = False,
     chat_date: str | None = None,
@@ -295,7 +295,7 @@ def cache_fields_for(
         "model": str(name),
         "model_fingerprint": model_fingerprint or weights_fingerprint(model),
         "tokenizer_fingerprint": tokenizer_fingerprint(tokenizer),
-        "chat_format": format,
+        "chat_format": chat_format,
         "enable_thinking": bool(enable_thinking),
         "chat_date": chat_date,
         "max_length": max_length,
@@ -309,7 +309,7 @@ def compute_ref_logprobs(
     model: torch.nn.Module,
     tokenizer: Any,
     *,
-    format: str = "apertus",
+    chat_format: str = "apertus",
     batch_size: int = 16,
     max_length: int | None = 4096,
     output_dir: str | Path,
@@ -332,7 +332,7 @@ def compute_ref_logprobs(
     ``truncated``: as in ``encode_record`` (and the trainer's ``truncated``, which must match).
     """
     fields = dict(cache_fields) if cache_fields is not None else cache_fields_for(
-        records, model, tokenizer, format=format, max_length=max_length, enable_thinking=enable_thinking,
+        records, model, tokenizer, chat_format=chat_format, max_length=max_length, enable_thinking=enable_thinking,
         chat_date=chat_date, model_fingerprint=model_fingerprint)
     key = ref_cache_key(fields)
     attn = getattr(unwrap_model(model).config, "_attn_implementation", None) or "eager"
@@ -349,11 +349,11 @@ def compute_ref_logprobs(
         logger.warning("reference log-probs: %d truncated completions (finish_reason 'length') are scored "
                        "without an end-of-turn token (truncated=train_without_end)", num_cut)
     binding = {"model_fingerprint": reference_fingerprint(model),
-               "settings": pass_settings(tokenizer, chat_format=format, chat_date=chat_date,
+               "settings": pass_settings(tokenizer, chat_format=chat_format, chat_date=chat_date,
                                          enable_thinking=enable_thinking, max_length=max_length, truncated=truncated,
                                          tokenizer_fp=fields.get("tokenizer_fingerprint"))}
     scorer = _BatchScorer(model, tokenizer, collator, {
-        "chat_format": format, "max_length": max_length, "enable_thinking": enable_thinking, "chat_date": chat_date,
+        "chat_format": chat_format, "max_length": max_length, "enable_thinking": enable_thinking, "chat_date": chat_date,
         "truncated": truncated}, binding)
     was_training = model.training
     model.eval()

@@ -67,7 +67,7 @@ def build_bench_tokenizer(vocab: int):
     """A BPE tokenizer that knows the charter's words, in the Apertus chat format."""
     charter_lines = load_charter().text().splitlines()
     tok = build_tokenizer(vocab_size=vocab, extra_text=charter_lines * 4)
-    install_format(tok, format="apertus")
+    install_format(tok, chat_format="apertus")
     return tok
 
 

@@ -187,7 +187,7 @@ def worker_logps_align(settings: dict) -> dict:
     baseline = memory_status()
     model = _load(settings)
     start = time.perf_counter()
-    compute_ref_logprobs(rows, model, tokenizer, format="apertus", batch_size=settings["batch_size"],
+    compute_ref_logprobs(rows, model, tokenizer, chat_format="apertus", batch_size=settings["batch_size"],
                          max_length=settings["max_length"], output_dir=settings["ref_dir"], chat_date=DATE,
                          model_fingerprint="bench")
     StepTimer._sync()
@@ -212,7 +212,7 @@ def _trl_rows(rows: list[dict]) -> list[dict]:
     """The same pairs as TRL's standard (non-conversational) format: rendered prompt + completion text."""
     from align.chat import render
 
-    return [{"prompt": render(r["messages"], add_generation_prompt=True, date=DATE), "chosen": r["chosen"],
+    return [{"prompt": render(r["messages"], add_generation_prompt=True, chat_date=DATE), "chosen": r["chosen"],
              "rejected": r["rejected"]} for r in rows]
 
 

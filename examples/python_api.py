@@ -45,7 +45,7 @@ print(f"{len(sft_rows)} SFT conversations, {len(prompts)} prompts -> {OUT}")
 # %% 1. A tiny tokenizer and Llama, with the Apertus chat format installed
 tokenizer = build_tokenizer()
 model = build_causal_lm(tokenizer)
-install_format(tokenizer, model, format="apertus")  # special tokens, template, EOS = <|assistant_end|>
+install_format(tokenizer, model, chat_format="apertus")  # special tokens, template, EOS = <|assistant_end|>
 print(f"model: {sum(p.numel() for p in model.parameters()):,} parameters; eos {tokenizer.eos_token}")
 
 # %% 2. SFT: assistant-only loss from align.chat's masks, on TRL's SFTTrainer
@@ -58,7 +58,7 @@ sft = train_sft(
 print(f"SFT: {sft.state.global_step} steps, last loss {[h for h in sft.state.log_history if 'loss' in h][-1]['loss']:.3f}")
 
 # %% 3. n reference completions per prompt at T = 1 (a resumable job: rerun it and it skips what is done)
-sampler = TransformersSampler(model, tokenizer, chat_format="apertus", date=DATE, batch_size=8, model_name="tiny-sft")
+sampler = TransformersSampler(model, tokenizer, chat_format="apertus", chat_date=DATE, batch_size=8, model_name="tiny-sft")
 sample_references(prompts, sampler, output_dir=OUT / "sample", n=N, max_tokens=8, seed=0)
 sampled = read_output(OUT / "sample", expect_ids=[p["id"] for p in prompts])
 print("first prompt's samples:", [c["text"] for c in sampled[0]["completions"]], "answer:", sampled[0]["answer"])
@@ -69,11 +69,11 @@ scored = [r for row in annotated for r in row["rewards"] if r is not None]
 print(f"rewards: {sum(scored):.0f} right of {len(scored)} scored completions")
 
 # %% 5. Quantile rewards against the n references, then chosen / rejected per prompt
-pairs, skipped = make_pairs(annotated, seed=0, n_ref=N)
+pairs, skipped = make_pairs(annotated, seed=0, num_ref_rewards=N)
 print(f"pairs: {len(pairs)} (skipped {len(skipped)}: {sorted({s['reason'] for s in skipped})[:2]})")
 
 # %% 6. Reference log-probs under the SFT policy, once, offline (no reference model during QRPO)
-compute_ref_logprobs(pairs, model, tokenizer, format="apertus", max_length=256, output_dir=OUT / "logprobs",
+compute_ref_logprobs(pairs, model, tokenizer, chat_format="apertus", max_length=256, output_dir=OUT / "logprobs",
                      chat_date=DATE)
 rows = load_ref_logprobs(OUT / "logprobs", pairs)
 print(f"ref log-probs: chosen {rows[0]['ref_chosen_logps']:.3f} over {rows[0]['chosen_length']} tokens, ...")

@@ -48,16 +48,29 @@ class EngineFields:
     backend: Literal["transformers", "vllm", "openai"] = field(default="transformers", metadata={
         "help": "transformers | vllm | openai"})
     model_batch_size: int = field(default=8, metadata={"help": "sequences per forward"})
-    dtype: str | None = field(default=None, metadata={"help": "weights dtype (default: bf16 on GPU, fp32 on CPU)"})
+    dtype: str | None = field(default=None, metadata={
+        "help": "weights dtype, for every backend that loads the model (default: transformers bf16 on GPU, fp32 on "
+                "CPU; vllm its own choice, 'auto')"})
     device: str | None = field(default=None, metadata={"help": "cuda / cpu (default: cuda when available)"})
     engine_kwargs: dict = field(default_factory=dict, metadata={"help": "vllm: extra vllm.LLM arguments"})
+
+
+def _check_engine(config: Any) -> None:
+    if "dtype" in config.engine_kwargs:
+        raise ValueError("engine_kwargs.dtype: set the dtype key instead (one dtype for every backend; "
+                         "docs/settings.md)")
+
+
+def vllm_engine_kwargs(config: EngineFields) -> dict[str, Any]:
+    """The ``vllm.LLM`` arguments of a config: ``engine_kwargs`` plus ``dtype`` when set."""
+    return {**config.engine_kwargs, **({"dtype": config.dtype} if config.dtype is not None else {})}
 
 
 def _check_generation(config: Any) -> None:
     if config.temperature < 0:
         raise ValueError(f"temperature: must be >= 0, got {config.temperature}")
-    if config.max_new_tokens < 1:
-        raise ValueError(f"max_new_tokens: must be >= 1, got {config.max_new_tokens}")
+    if config.max_tokens < 1:
+        raise ValueError(f"max_tokens: must be >= 1, got {config.max_tokens}")
 
 
 def _check_judge(config: Any) -> None:
@@ -73,13 +86,14 @@ class GeneratorConfig(EngineFields):
     """A generation model: chat in, text out (the controversy classifier, the LLM degrader)."""
 
     backend: Literal["transformers", "vllm"] = field(default="transformers", metadata={"help": "transformers | vllm"})
-    max_new_tokens: int = field(default=256, metadata={
+    max_tokens: int = field(default=256, metadata={
         "help": "generation (classifier, llm degrader): answer length budget in tokens"})
     temperature: float = field(default=0.0, metadata={
         "help": "generation (classifier, llm degrader): sampling temperature (0: greedy; the classifier's "
                 "retries only help when > 0)"})
 
     def __post_init__(self) -> None:
+        _check_engine(self)
         _check_generation(self)
 
 
@@ -102,6 +116,7 @@ class JudgeModelConfig(EngineFields):
         "help": "judge: a pairwise comparison with only one readable order is scored from it or skipped"})
 
     def __post_init__(self) -> None:
+        _check_engine(self)
         _check_judge(self)
 
 
@@ -115,7 +130,7 @@ class RewardProviderConfig(JudgeModelConfig, GeneratorConfig):
       ``top_k_pairwise`` ranked pairwise in both orders;
     - ``verifiable``: answer matching against the record's ``answer_field``;
     - ``classifier``: the controversy classifier, generating with the ``GeneratorConfig``
-      keys (``model``, ``backend``, ``max_new_tokens``, ``temperature``, ...).
+      keys (``model``, ``backend``, ``max_tokens``, ``temperature``, ...).
     """
 
     provider: Literal["reward_model", "judge", "verifiable", "classifier"] = field(
@@ -152,7 +167,7 @@ def build_generator(config: GeneratorConfig) -> Any:
     if config.backend == "vllm":
         from vllm import LLM
 
-        return vllm_generate(LLM(config.model, **config.engine_kwargs), max_tokens=config.max_new_tokens,
+        return vllm_generate(LLM(config.model, **vllm_engine_kwargs(config)), max_tokens=config.max_tokens,
                              temperature=config.temperature)
     if config.backend == "openai":
         raise ValueError("backend: generation runs on transformers or vllm")
@@ -163,7 +178,7 @@ def build_generator(config: GeneratorConfig) -> Any:
     device = resolve_device(config.device)
     model = AutoModelForCausalLM.from_pretrained(config.model, dtype=resolve_dtype(config.dtype, device))
     return transformers_generate(model.to(device).eval(), AutoTokenizer.from_pretrained(config.model),
-                                 batch_size=config.model_batch_size, max_new_tokens=config.max_new_tokens,
+                                 batch_size=config.model_batch_size, max_tokens=config.max_tokens,
                                  temperature=config.temperature)
 
 
@@ -172,7 +187,7 @@ def build_judge_backend(config: JudgeModelConfig) -> Any:
     if config.backend == "vllm":
         from rewards.judge_backends.vllm_backend import VLLMJudgeBackend
 
-        return VLLMJudgeBackend(config.model, **config.engine_kwargs)
+        return VLLMJudgeBackend(config.model, **vllm_engine_kwargs(config))
     if config.backend == "openai":
         from rewards.judge_backends.openai import OpenAIJudgeBackend
 

@@ -22,7 +22,7 @@ def transformers_generate(
     model: Any,
     tokenizer: Any,
     *,
-    max_new_tokens: int = 256,
+    max_tokens: int = 256,
     temperature: float = 0.0,
     batch_size: int = 8,
     chat_template_kwargs: Mapping[str, Any] | None = None,
@@ -47,7 +47,7 @@ def transformers_generate(
             sampling = {"do_sample": True, "temperature": temperature} if temperature > 0 else {"do_sample": False}
             out = model.generate(
                 input_ids=input_ids.to(model.device), attention_mask=mask.to(model.device),
-                max_new_tokens=max_new_tokens, pad_token_id=pad_id, **sampling,
+                max_new_tokens=max_tokens, pad_token_id=pad_id, **sampling,
             )
             texts += tokenizer.batch_decode(out[:, width:], skip_special_tokens=True)
         return texts

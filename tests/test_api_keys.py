@@ -96,7 +96,7 @@ def tokenizer_dir(tmp_path_factory) -> Path:
     from align.testing.tiny import build_tokenizer
 
     tokenizer = build_tokenizer()
-    install_format(tokenizer, format="apertus")
+    install_format(tokenizer, chat_format="apertus")
     path = tmp_path_factory.mktemp("served_tokenizer")
     tokenizer.save_pretrained(path)
     return path
@@ -185,7 +185,7 @@ def test_the_sampler_reads_the_variable_its_config_names(server, no_keys, tokeni
 
     no_keys.setenv("MY_SERVER_KEY", KEY)
     config = SamplerConfig(backend="openai", base_url=server, model="served", tokenizer=str(tokenizer_dir),
-                           api_key_env="MY_SERVER_KEY", date="2026-01-01")
+                           api_key_env="MY_SERVER_KEY", chat_date="2026-01-01")
     sampler = build_sampler(config)
     assert sampler.max_model_len == 2048
     completions = sampler.sample([[{"role": "user", "content": "hi"}]], 2, max_tokens=4)
@@ -255,6 +255,6 @@ def test_cli_sampler_against_a_server_that_is_down(no_keys, tokenizer_dir, tmp_p
     url = closed_port_url()
     rc, err = _run(["sample", f"prompts={_prompts(tmp_path)}", f"output_dir={tmp_path / 'out'}",
                     "sampler.backend=openai", f"sampler.base_url={url}", "sampler.model=served",
-                    f"sampler.tokenizer={tokenizer_dir}", "sampler.date=2026-01-01", "n=2", "max_tokens=4"], capsys)
+                    f"sampler.tokenizer={tokenizer_dir}", "sampler.chat_date=2026-01-01", "n=2", "max_tokens=4"], capsys)
     assert rc == 2, err
     assert "Traceback" not in err and f"align sample: ServerError: {url}/models: request failed" in err, err

@@ -112,7 +112,7 @@ def models(tmp_path_factory) -> dict[str, Path]:
     for name, loader, fmt, src in (("policy", AutoModelForCausalLM, "apertus", paths["policy"]),
                                    ("rm", AutoModelForSequenceClassification, "chatml", paths["reward_model"])):
         tokenizer, model = AutoTokenizer.from_pretrained(src), loader.from_pretrained(src)
-        install_format(tokenizer, model, format=fmt)
+        install_format(tokenizer, model, chat_format=fmt)
         out[name] = root / f"{name}_{fmt}"
         model.save_pretrained(out[name])
         tokenizer.save_pretrained(out[name])
@@ -146,7 +146,7 @@ class Case:
 
 def _cpu_sampler(model) -> list[str]:
     return ["sampler.backend=transformers", f"sampler.model={model}", "sampler.chat_format=apertus",
-            f"sampler.date={DATE}", "sampler.device=cpu", "max_tokens=4", "n=2"]
+            f"sampler.chat_date={DATE}", "sampler.device=cpu", "max_tokens=4", "n=2"]
 
 
 def _recipe(ws: Workspace, text: str, name: str = "recipe.yaml") -> Path:
@@ -194,6 +194,14 @@ CASES: list[Case] = [
          "ConfigError", ("provider", "'oracle'", "reward_model")),
     Case("nested key of the wrong type", "sample", lambda ws: ["prompts=x.jsonl", "sampler.batch_size=many"],
          "ConfigError", ("sampler.batch_size", "expected an integer")),
+    Case("renamed key (an old name)", "sample", lambda ws: ["prompts=x.jsonl", "sampler.date=2026-01-01"],
+         "ConfigError", ("sampler.'date'", "Did you mean 'chat_date'?", "docs/settings.md")),
+    Case("another stage's name for the input", "train", lambda ws: ["dataset=x.jsonl"],
+         "ConfigError", ("unknown key 'dataset'", "Did you mean 'input'?")),
+    Case("pipeline: renamed key in defaults", "pipeline",
+         lambda ws: [_recipe(ws, "defaults: {date: '2026-01-01'}\n"
+                                 "logprobs: {model_name_or_path: m, input: x.jsonl, output_dir: o}\n")],
+         "ConfigError", ("defaults", "'date'", "known to no stage", "Did you mean 'chat_date'?")),
     Case("recipe file missing", "pairs", lambda ws: [ws.root / "nope.yaml"],
          "ConfigError", ("recipe file not found", "nope.yaml")),
     Case("recipe not a mapping", "pairs", lambda ws: [_recipe(ws, "- a\n- b\n")],
@@ -275,10 +283,10 @@ CASES: list[Case] = [
                      f"output_dir={ws.out()}"],
          "ValueError", ("input=", "annotate", "unfinished stage output")),
     Case("logprobs: the pairs directory instead of pairs.jsonl", "logprobs",
-         lambda ws: [f"dataset={_pairs_dir(ws)}", f"output_dir={ws.out()}", f"model_name_or_path={ws.policy}"],
-         "ValueError", ("dataset=", "pairs stage's output", "pairs.jsonl")),
+         lambda ws: [f"input={_pairs_dir(ws)}", f"output_dir={ws.out()}", f"model_name_or_path={ws.policy}"],
+         "ValueError", ("input=", "pairs stage's output", "pairs.jsonl")),
     Case("train: truncated final line", "train",
-         lambda ws: [f"dataset={ws.file('pairs.jsonl', [with_logps(pair('a'))], tail=TORN)}", f"output_dir={ws.out()}",
+         lambda ws: [f"input={ws.file('pairs.jsonl', [with_logps(pair('a'))], tail=TORN)}", f"output_dir={ws.out()}",
                      f"model_name_or_path={ws.policy}", "use_cpu=true", "report_to=[]"],
          "ValueError", ("pairs.jsonl:2", "truncated last line")),
     Case("annotate: shards of another num_shards (resume refused)", "annotate",
@@ -365,7 +373,7 @@ CASES: list[Case] = [
     Case("pairs: fewer references than num_ref_rewards", "pairs",
          lambda ws: [f"input={ws.file('in.jsonl', [annotated('a')])}", f"output_dir={ws.out()}",
                      "num_ref_rewards=10"],
-         "RecordError", ("record 'a'", "'completions'", "4 reference completions", "n_ref=10")),
+         "RecordError", ("record 'a'", "'completions'", "4 reference completions", "num_ref_rewards=10")),
     Case("pairs: references without a reward (skip)", "pairs",
          lambda ws: [f"input={ws.file('in.jsonl', [annotated('a', rewards=[None, None, 1.0, 0.5], reward_skips=['judge unreadable', 'judge unreadable', None, None])])}",
                      f"output_dir={ws.out()}"],
@@ -375,45 +383,45 @@ CASES: list[Case] = [
          None, check=_check_pairs_skipped("")),
     # --- logprobs and train ------------------------------------------------------------------
     Case("pair row without rejected", "logprobs",
-         lambda ws: [f"dataset={ws.file('pairs.jsonl', [{k: v for k, v in pair('a').items() if k != 'rejected'}])}",
+         lambda ws: [f"input={ws.file('pairs.jsonl', [{k: v for k, v in pair('a').items() if k != 'rejected'}])}",
                      f"output_dir={ws.out()}", f"model_name_or_path={ws.policy}", f"chat_date={DATE}"],
          "RecordError", ("record 'a'", "'rejected'", "expected a completion string")),
     Case("logprobs: model path missing", "logprobs",
-         lambda ws: [f"dataset={ws.file('pairs.jsonl', [pair('a')])}", f"output_dir={ws.out()}",
+         lambda ws: [f"input={ws.file('pairs.jsonl', [pair('a')])}", f"output_dir={ws.out()}",
                      f"model_name_or_path={ws.root / 'no_model'}"],
          "FileNotFoundError", ("model_name_or_path", "no_model", "does not exist")),
     Case("train: pairs without reference log-probs", "train",
-         lambda ws: [f"dataset={ws.file('pairs.jsonl', [pair('a')])}", f"output_dir={ws.out()}",
+         lambda ws: [f"input={ws.file('pairs.jsonl', [pair('a')])}", f"output_dir={ws.out()}",
                      f"model_name_or_path={ws.policy}", "use_cpu=true", "report_to=[]"],
          "RecordError", ("record 'a'", "ref_chosen_logps", "run `align logprobs`")),
     Case("train: NaN reference log-prob", "train",
-         lambda ws: [f"dataset={ws.file('pairs.jsonl', [with_logps(pair('a'), ref_rejected_logps=float('nan'))])}",
+         lambda ws: [f"input={ws.file('pairs.jsonl', [with_logps(pair('a'), ref_rejected_logps=float('nan'))])}",
                      f"output_dir={ws.out()}", f"model_name_or_path={ws.policy}", "use_cpu=true", "report_to=[]"],
          "RecordError", ("record 'a'", "ref_rejected_logps", "finite")),
     Case("train: model path missing", "train",
-         lambda ws: [f"dataset={ws.file('pairs.jsonl', [with_logps(pair('a'))])}", f"output_dir={ws.out()}",
+         lambda ws: [f"input={ws.file('pairs.jsonl', [with_logps(pair('a'))])}", f"output_dir={ws.out()}",
                      f"model_name_or_path={ws.root / 'no_model'}", "use_cpu=true", "report_to=[]"],
          "FileNotFoundError", ("model_name_or_path", "no_model", "does not exist")),
-    Case("train: dataset missing", "train",
-         lambda ws: [f"dataset={ws.root / 'nothing.jsonl'}", f"output_dir={ws.out()}",
+    Case("train: input missing", "train",
+         lambda ws: [f"input={ws.root / 'nothing.jsonl'}", f"output_dir={ws.out()}",
                      f"model_name_or_path={ws.policy}", "use_cpu=true", "report_to=[]"],
-         "FileNotFoundError", ("dataset", "nothing.jsonl", "does not exist")),
+         "FileNotFoundError", ("input", "nothing.jsonl", "does not exist")),
     Case("logprobs: prompt longer than max_length", "logprobs",
-         lambda ws: [f"dataset={ws.file('pairs.jsonl', [pair('a'), pair('b', messages=LONG_PROMPT)])}",
+         lambda ws: [f"input={ws.file('pairs.jsonl', [pair('a'), pair('b', messages=LONG_PROMPT)])}",
                      f"output_dir={ws.out()}", f"model_name_or_path={ws.policy}", f"chat_date={DATE}",
                      "max_length=128", "device=cpu", "dtype=float32"],
          "RecordError", ("record 'b'", "'messages'", "max_length=128")),
     Case("train: reference log-probs written by hand", "train",
-         lambda ws: [f"dataset={ws.file('pairs.jsonl', [with_logps(pair('a')), with_logps(pair('b'))])}",
+         lambda ws: [f"input={ws.file('pairs.jsonl', [with_logps(pair('a')), with_logps(pair('b'))])}",
                      f"output_dir={ws.out()}", f"model_name_or_path={ws.policy}", "use_cpu=true", "report_to=[]",
                      f"chat_date={DATE}", "max_length=128", "max_steps=1",
                      "per_device_train_batch_size=2", "num_ref_rewards=4"],
          "RecordError", ("record 'a'", "ref_chosen_token_hash", "rerun `align logprobs`")),
     Case("YAML no read as false for a string key", "sft",
-         lambda ws: ["dataset=x.jsonl", "save_strategy=no"],
+         lambda ws: ["input=x.jsonl", "save_strategy=no"],
          "ConfigError", ("save_strategy", "False", "quote it")),
     Case("sft: conversation longer than max_length (skip)", "sft",
-         lambda ws: [f"dataset={ws.file('sft.jsonl', [SFT_ROW, {**SFT_ROW, 'id': 's1', 'messages': LONG_PROMPT + [{'role': 'assistant', 'content': 'yes'}]}])}",
+         lambda ws: [f"input={ws.file('sft.jsonl', [SFT_ROW, {**SFT_ROW, 'id': 's1', 'messages': LONG_PROMPT + [{'role': 'assistant', 'content': 'yes'}]}])}",
                      f"output_dir={ws.out()}", f"model_name_or_path={ws.policy}", "use_cpu=true", "report_to=[]",
                      f"chat_date={DATE}", "max_length=128", "max_steps=1", "save_strategy='no'"],
          None, check=lambda ws, out, err: (
@@ -421,23 +429,23 @@ CASES: list[Case] = [
              _assert_in('"rows_dropped": 1', (ws.out() / "_COMPLETE.json").read_text()))),
     # --- sft -----------------------------------------------------------------------------
     Case("sft: empty dataset", "sft",
-         lambda ws: [f"dataset={ws.file('sft.jsonl', [])}", f"output_dir={ws.out()}",
+         lambda ws: [f"input={ws.file('sft.jsonl', [])}", f"output_dir={ws.out()}",
                      f"model_name_or_path={ws.policy}", "use_cpu=true", "report_to=[]"],
          "ValueError", ("sft.jsonl", "holds no rows")),
     Case("sft: model path missing", "sft",
-         lambda ws: [f"dataset={ws.file('sft.jsonl', [prompt('a')])}", f"output_dir={ws.out()}",
+         lambda ws: [f"input={ws.file('sft.jsonl', [prompt('a')])}", f"output_dir={ws.out()}",
                      f"model_name_or_path={ws.root / 'no_model'}", "use_cpu=true", "report_to=[]"],
          "FileNotFoundError", ("model_name_or_path", "no_model", "does not exist")),
     Case("sft: messages not a list", "sft",
-         lambda ws: [f"dataset={ws.file('sft.jsonl', [{'id': 'a', 'messages': 'hello'}])}", f"output_dir={ws.out()}",
+         lambda ws: [f"input={ws.file('sft.jsonl', [{'id': 'a', 'messages': 'hello'}])}", f"output_dir={ws.out()}",
                      f"model_name_or_path={ws.policy}", "use_cpu=true", "report_to=[]"],
          "RecordError", ("record 'a'", "'messages'", "JSON text that does not parse")),
     Case("sft: conversation without an assistant turn", "sft",
-         lambda ws: [f"dataset={ws.file('sft.jsonl', [prompt('a')])}", f"output_dir={ws.out()}",
+         lambda ws: [f"input={ws.file('sft.jsonl', [prompt('a')])}", f"output_dir={ws.out()}",
                      f"model_name_or_path={ws.policy}", "use_cpu=true", "report_to=[]"],
          "RecordError", ("record 'a'", "'messages'", "no assistant message")),
     Case("sft: output directory under a regular file", "sft",
-         lambda ws: [f"dataset={ws.file('sft.jsonl', [SFT_ROW])}", f"output_dir={ws.file('blocker', []) / 'out'}",
+         lambda ws: [f"input={ws.file('sft.jsonl', [SFT_ROW])}", f"output_dir={ws.file('blocker', []) / 'out'}",
                      f"model_name_or_path={ws.policy}", "use_cpu=true", "report_to=[]"],
          "NotADirectoryError", ("output_dir", "blocker")),
     # --- models and tokenizers -------------------------------------------------------------
@@ -490,19 +498,19 @@ CASES: list[Case] = [
                      f"policies=[{{name: a, model: {ws.policy}}}, {{name: b, model: {ws.policy}}}]"],
          "RecordError", ("record 'a'", "'id'", "duplicate id (p.jsonl:1 and p.jsonl:2)")),
     Case("decontaminate: benchmark file missing", "decontaminate",
-         lambda ws: [f"train_path={ws.file('train.jsonl', [prompt('a')])}", f"output_dir={ws.out()}",
+         lambda ws: [f"input={ws.file('train.jsonl', [prompt('a')])}", f"output_dir={ws.out()}",
                      f"benchmarks=[{{name: b, path: {ws.root / 'bench.jsonl'}}}]"],
          "ValueError", ("bench.jsonl", "not found")),
     Case("decontaminate: benchmark without the text field", "decontaminate",
-         lambda ws: [f"train_path={ws.file('train.jsonl', [prompt('a')])}", f"output_dir={ws.out()}",
+         lambda ws: [f"input={ws.file('train.jsonl', [prompt('a')])}", f"output_dir={ws.out()}",
                      f"benchmarks=[{{name: b, path: {ws.file('bench.jsonl', [{'question': 'q'}])}}}]"],
          "RecordError", ("bench.jsonl", "'prompt'")),
     Case("decontaminate: malformed training file", "decontaminate",
-         lambda ws: [f"train_path={ws.file('train.jsonl', [prompt('a'), '{oops'])}", f"output_dir={ws.out()}",
+         lambda ws: [f"input={ws.file('train.jsonl', [prompt('a'), '{oops'])}", f"output_dir={ws.out()}",
                      f"benchmarks=[{{name: b, path: {ws.file('bench.jsonl', [{'prompt': 'q'}])}}}]"],
          "ValueError", ("train.jsonl", "line 2", "not valid JSON")),
     Case("decontaminate: empty benchmark", "decontaminate",
-         lambda ws: [f"train_path={ws.file('train.jsonl', [prompt('a')])}", f"output_dir={ws.out()}",
+         lambda ws: [f"input={ws.file('train.jsonl', [prompt('a')])}", f"output_dir={ws.out()}",
                      f"benchmarks=[{{name: b, path: {ws.file('bench.jsonl', [])}}}]"],
          "ValueError", ("bench.jsonl", "benchmark 'b'", "empty")),
     Case("evaluate: policy completions missing", "evaluate",
@@ -610,12 +618,12 @@ CASES: list[Case] = [
          "FileNotFoundError", ("no charter 'defualt'", "not one of the bundled charters", "default.md")),
     # --- chat turn order ----------------------------------------------------------------------
     Case("sft: two assistant messages in a row", "sft",
-         lambda ws: [f"dataset={ws.file('sft.jsonl', [{'id': 'a', 'messages': SFT_ROW['messages'] + [{'role': 'assistant', 'content': 'sure'}]}])}",
+         lambda ws: [f"input={ws.file('sft.jsonl', [{'id': 'a', 'messages': SFT_ROW['messages'] + [{'role': 'assistant', 'content': 'sure'}]}])}",
                      f"output_dir={ws.out()}", f"model_name_or_path={ws.policy}", "use_cpu=true", "report_to=[]",
                      f"chat_date={DATE}"],
          "RecordError", ("record 'a'", "'messages'", "message 2 (assistant): follows assistant message 1")),
     Case("sft: tool call answered without its output", "sft",
-         lambda ws: [f"dataset={ws.file('sft.jsonl', [{'id': 'a', 'messages': [SFT_ROW['messages'][0], {'role': 'assistant', 'content': None, 'tool_calls': [{'function': {'name': 'calc', 'arguments': '{}'}}]}, {'role': 'assistant', 'content': '4'}]}])}",
+         lambda ws: [f"input={ws.file('sft.jsonl', [{'id': 'a', 'messages': [SFT_ROW['messages'][0], {'role': 'assistant', 'content': None, 'tool_calls': [{'function': {'name': 'calc', 'arguments': '{}'}}]}, {'role': 'assistant', 'content': '4'}]}])}",
                      f"output_dir={ws.out()}", f"model_name_or_path={ws.policy}", "use_cpu=true", "report_to=[]",
                      f"chat_date={DATE}"],
          "RecordError", ("record 'a'", "message 2 (assistant): follows assistant message 1", "tool outputs")),
@@ -761,7 +769,7 @@ def _sft_weights_changed(ws: Workspace) -> list:
 
     base = ws.root / "base"
     shutil.copytree(ws.policy, base)
-    args = [f"dataset={ws.file('sft.jsonl', [SFT_ROW])}", f"output_dir={ws.out()}", f"model_name_or_path={base}",
+    args = [f"input={ws.file('sft.jsonl', [SFT_ROW])}", f"output_dir={ws.out()}", f"model_name_or_path={base}",
             "use_cpu=true", "bf16=false", "report_to=[]"]
     _fake_done("sft", load_config(Config, None, args), ws.out())
     weights = base / "model.safetensors"
@@ -901,7 +909,7 @@ def _judge_openai(ws: Workspace, url: str) -> list:
 
 def _openai_sampler(ws: Workspace, url: str) -> list[str]:
     return ["sampler.backend=openai", f"sampler.base_url={url}", "sampler.model=served",
-            f"sampler.tokenizer={ws.policy}", f"sampler.date={DATE}", "max_tokens=4", "n=2"]
+            f"sampler.tokenizer={ws.policy}", f"sampler.chat_date={DATE}", "max_tokens=4", "n=2"]
 
 
 def run_main(args: list) -> tuple[int, str, str]:

@@ -220,7 +220,7 @@ def test_user_parts_content_is_read():
 
 def test_raw_prompt_field_mode():
     rows = [{"prompt": BENCH}, {"prompt": "nothing to see here at all today"}]
-    kept, removed, _ = run_one(rows, {"b": [BENCH]}, train_text_field="prompt")
+    kept, removed, _ = run_one(rows, {"b": [BENCH]}, text_field="prompt")
     assert [r["index"] for r in removed] == [0] and removed[0]["id"] is None
     assert kept == [rows[1]]
 
@@ -231,7 +231,7 @@ def test_dataset_in_dataset_out():
     ds = datasets.Dataset.from_list(
         [{"id": "a", "prompt": BENCH}, {"id": "b", "prompt": "fresh text"}]
     )
-    kept, removed, _ = run_one(ds, {"b": [BENCH]}, train_text_field="prompt")
+    kept, removed, _ = run_one(ds, {"b": [BENCH]}, text_field="prompt")
     assert isinstance(kept, datasets.Dataset) and kept["id"] == ["b"]
     assert removed_ids(removed) == ["a"]
 
@@ -336,7 +336,7 @@ def test_decontaminate_files_writes_kept_removed_and_summary(tmp_path):
     mmlu = str(tmp_path / "mmlu.parquet")
     pq.write_table(pa.table({"prompt": [BENCH, "unrelated benchmark text here"]}), mmlu)
     config = DecontaminationConfig(
-        train_path=train,
+        input=train,
         benchmarks=[
             {"name": "gsm", "path": gsm, "text_field": "question", "id_field": "uid"},
             {"name": "mmlu", "path": mmlu},
@@ -415,7 +415,7 @@ def test_bad_training_record_names_file_row_and_field(tmp_path):
     path = write_jsonl(tmp_path / "train.jsonl", [chat("fine", "hello"), bad])
     bench = write_jsonl(tmp_path / "b.jsonl", [{"prompt": BENCH}])
     config = DecontaminationConfig(
-        train_path=path,
+        input=path,
         benchmarks=[{"name": "b", "path": bench}],
         output_dir=str(tmp_path / "out"),
         num_workers=1,
@@ -463,11 +463,11 @@ def test_config_rejects_bad_settings(settings, message):
 
 def test_recipe_with_unknown_key_is_rejected(tmp_path):
     path = tmp_path / "r.yaml"
-    path.write_text("train_path: t.jsonl\nngrams: 8\n")
+    path.write_text("input: t.jsonl\nngrams: 8\n")
     with pytest.raises(ValueError, match=r"unknown key 'ngrams'"):
         load_config(DecontaminationConfig, path)
 
 
 def test_file_run_needs_paths():
-    with pytest.raises(ValueError, match="train_path, output_dir must be set"):
+    with pytest.raises(ValueError, match="input, output_dir must be set"):
         decontaminate_files(DecontaminationConfig())

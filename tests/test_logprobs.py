@@ -53,7 +53,7 @@ def rows():
 
 
 def compute(rows, model, tokenizer, directory, **kwargs) -> list[dict]:
-    settings = {"format": "apertus", "batch_size": 4, "max_length": 256, "chat_date": DATE}
+    settings = {"chat_format": "apertus", "batch_size": 4, "max_length": 256, "chat_date": DATE}
     settings.update(kwargs)
     compute_ref_logprobs(rows, model, tokenizer, output_dir=directory, **settings)
     return load_ref_logprobs(directory, rows)
@@ -111,10 +111,10 @@ def test_resume_after_interruption_equals_an_uninterrupted_run(rows, model, tiny
 
     flaky.forward = failing_forward
     with pytest.raises(KeyboardInterrupt):
-        compute_ref_logprobs(rows, flaky, tiny_tokenizer, format="apertus", batch_size=4, max_length=256,
+        compute_ref_logprobs(rows, flaky, tiny_tokenizer, chat_format="apertus", batch_size=4, max_length=256,
                              chat_date=DATE, output_dir=tmp_path / "resumed", model_fingerprint="m")
     assert len(missing_ids(tmp_path / "resumed", rows)) == 4  # two batches of 4 were written
-    result = compute_ref_logprobs(rows, flaky, tiny_tokenizer, format="apertus", batch_size=4, max_length=256,
+    result = compute_ref_logprobs(rows, flaky, tiny_tokenizer, chat_format="apertus", batch_size=4, max_length=256,
                                   chat_date=DATE, output_dir=tmp_path / "resumed", model_fingerprint="m")
     assert (result.num_already_done, result.num_processed) == (8, 4)
     resumed = load_ref_logprobs(tmp_path / "resumed", rows)
@@ -127,7 +127,7 @@ def test_resume_after_interruption_equals_an_uninterrupted_run(rows, model, tiny
 def test_shards_merge_and_missing_ids_are_listed(rows, model, tiny_tokenizer, tmp_path):
     single = compute(rows, model, tiny_tokenizer, tmp_path / "single")
     out = tmp_path / "sharded"
-    kwargs = {"format": "apertus", "batch_size": 4, "max_length": 256, "chat_date": DATE, "output_dir": out, "num_shards": 2}
+    kwargs = {"chat_format": "apertus", "batch_size": 4, "max_length": 256, "chat_date": DATE, "output_dir": out, "num_shards": 2}
     compute_ref_logprobs(rows, model, tiny_tokenizer, shard_index=0, **kwargs)
     missing = missing_ids(out, rows)
     assert 0 < len(missing) < len(rows)
@@ -159,7 +159,7 @@ def test_a_bad_row_is_named(model, tiny_tokenizer, tmp_path):
 
 
 def test_cache_key_changes_with_exactly_the_fields_that_change_logps(rows, model, tiny_tokenizer):
-    fields = cache_fields_for(rows, model, tiny_tokenizer, format="apertus", max_length=256, chat_date=DATE)
+    fields = cache_fields_for(rows, model, tiny_tokenizer, chat_format="apertus", max_length=256, chat_date=DATE)
     assert set(fields) == set(CACHE_KEY_FIELDS)
     key = ref_cache_key(fields)
     changed = {"model": "other/model", "model_fingerprint": "x", "tokenizer_fingerprint": "y",
@@ -172,7 +172,7 @@ def test_cache_key_changes_with_exactly_the_fields_that_change_logps(rows, model
 
 def test_cache_key_follows_weights_and_data_content_not_row_order(rows, model, tiny_tokenizer):
     def key(records, m):
-        return ref_cache_key(cache_fields_for(records, m, tiny_tokenizer, format="apertus", max_length=256,
+        return ref_cache_key(cache_fields_for(records, m, tiny_tokenizer, chat_format="apertus", max_length=256,
                                               chat_date=DATE))
 
     base = key(rows, model)
@@ -188,8 +188,8 @@ def test_cache_key_follows_weights_and_data_content_not_row_order(rows, model, t
 
 def test_ref_cache_key_ignores_beta_batch_size_and_sharding(rows, model, tiny_tokenizer, tmp_path):
     with pytest.raises(ValueError, match=r"not part of the key \['beta'\]"):
-        ref_cache_key({**cache_fields_for(rows, model, tiny_tokenizer, format="apertus", max_length=256), "beta": 5})
-    common = {"format": "apertus", "max_length": 256, "chat_date": DATE}
+        ref_cache_key({**cache_fields_for(rows, model, tiny_tokenizer, chat_format="apertus", max_length=256), "beta": 5})
+    common = {"chat_format": "apertus", "max_length": 256, "chat_date": DATE}
     a = compute_ref_logprobs(rows, model, tiny_tokenizer, batch_size=3, output_dir=tmp_path / "a", **common)
     b = compute_ref_logprobs(rows, model, tiny_tokenizer, batch_size=6, output_dir=tmp_path / "b", num_shards=2,
                              padding_free=True, **common)
@@ -212,7 +212,7 @@ def write_jsonl(path, rows) -> str:
 def test_run_reuses_a_finished_output_by_its_cache_key(tiny_dirs, tmp_path, monkeypatch):
     rows = make_rows(4)
     data = write_jsonl(tmp_path / "pairs.jsonl", rows)
-    config = LogprobsConfig(model_name_or_path=str(tiny_dirs["policy"]), dataset=data, cache_dir=str(tmp_path / "c"),
+    config = LogprobsConfig(model_name_or_path=str(tiny_dirs["policy"]), input=data, cache_dir=str(tmp_path / "c"),
                             max_length=256, chat_date=DATE, batch_size=2)
     first = run_pass(config)
     assert first.parent == tmp_path / "c" and first.name.startswith("ref_logps-")
@@ -280,7 +280,7 @@ def test_each_key_setting_given_to_run_pass_reaches_the_key_and_the_directory(tw
                                                                                 monkeypatch):
     rows = dated_rows(4)
     data = write_jsonl(tmp_path / "pairs.jsonl", rows)
-    base = LogprobsConfig(model_name_or_path=str(two_format_policy), dataset=data, cache_dir=str(tmp_path / "c"),
+    base = LogprobsConfig(model_name_or_path=str(two_format_policy), input=data, cache_dir=str(tmp_path / "c"),
                           chat_format="apertus", max_length=256, enable_thinking=False, chat_date=DATE,
                           dtype="float32", batch_size=2)
     base_dir = run_pass(base)
@@ -317,7 +317,7 @@ def test_each_key_setting_given_to_the_pass_reaches_its_key(two_format_policy, r
     rows = dated_rows(4)
     tokenizer = AutoTokenizer.from_pretrained(two_format_policy)
     model = build_causal_lm_from(two_format_policy)
-    settings = {"format": "apertus", "max_length": 256, "enable_thinking": False, "chat_date": DATE}
+    settings = {"chat_format": "apertus", "max_length": 256, "enable_thinking": False, "chat_date": DATE}
 
     def run(name, model=model, batch_size=2, **changes):
         call = {**settings, **changes}
@@ -333,8 +333,6 @@ def test_each_key_setting_given_to_the_pass_reaches_its_key(two_format_policy, r
     for name, value in KEY_SETTINGS.items():
         if name == "dtype":
             result = run(name, model=copy.deepcopy(model).to(torch.bfloat16))
-        elif name == "chat_format":
-            result = run(name, format=value)
         else:
             result = run(name, **{name: value})
         assert result.cache_fields.get(name) == value, f"{name}={value!r} given, {result.cache_fields.get(name)!r} keyed"
@@ -348,7 +346,7 @@ def test_two_processes_take_one_shard_each_and_check_the_merge(tiny_dirs, tmp_pa
     data = write_jsonl(tmp_path / "pairs.jsonl", rows)
     out = tmp_path / "out"
     env = {**os.environ, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
-    command = [*torchrun(2), "-m", "align", "logprobs", f"model_name_or_path={tiny_dirs['policy']}", f"dataset={data}", f"output_dir={out}",
+    command = [*torchrun(2), "-m", "align", "logprobs", f"model_name_or_path={tiny_dirs['policy']}", f"input={data}", f"output_dir={out}",
                "max_length=256", f"chat_date={DATE}", "batch_size=2"]
     subprocess.run(command, check=True, env=env, cwd=tmp_path, timeout=300, capture_output=True)
     assert sorted(p.name for p in out.glob("shard-*.jsonl")) == ["shard-00000-of-00002.jsonl",
@@ -390,6 +388,28 @@ def test_tiled_head_gives_the_models_log_probs_and_gradients(rows, tiny_tokenize
         torch.testing.assert_close(grads_a[name], grads_b[name], rtol=1e-4, atol=1e-6)
 
 
+def test_tiled_head_under_mixed_precision_outputs(rows, tiny_tokenizer):
+    """A bf16 model whose forward returns float32 outputs, as accelerate makes it under bf16 mixed
+    precision (the preference trainer on a GPU): the tiled head casts the hidden states to its own
+    dtype instead of failing on float32 x bf16, and matches the model's own head."""
+    from accelerate.utils import convert_outputs_to_fp32
+
+    from align.scoring import SequenceCollator, completion_logps
+
+    model = build_causal_lm(tiny_tokenizer).to(torch.bfloat16)
+    model.forward = convert_outputs_to_fp32(model.forward)
+    encoded = [encode_record(tiny_tokenizer, row, max_length=256, chat_date=DATE) for row in rows[:4]]
+    batch = SequenceCollator(tiny_tokenizer.pad_token_id, padding_free=True).collate(
+        [(e["prompt_ids"], e[name]) for e in encoded for name in ("chosen_ids", "rejected_ids")])
+    assert model(**{k: v for k, v in batch.items() if k in ("input_ids", "position_ids")},
+                 output_hidden_states=True).hidden_states[-1].dtype == torch.float32
+    tiled = completion_logps(model, batch, tiled=True)
+    plain = completion_logps(model, batch, tiled=False)
+    tiled.sum().backward()  # gradients flow through the cast
+    assert all(p.grad is not None for p in model.lm_head.parameters())
+    torch.testing.assert_close(tiled.detach(), plain.detach(), rtol=0, atol=0.05)
+
+
 def test_tiles_smaller_than_the_batch_give_the_same_values(rows, model, tiny_tokenizer):
     from align.scoring import tiled_token_logps
 
@@ -427,7 +447,7 @@ def test_truncated_completion_is_refused_unless_told_to_train_it_without_end(tin
     with pytest.raises(ValueError, match="truncated"):
         encode_record(tiny_tokenizer, cut_row(), chat_date=DATE, truncated="keep")
     with pytest.raises(ValueError, match="truncated"):
-        LogprobsConfig(model_name_or_path="m", dataset="d", output_dir="o", truncated="keep")
+        LogprobsConfig(model_name_or_path="m", input="d", output_dir="o", truncated="keep")
 
 
 def test_empty_truncated_completion_is_an_error_naming_the_field(tiny_tokenizer):

@@ -64,8 +64,8 @@ def test_expected_n_names_the_count():
 # --- select_pair --------------------------------------------------------------------------
 
 
-def outcomes(rewards, quantiles, n_ref, seeds=range(200), **kwargs):
-    return [select_pair(rewards, quantiles, n_ref=n_ref, seed=s, **kwargs) for s in seeds]
+def outcomes(rewards, quantiles, num_ref_rewards, seeds=range(200), **kwargs):
+    return [select_pair(rewards, quantiles, num_ref_rewards=num_ref_rewards, seed=s, **kwargs) for s in seeds]
 
 
 def test_buckets_high_and_low():
@@ -75,7 +75,7 @@ def test_buckets_high_and_low():
     """
     rewards = [float(k) for k in range(10)] + [100.0, -1.0]
     quantiles = quantile_rewards(rewards, rewards[:10])
-    results = outcomes(rewards, quantiles, n_ref=10)
+    results = outcomes(rewards, quantiles, num_ref_rewards=10)
     assert all(isinstance(r, Pair) and r.fallback is None for r in results)
     assert {r.chosen for r in results} == {9, 10}
     assert {r.rejected for r in results} == {0, 1, 11}
@@ -88,14 +88,14 @@ def test_binary_rewards_nine_of_ten_correct_rejects_the_wrong_one():
     rewards = rewards[4:] + rewards[:4]  # wrong answer at index 5
     quantiles = quantile_rewards(rewards, rewards)
     assert quantiles[5] == 0.1
-    for result in outcomes(rewards, quantiles, n_ref=10):
+    for result in outcomes(rewards, quantiles, num_ref_rewards=10):
         assert result.rejected == 5 and rewards[result.chosen] == 1.0 and result.fallback is None
 
 
 def test_binary_rewards_seven_of_ten_falls_back_to_middle_and_says_so():
     rewards = [1.0] * 7 + [0.0] * 3  # wrong answers have R_q = 0.3 > 0.2
     quantiles = quantile_rewards(rewards, rewards)
-    for result in outcomes(rewards, quantiles, n_ref=10, seeds=range(30)):
+    for result in outcomes(rewards, quantiles, num_ref_rewards=10, seeds=range(30)):
         assert result.rejected in (7, 8, 9) and result.chosen < 7
         assert result.fallback == "rejected:middle"
 
@@ -104,29 +104,29 @@ def test_rejected_falls_back_to_high_when_every_candidate_ties_the_best_referenc
     """All references 0.5 (R_q 1) and one offline 0.9 (R_q 1): the only preference is 0.9 > 0.5."""
     rewards = [0.5] * 10 + [0.9]
     quantiles = quantile_rewards(rewards, rewards[:10])
-    for result in outcomes(rewards, quantiles, n_ref=10, seeds=range(30)):
+    for result in outcomes(rewards, quantiles, num_ref_rewards=10, seeds=range(30)):
         assert result.chosen == 10 and result.rejected < 10
         assert result.fallback == "rejected:high"
 
 
 def test_chosen_fallback_and_both_fallbacks_are_recorded():
-    one = select_pair([0.5, 0.1, 0.3], [0.6, 0.1, 0.4], n_ref=10, seed=0)
+    one = select_pair([0.5, 0.1, 0.3], [0.6, 0.1, 0.4], num_ref_rewards=10, seed=0)
     assert one.chosen in (0, 2) and one.rejected == 1 and one.fallback == "chosen:middle"
-    both = select_pair([0.5, 0.6], [0.5, 0.6], n_ref=10, seed=0)
+    both = select_pair([0.5, 0.6], [0.5, 0.6], num_ref_rewards=10, seed=0)
     assert both == Pair(chosen=1, rejected=0, fallback="chosen:middle;rejected:middle")
 
 
 def test_low_cut_is_at_least_one_over_n():
     """n = 2: R_q ∈ {0, 0.5, 1}; the worse reference (0.5) is low since max(0.2, 1/2) = 0.5."""
     rewards = [1.0, 2.0]
-    result = select_pair(rewards, quantile_rewards(rewards, rewards), n_ref=2, seed=0)
+    result = select_pair(rewards, quantile_rewards(rewards, rewards), num_ref_rewards=2, seed=0)
     assert result == Pair(chosen=1, rejected=0, fallback=None)
 
 
 def test_unscored_completions_are_not_candidates():
     rewards = [None, 0.2, None, 0.9]
     quantiles = [None, 0.5, None, 1.0]
-    for result in outcomes(rewards, quantiles, n_ref=2, seeds=range(20)):
+    for result in outcomes(rewards, quantiles, num_ref_rewards=2, seeds=range(20)):
         assert (result.chosen, result.rejected) == (3, 1)
 
 
@@ -138,42 +138,42 @@ def test_unscored_completions_are_not_candidates():
     ],
 )
 def test_prompts_without_a_preference_are_skipped_with_a_reason(rewards, quantiles, reason):
-    result = select_pair(rewards, quantiles, n_ref=3, seed=0)
+    result = select_pair(rewards, quantiles, num_ref_rewards=3, seed=0)
     assert isinstance(result, Skip) and reason in result.reason
 
 
 def test_selection_is_seeded_and_deterministic():
     rewards = [float(k) for k in range(10)] + [100.0, -1.0]
     quantiles = quantile_rewards(rewards, rewards[:10])
-    first = outcomes(rewards, quantiles, n_ref=10, seeds=range(20))
-    assert first == outcomes(rewards, quantiles, n_ref=10, seeds=range(20))
-    assert select_pair(rewards, quantiles, n_ref=10, rng=random.Random(7)) == first[7]
+    first = outcomes(rewards, quantiles, num_ref_rewards=10, seeds=range(20))
+    assert first == outcomes(rewards, quantiles, num_ref_rewards=10, seeds=range(20))
+    assert select_pair(rewards, quantiles, num_ref_rewards=10, rng=random.Random(7)) == first[7]
 
 
 @pytest.mark.parametrize(
     "kwargs, match",
     [
         (
-            {"rewards": [0.1, 0.2], "quantiles": [0.5], "n_ref": 2, "seed": 0},
+            {"rewards": [0.1, 0.2], "quantiles": [0.5], "num_ref_rewards": 2, "seed": 0},
             "quantiles has 1 entries",
         ),
         (
-            {"rewards": [0.1, 0.2], "quantiles": [0.5, None], "n_ref": 2, "seed": 0},
+            {"rewards": [0.1, 0.2], "quantiles": [0.5, None], "num_ref_rewards": 2, "seed": 0},
             r"rewards\[1\] and quantiles\[1\]",
         ),
         (
-            {"rewards": [0.1, float("nan")], "quantiles": [0.5, 1.0], "n_ref": 2, "seed": 0},
+            {"rewards": [0.1, float("nan")], "quantiles": [0.5, 1.0], "num_ref_rewards": 2, "seed": 0},
             r"rewards\[1\] is NaN",
         ),
         (
-            {"rewards": [0.1, 0.2], "quantiles": [0.5, 1.5], "n_ref": 2, "seed": 0},
+            {"rewards": [0.1, 0.2], "quantiles": [0.5, 1.5], "num_ref_rewards": 2, "seed": 0},
             r"quantiles\[1\]",
         ),
         (
-            {"rewards": [0.1, 0.2], "quantiles": [0.5, 1.0], "n_ref": 2},
+            {"rewards": [0.1, 0.2], "quantiles": [0.5, 1.0], "num_ref_rewards": 2},
             "exactly one of rng and seed",
         ),
-        ({"rewards": [0.1, 0.2], "quantiles": [0.5, 1.0], "n_ref": 0, "seed": 0}, "n_ref"),
+        ({"rewards": [0.1, 0.2], "quantiles": [0.5, 1.0], "num_ref_rewards": 0, "seed": 0}, "num_ref_rewards"),
     ],
 )
 def test_bad_selection_input_names_the_field(kwargs, match):
@@ -276,7 +276,7 @@ def test_make_pairs_is_deterministic_and_independent_of_order():
     "mutate, kwargs, field",
     [
         (lambda r: [c.update(is_reference=False) for c in r["completions"]], {}, "completions"),
-        (lambda r: None, {"n_ref": 2}, "completions"),  # bad-1 has 3
+        (lambda r: None, {"num_ref_rewards": 2}, "completions"),  # bad-1 has 3
         (lambda r: r["rewards"].__setitem__(1, float("nan")), {}, r"rewards\[1\]"),
         (lambda r: r["rewards"].pop(), {}, "rewards"),
     ],
@@ -354,14 +354,14 @@ def test_bad_truncated_and_num_pairs_settings_are_errors():
 def test_references_dropped_by_overlong_drop_are_expected_missing():
     rec = record("a", [0.1 * k for k in range(8)])
     rec["num_ref_dropped"] = 2  # 10 drawn, 2 dropped as overlong
-    pairs, skips = make_pairs([rec], seed=0, n_ref=10)
+    pairs, skips = make_pairs([rec], seed=0, num_ref_rewards=10)
     assert skips == [] and pairs[0]["num_ref_rewards"] == 8 and pairs[0]["num_ref_dropped"] == 2
     rec["num_ref_dropped"] = 1
-    with pytest.raises(RecordError, match=r"'a'.*completions.*n_ref=10 minus num_ref_dropped=1"):
-        make_pairs([rec], seed=0, n_ref=10)
+    with pytest.raises(RecordError, match=r"'a'.*completions.*num_ref_rewards=10 minus num_ref_dropped=1"):
+        make_pairs([rec], seed=0, num_ref_rewards=10)
     rec["num_ref_dropped"] = -1
     with pytest.raises(RecordError, match=r"'a'.*num_ref_dropped"):
-        make_pairs([rec], seed=0, n_ref=10)
+        make_pairs([rec], seed=0, num_ref_rewards=10)
 
 
 def test_several_pairs_per_prompt_never_reuse_a_completion():

@@ -2,15 +2,15 @@
 
 Public API::
 
-    render(messages, *, format="apertus", tools=None, add_generation_prompt=False,
-           enable_thinking=False, date=None) -> str
+    render(messages, *, chat_format="apertus", tools=None, add_generation_prompt=False,
+           enable_thinking=False, chat_date=None) -> str
     encode(tokenizer, messages, ...) -> EncodedChat(input_ids, loss_mask, spans, text)
     encode_completion(tokenizer, prompt_messages, completion, ...) -> (prompt_ids, completion_ids)
-    chat_template(format) -> str          # jinja, renders exactly what render() renders
-    install_format(tokenizer, model=None, format="apertus") -> ChatFormat
-    tool_declarations(tools, format="apertus") -> str
-    parse_tool_calls(text, format="apertus") -> [{"name", "arguments"}]
-    format_tool_calls(calls, format="apertus") -> str   # the inverse of parse_tool_calls
+    chat_template(chat_format) -> str          # jinja, renders exactly what render() renders
+    install_format(tokenizer, model=None, chat_format="apertus") -> ChatFormat
+    tool_declarations(tools, chat_format="apertus") -> str
+    parse_tool_calls(text, chat_format="apertus") -> [{"name", "arguments"}]
+    format_tool_calls(calls, chat_format="apertus") -> str   # the inverse of parse_tool_calls
     FORMATS: name -> ChatFormat (bos, eos, turn_end, special tokens, ...)
 
 Formats: ``apertus`` (docs/method.md, The Apertus chat format; see ``align.chat.apertus`` for every rendering choice),

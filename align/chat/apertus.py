@@ -33,7 +33,7 @@ Choices, and where they differ from the released template:
   is an error, not a warning: training on it teaches the model to call tools that do not
   exist. With ``tools=None`` (or ``[]``) calls are not checked.
 - Default system text. A conversation without a system message gets the project's own
-  default text with the date (the ``date`` argument). It is not the released model's
+  default text with the date (the ``chat_date`` argument). It is not the released model's
   wording, so to reproduce a served prompt exactly, give the system message explicitly.
 - Mixed content. String and block assistant content in the same turn is an error.
 - Special tokens in text. No message may contain a turn delimiter or ``<s>``; assistant
@@ -233,7 +233,7 @@ def segments(
     tools: Sequence[Any] | None = None,
     add_generation_prompt: bool = False,
     enable_thinking: bool = False,
-    date: _dt.date | str | None = None,
+    chat_date: _dt.date | str | None = None,
 ) -> list[Segment]:
     """Render a conversation in the Apertus format as labelled segments."""
     msgs = normalize(messages)
@@ -245,7 +245,7 @@ def segments(
         r.out.add(SYSTEM_START + msgs[0].text + SYSTEM_END, 0)
         msgs = msgs[1:]
     else:
-        r.out.add(SYSTEM_START + DEFAULT_SYSTEM.format(date=date_text(date)) + SYSTEM_END, None)
+        r.out.add(SYSTEM_START + DEFAULT_SYSTEM.format(date=date_text(chat_date)) + SYSTEM_END, None)
     r.out.add(developer_block(tools, enable_thinking), None)
     check_opening(msgs)
     for m in msgs:

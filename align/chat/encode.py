@@ -51,7 +51,7 @@ def check_tokenizer(tokenizer: Any, fmt: ChatFormat) -> None:
     if missing:
         raise ValueError(f"the tokenizer lacks the {fmt.name!r} tokens {missing}; they would be "
                          "split into pieces. Call align.chat.install_format(tokenizer, model, "
-                         f"format={fmt.name!r}) first")
+                         f"chat_format={fmt.name!r}) first")
 
 
 def tokenize(tokenizer: Any, text: str) -> tuple[list[int], list[tuple[int, int]]]:
@@ -130,11 +130,11 @@ def encode(
     tokenizer: Any,
     messages: Sequence[Mapping[str, Any]],
     *,
-    format: str = "apertus",
+    chat_format: str = "apertus",
     tools: Sequence[Any] | None = None,
     add_generation_prompt: bool = False,
     enable_thinking: bool = False,
-    date: _dt.date | str | None = None,
+    chat_date: _dt.date | str | None = None,
 ) -> EncodedChat:
     """Tokenize a conversation with its SFT loss mask and per-message token spans.
 
@@ -143,11 +143,11 @@ def encode(
     modules for the exact rule). The tokenizer must be fast and have the format's
     tokens (``install_format``).
     """
-    fmt = get_format(format)
+    fmt = get_format(chat_format)
     check_tokenizer(tokenizer, fmt)
-    segs = render_segments(messages, format=fmt.name, tools=tools,
+    segs = render_segments(messages, chat_format=fmt.name, tools=tools,
                            add_generation_prompt=add_generation_prompt,
-                           enable_thinking=enable_thinking, date=date)
+                           enable_thinking=enable_thinking, chat_date=chat_date)
     text = "".join(s.text for s in segs)
     ids, offsets = tokenize(tokenizer, text)
     _check_single_bos(ids, tokenizer, fmt)
@@ -164,10 +164,10 @@ def encode_completion(
     prompt_messages: Sequence[Mapping[str, Any]],
     completion: str,
     *,
-    format: str = "apertus",
+    chat_format: str = "apertus",
     tools: Sequence[Any] | None = None,
     enable_thinking: bool = False,
-    date: _dt.date | str | None = None,
+    chat_date: _dt.date | str | None = None,
     end_of_turn: bool = True,
 ) -> tuple[list[int], list[int]]:
     """Prompt ids and completion ids: the one tokenization of a (prompt, completion) pair.
@@ -179,7 +179,7 @@ def encode_completion(
     prompt's length, after checking that the prompt's own tokens are a prefix of it; if
     the tokenizer merges across the boundary the split would be wrong, so that raises.
     """
-    fmt = get_format(format)
+    fmt = get_format(chat_format)
     check_tokenizer(tokenizer, fmt)
     if not isinstance(completion, str):
         raise ValueError(f"completion must be a string, got {type(completion).__name__}")
@@ -190,8 +190,8 @@ def encode_completion(
         if token in completion:
             raise ValueError(f"completion contains the special token {token!r}, which would "
                              "be tokenized as format structure")
-    prompt = render(prompt_messages, format=fmt.name, tools=tools, add_generation_prompt=True,
-                    enable_thinking=enable_thinking, date=date)
+    prompt = render(prompt_messages, chat_format=fmt.name, tools=tools, add_generation_prompt=True,
+                    enable_thinking=enable_thinking, chat_date=chat_date)
     prompt_ids, _ = tokenize(tokenizer, prompt)
     full_ids, _ = tokenize(tokenizer, prompt + completion + (fmt.turn_end if end_of_turn else ""))
     _check_single_bos(full_ids, tokenizer, fmt)

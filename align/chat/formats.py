@@ -15,7 +15,7 @@ class ChatFormat:
     """One chat format.
 
     Attributes:
-        name: registry key (``render(..., format=name)``).
+        name: registry key (``render(..., chat_format=name)``).
         bos: text the rendered conversation starts with, or ``None`` (ChatML has none).
         eos: the model's end-of-turn token; ``install_format`` makes it the tokenizer's
             and the model's EOS.

@@ -68,9 +68,9 @@ def segments(
     tools: Sequence[Any] | None = None,
     add_generation_prompt: bool = False,
     enable_thinking: bool = False,
-    date: Any = None,
+    chat_date: Any = None,
 ) -> list[Segment]:
-    """Render a conversation in a header format (``date`` is unused: no default system text)."""
+    """Render a conversation in a header format (``chat_date`` is unused: no default system text)."""
     fmt = style.format
     msgs = normalize(messages)
     refuse_tools_and_thinking(tools, enable_thinking, msgs, fmt.name)

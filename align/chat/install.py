@@ -17,11 +17,11 @@ def _add_special(tokenizer: Any, tokens: list[str]) -> None:
                                      replace_extra_special_tokens=False)
 
 
-def install_format(tokenizer: Any, model: Any = None, format: str = "apertus") -> ChatFormat:
+def install_format(tokenizer: Any, model: Any = None, chat_format: str = "apertus") -> ChatFormat:
     """Prepare ``tokenizer`` (and ``model``) for a chat format, in place; returns the format.
 
     - adds the format's special tokens that are missing, as special tokens;
-    - sets the chat template (``chat_template(format)``);
+    - sets the chat template (``chat_template(chat_format)``);
     - sets EOS to the format's end-of-turn token (``<|assistant_end|>``, ``<|eot_id|>``,
       ``<|im_end|>``), since that is what generation must stop at;
     - ensures a pad token different from EOS (``<pad>``, added if needed), so padding is
@@ -33,7 +33,7 @@ def install_format(tokenizer: Any, model: Any = None, format: str = "apertus") -
     raises: the rendered text starts with the format's BOS, and silently training on
     another one would teach the wrong sequence start.
     """
-    fmt = get_format(format)
+    fmt = get_format(chat_format)
     if fmt.bos and tokenizer.bos_token not in (None, fmt.bos):
         raise ValueError(f"format {fmt.name!r} starts with BOS {fmt.bos!r} but the tokenizer's "
                          f"BOS is {tokenizer.bos_token!r}")

@@ -281,13 +281,13 @@ def plain_assistant_text(m: Message, format_name: str) -> str:
     """
     if m.tool_calls:
         raise message_error(m.index, m.role, f"tool calls cannot be rendered in format "
-                            f"{format_name!r}; use format='apertus'")
+                            f"{format_name!r}; use chat_format='apertus'")
     if m.blocks is None:
         return m.text or ""
     for k, b in enumerate(m.blocks):
         if b.type != "response":
             raise message_error(m.index, m.role, f"block {k} ({b.type}) cannot be rendered in "
-                                f"format {format_name!r}; use format='apertus'")
+                                f"format {format_name!r}; use chat_format='apertus'")
     return "".join(b.text for b in m.blocks)
 
 
@@ -297,11 +297,11 @@ def refuse_tools_and_thinking(
     """Formats without tools/thinking refuse them instead of ignoring them silently."""
     if tools:
         raise ValueError(f"format {format_name!r} has no tool declarations; use "
-                         "format='apertus' or pass tools=None")
+                         "chat_format='apertus' or pass tools=None")
     if enable_thinking:
-        raise ValueError(f"format {format_name!r} has no thinking mode; use format='apertus' "
+        raise ValueError(f"format {format_name!r} has no thinking mode; use chat_format='apertus' "
                          "or pass enable_thinking=False")
     for m in msgs:
         if m.role == "tool":
             raise message_error(m.index, m.role, f"tool messages cannot be rendered in format "
-                                f"{format_name!r}; use format='apertus'")
+                                f"{format_name!r}; use chat_format='apertus'")

@@ -21,35 +21,35 @@ _RENDERERS: dict[str, Callable[..., list[Segment]]] = {
 def render_segments(
     messages: Sequence[Mapping[str, Any]],
     *,
-    format: str = "apertus",
+    chat_format: str = "apertus",
     tools: Sequence[Any] | None = None,
     add_generation_prompt: bool = False,
     enable_thinking: bool = False,
-    date: _dt.date | str | None = None,
+    chat_date: _dt.date | str | None = None,
 ) -> list[Segment]:
     """The rendered conversation as labelled segments (text, message index, trained)."""
-    fmt = get_format(format)
+    fmt = get_format(chat_format)
     return _RENDERERS[fmt.name](
         messages,
         tools=tools,
         add_generation_prompt=add_generation_prompt,
         enable_thinking=enable_thinking,
-        date=date,
+        chat_date=chat_date,
     )
 
 
 def render(
     messages: Sequence[Mapping[str, Any]],
     *,
-    format: str = "apertus",
+    chat_format: str = "apertus",
     tools: Sequence[Any] | None = None,
     add_generation_prompt: bool = False,
     enable_thinking: bool = False,
-    date: _dt.date | str | None = None,
+    chat_date: _dt.date | str | None = None,
 ) -> str:
     """Render a conversation to text, starting with the format's BOS.
 
-    ``date`` (a ``datetime.date`` or a ``YYYY-MM-DD`` string; default today) only feeds the
+    ``chat_date`` (a ``datetime.date`` or a ``YYYY-MM-DD`` string; default today) only feeds the
     Apertus default system text, used when the conversation has no system message. Bad
     input raises ``ValueError`` naming the message index and the problem.
     """
@@ -57,10 +57,10 @@ def render(
         s.text
         for s in render_segments(
             messages,
-            format=format,
+            chat_format=chat_format,
             tools=tools,
             add_generation_prompt=add_generation_prompt,
             enable_thinking=enable_thinking,
-            date=date,
+            chat_date=chat_date,
         )
     )

@@ -10,7 +10,7 @@ Template variables beyond the standard ``messages``, ``tools``, ``add_generation
 
 - ``enable_thinking``: Apertus ``Deliberation: enabled``; an error in the other formats.
 - ``date_string``: the date in the Apertus default system text (``YYYY-MM-DD``). When it
-  is not passed the template uses today (``strftime_now``), as ``render(date=None)`` does.
+  is not passed the template uses today (``strftime_now``), as ``render(chat_date=None)`` does.
 
 The templates reject the structurally invalid input ``render`` rejects (unknown role,
 tool message outside an assistant turn, mixed content, unknown block type, calls to
@@ -326,6 +326,6 @@ _CHATML = _CONTENT_MACROS + _PLAIN_ASSISTANT_MACRO + r"""
 _TEMPLATES = {"apertus": _APERTUS, "llama3": _LLAMA3, "chatml": _CHATML}
 
 
-def chat_template(format: str = "apertus") -> str:
+def chat_template(chat_format: str = "apertus") -> str:
     """The jinja chat template of a format (see the module docstring for its variables)."""
-    return _TEMPLATES[get_format(format).name].strip()
+    return _TEMPLATES[get_format(chat_format).name].strip()

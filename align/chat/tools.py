@@ -207,9 +207,9 @@ def declaration(fn: Mapping[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def tool_declarations(tools: Sequence[Tool], format: str = "apertus") -> str:
+def tool_declarations(tools: Sequence[Tool], chat_format: str = "apertus") -> str:
     """Declarations of all tools, joined by newlines, as the developer block shows them."""
-    _require_tools(format)
+    _require_tools(chat_format)
     return "\n".join(declaration(s) for s in function_schemas(tools))
 
 
@@ -223,9 +223,9 @@ def format_calls(calls: Iterable[ToolCall]) -> str:
     return TOOLS_PREFIX + "[" + ", ".join(format_call(c) for c in calls) + "]" + TOOLS_SUFFIX
 
 
-def format_tool_calls(calls: Sequence[Mapping[str, Any]], format: str = "apertus") -> str:
+def format_tool_calls(calls: Sequence[Mapping[str, Any]], chat_format: str = "apertus") -> str:
     """Render ``[{"name", "arguments"}]`` as the model would generate them (inverse of parsing)."""
-    _require_tools(format)
+    _require_tools(chat_format)
     made = []
     for k, c in enumerate(calls):
         if not isinstance(c, Mapping):
@@ -234,10 +234,10 @@ def format_tool_calls(calls: Sequence[Mapping[str, Any]], format: str = "apertus
     return format_calls(made)
 
 
-def _require_tools(format: str) -> None:
-    fmt = get_format(format)
+def _require_tools(chat_format: str) -> None:
+    fmt = get_format(chat_format)
     if not fmt.supports_tools:
-        raise ValueError(f"format {fmt.name!r} has no tool rendering; use format='apertus' "
+        raise ValueError(f"format {fmt.name!r} has no tool rendering; use chat_format='apertus' "
                          "for tool declarations and tool calls")
 
 
@@ -263,14 +263,14 @@ def _parse_block(body: str, at: int) -> list[dict[str, Any]]:
     return calls
 
 
-def parse_tool_calls(text: str, format: str = "apertus") -> list[dict[str, Any]]:
+def parse_tool_calls(text: str, chat_format: str = "apertus") -> list[dict[str, Any]]:
     """Every tool call in generated assistant text, in order, as ``{"name", "arguments"}``.
 
     Text with no tool-call block gives ``[]``. A block without its closing marker, a
     closing marker without an opening one, or a body that is not a JSON list of
     ``{"name": {...}}`` objects raises ``ValueError`` saying which and where.
     """
-    _require_tools(format)
+    _require_tools(chat_format)
     calls: list[dict[str, Any]] = []
     pos = 0
     while True:

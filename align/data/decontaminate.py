@@ -97,21 +97,21 @@ def record_prompts(
     label = f"{source} row {index}"
     if not isinstance(record, Mapping):
         raise RecordError(label, "<record>", f"expected a mapping, got {type(record).__name__}")
-    if config.train_text_field is not None:
-        text = record.get(config.train_text_field)
+    if config.text_field is not None:
+        text = record.get(config.text_field)
         if not isinstance(text, str):
             problem = (
                 "missing"
-                if config.train_text_field not in record
+                if config.text_field not in record
                 else f"expected a string, got {type(text).__name__}"
             )
-            raise RecordError(label, config.train_text_field, problem)
+            raise RecordError(label, config.text_field, problem)
         return [TrainPrompt(index, None, text)]
     if not isinstance(record.get("id"), str) or not record["id"]:
         raise RecordError(
             label,
             "id",
-            "missing or not a non-empty string (or set train_text_field for raw prompts)",
+            "missing or not a non-empty string (or set text_field for raw prompts)",
         )
     label = f"{label} (id {record['id']!r})"
     messages = record.get("messages")
@@ -203,15 +203,15 @@ def match_texts(
 
 
 def decontaminate(
-    train_records: Any,
+    records: Any,
     benchmarks: Sequence[BenchmarkPrompts] | Mapping[str, Sequence[str]],
     config: MatchSettings | None = None,
     *,
-    source: str = "train_records",
+    source: str = "records",
 ) -> tuple[Any, list[dict[str, Any]], dict[str, Any]]:
     """Split training records into kept and removed against the benchmarks.
 
-    ``train_records`` is a list of dicts or a ``datasets.Dataset`` (then ``kept`` is a
+    ``records`` is a list of dicts or a ``datasets.Dataset`` (then ``kept`` is a
     Dataset too, via ``select``). ``benchmarks`` are loaded benchmarks or a
     ``{name: [prompt, ...]}`` mapping; ``config.benchmarks`` and paths are not used here.
     Each removed row is ``{"index", "id", "matches": [...], "record"}``, one match per
@@ -225,8 +225,8 @@ def decontaminate(
     index = NgramIndex(
         bench_ids, ngram=config.ngram, min_block=config.min_block, ratio=config.ratio
     )
-    prompts = training_prompts(train_records, source, config)
-    num_records = len(train_records)
+    prompts = training_prompts(records, source, config)
+    num_records = len(records)
     logger.info(
         "decontaminate: %d records, %d prompts vs %d benchmark prompts (%s); %d grams indexed; %d workers",
         num_records,
@@ -238,13 +238,13 @@ def decontaminate(
     )
     matches = match_texts([p.text for p in prompts], index, tokenize, config)
     lengths = [len(ids) for ids in bench_ids]
-    removed = removed_rows(train_records, prompts, matches, benches, lengths)
+    removed = removed_rows(records, prompts, matches, benches, lengths)
     drop = {row["index"] for row in removed}
     keep = [i for i in range(num_records) if i not in drop]
     kept = (
-        train_records.select(keep)
-        if _is_dataset(train_records)
-        else [train_records[i] for i in keep]
+        records.select(keep)
+        if _is_dataset(records)
+        else [records[i] for i in keep]
     )
     summary = summarize(benches, lengths, removed, prompts, num_records, config)
     summary["index_grams"] = len(index)

@@ -143,7 +143,7 @@ def _settings(config: MatchSettings) -> dict[str, Any]:
         "ratio": config.ratio,
         "tokenizer": tokenizer,
         "turns": config.turns,
-        "train_text_field": config.train_text_field,
+        "text_field": config.text_field,
     }
 
 

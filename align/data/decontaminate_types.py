@@ -41,9 +41,10 @@ class MatchSettings:
             strings (must be picklable when ``num_workers`` > 1).
 
     Training prompts:
-        train_text_field (str | None, default None): None reads the record schema
+        text_field (str | None, default None): None reads the record schema
             (``id`` + ``messages``, user turns checked); a column name reads raw prompts
-            from that string field instead.
+            from that string field instead (as each benchmark's ``text_field`` names its
+            prompt column).
         turns ("all" | "first", default "all"): in messages mode, check every user turn
             or only the first one. A record is removed if any checked turn matches.
 
@@ -54,7 +55,7 @@ class MatchSettings:
         examples_per_benchmark (int, default 5): removed examples kept in the summary.
     """
 
-    train_text_field: str | None = None
+    text_field: str | None = None
     turns: str = "all"
 
     ngram: int = 8
@@ -83,11 +84,11 @@ class MatchSettings:
             raise ValueError(
                 f"ratio: expected a number in (0, 1), got {self.ratio!r} (the paper uses 0.5)"
             )
-        if self.train_text_field is not None and not (
-            isinstance(self.train_text_field, str) and self.train_text_field
+        if self.text_field is not None and not (
+            isinstance(self.text_field, str) and self.text_field
         ):
             raise ValueError(
-                f"train_text_field: expected a column name or null, got {self.train_text_field!r}"
+                f"text_field: expected a column name or null, got {self.text_field!r}"
             )
         if not (isinstance(self.tokenizer, str) and self.tokenizer) and not callable(
             self.tokenizer

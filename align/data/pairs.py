@@ -70,12 +70,12 @@ def _bucket(quantile: float, low_cut: float) -> str:
 def _check_inputs(
     rewards: Sequence[float | None],
     quantiles: Sequence[float | None],
-    n_ref: int,
+    num_ref_rewards: int,
     low_threshold: float,
 ) -> None:
     """Rewards and quantiles line up, are real numbers, and are None together."""
-    if isinstance(n_ref, bool) or not isinstance(n_ref, int) or n_ref < 1:
-        raise ValueError(f"n_ref must be a positive int, got {n_ref!r}")
+    if isinstance(num_ref_rewards, bool) or not isinstance(num_ref_rewards, int) or num_ref_rewards < 1:
+        raise ValueError(f"num_ref_rewards must be a positive int, got {num_ref_rewards!r}")
     if not 0.0 <= low_threshold < 1.0:
         raise ValueError(f"low_threshold must be in [0, 1), got {low_threshold}")
     if len(rewards) != len(quantiles):
@@ -104,7 +104,7 @@ def select_pair(
     rewards: Sequence[float | None],
     quantiles: Sequence[float | None],
     *,
-    n_ref: int,
+    num_ref_rewards: int,
     rng: random.Random | None = None,
     seed: int | str | None = None,
     low_threshold: float = 0.2,
@@ -112,13 +112,13 @@ def select_pair(
     """Pick chosen and rejected completions of one prompt by docs/method.md, Pair selection (see module docstring).
 
     ``rewards``/``quantiles``: one per completion, None for a completion that could not be
-    scored (it is not a candidate). ``n_ref``: how many reference rewards the quantiles
+    scored (it is not a candidate). ``num_ref_rewards``: how many reference rewards the quantiles
     were computed against. Give exactly one of ``rng`` and ``seed``.
     """
     if (rng is None) == (seed is None):
         raise ValueError("pass exactly one of rng and seed (pair selection is seeded)")
     rng = rng if rng is not None else random.Random(seed)
-    _check_inputs(rewards, quantiles, n_ref, low_threshold)
+    _check_inputs(rewards, quantiles, num_ref_rewards, low_threshold)
     scored = [i for i, reward in enumerate(rewards) if reward is not None]
     if len(scored) < 2:
         return Skip(f"fewer than 2 scored completions ({len(scored)})")
@@ -126,7 +126,7 @@ def select_pair(
     if all(rewards[i] == lowest for i in scored):
         return Skip(f"all {len(scored)} scored completions have the same reward: no preference")
 
-    low_cut = max(low_threshold, 1.0 / n_ref)
+    low_cut = max(low_threshold, 1.0 / num_ref_rewards)
     by_bucket: dict[str, list[int]] = {"high": [], "middle": [], "low": []}
     for i in scored:
         by_bucket[_bucket(quantiles[i], low_cut)].append(i)
@@ -154,12 +154,12 @@ def _num_ref_dropped(record: Mapping[str, Any], rid: str) -> int:
 
 
 def _reference_rewards(
-    record: Mapping[str, Any], rid: str, n_ref: int | None
+    record: Mapping[str, Any], rid: str, num_ref_rewards: int | None
 ) -> tuple[list[float], int]:
     """The scored reference rewards of a record and how many references it has.
 
-    ``n_ref`` is the number of references drawn; a row whose sampling dropped some of them
-    (``overlong=drop``, counted in ``num_ref_dropped``) must hold ``n_ref - num_ref_dropped``.
+    ``num_ref_rewards`` is the number of references drawn; a row whose sampling dropped some of them
+    (``overlong=drop``, counted in ``num_ref_dropped``) must hold ``num_ref_rewards - num_ref_dropped``.
     """
     refs = [i for i, c in enumerate(record["completions"]) if c["is_reference"]]
     if not refs:
@@ -169,17 +169,17 @@ def _reference_rewards(
             "no completion has is_reference=True; quantile rewards need the reference samples",
         )
     dropped = _num_ref_dropped(record, rid)
-    if n_ref is not None:
-        if dropped > n_ref:
+    if num_ref_rewards is not None:
+        if dropped > num_ref_rewards:
             raise RecordError(
-                rid, "num_ref_dropped", f"is {dropped}, more than the n_ref={n_ref} references drawn"
+                rid, "num_ref_dropped", f"is {dropped}, more than the num_ref_rewards={num_ref_rewards} references drawn"
             )
-        if len(refs) != n_ref - dropped:
-            problem = f"{len(refs)} reference completions, expected n_ref={n_ref}"
+        if len(refs) != num_ref_rewards - dropped:
+            problem = f"{len(refs)} reference completions, expected num_ref_rewards={num_ref_rewards}"
             if dropped:
                 problem += (
                     f" minus num_ref_dropped={dropped} (removed by sampling with overlong=drop) "
-                    f"= {n_ref - dropped}"
+                    f"= {num_ref_rewards - dropped}"
                 )
             raise RecordError(rid, "completions", problem)
     scored = [float(record["rewards"][i]) for i in refs if record["rewards"][i] is not None]
@@ -202,7 +202,7 @@ def _pair_or_skip(
     *,
     seed: int | str,
     low_threshold: float,
-    n_ref: int | None,
+    num_ref_rewards: int | None,
     min_ref_rewards: int | None,
     truncated: str = "exclude",
     num_pairs_per_prompt: int = 1,
@@ -212,7 +212,7 @@ def _pair_or_skip(
     if dropped and not any(c["is_reference"] for c in record["completions"]):
         return [{"id": rid, "reason": f"all {dropped} reference samples were dropped as overlong "
                  "(sampling overlong=drop, num_ref_dropped)"}]
-    ref_rewards, num_refs = _reference_rewards(record, rid, n_ref)
+    ref_rewards, num_refs = _reference_rewards(record, rid, num_ref_rewards)
     needed = num_refs if min_ref_rewards is None else min_ref_rewards
     if len(ref_rewards) < max(needed, 1):
         return [{
@@ -237,7 +237,7 @@ def _pair_or_skip(
         choice = select_pair(
             [None if i in off else r for i, r in enumerate(rewards)],
             [None if i in off else q for i, q in enumerate(quantiles)],
-            n_ref=len(ref_rewards),
+            num_ref_rewards=len(ref_rewards),
             rng=rng,
             low_threshold=low_threshold,
         )
@@ -275,7 +275,7 @@ def make_pairs(
     *,
     seed: int | str,
     low_threshold: float = 0.2,
-    n_ref: int | None = None,
+    num_ref_rewards: int | None = None,
     min_ref_rewards: int | None = None,
     truncated: str = "exclude",
     num_pairs_per_prompt: int = 1,
@@ -283,14 +283,14 @@ def make_pairs(
     """Pair rows (``records.PAIR_FIELDS``) and skip rows ``{"id", "reason"}`` for prompt records.
 
     Quantiles are taken against the rewards of the ``is_reference`` completions; every
-    scored completion (reference or offline) is a candidate. ``n_ref``: if set, each record
+    scored completion (reference or offline) is a candidate. ``num_ref_rewards``: if set, each record
     must have exactly that many references. ``min_ref_rewards``: how many of them must be
     scored (default: all), else the record is skipped with the reason. Each record draws
     from its own RNG seeded by (seed, id), so the result does not depend on record order or
     sharding. A malformed record raises ``RecordError`` naming the record and the field.
 
-    ``n_ref`` counts the references drawn: a record whose sampling dropped overlong
-    references (``num_ref_dropped``) must hold ``n_ref - num_ref_dropped`` of them.
+    ``num_ref_rewards`` counts the references drawn: a record whose sampling dropped overlong
+    references (``num_ref_dropped``) must hold ``num_ref_rewards - num_ref_dropped`` of them.
     ``truncated``: what to do with completions cut at the token budget (``finish_reason``
     "length"): ``"exclude"`` (default) never picks them as chosen or rejected, though their
     rewards still count as references for the quantiles; ``"train_without_end"`` lets them
@@ -331,7 +331,7 @@ def make_pairs(
             rid,
             seed=seed,
             low_threshold=low_threshold,
-            n_ref=n_ref,
+            num_ref_rewards=num_ref_rewards,
             min_ref_rewards=min_ref_rewards,
             truncated=truncated,
             num_pairs_per_prompt=num_pairs_per_prompt,

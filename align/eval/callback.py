@@ -41,7 +41,7 @@ class GenerationEvalCallback(TrainerCallback):
             judge pointwise).
         tokenizer: the policy's tokenizer (with its chat format).
         eval_steps: evaluate every this many optimizer steps (and at the end).
-        chat_format / date: how prompts are rendered (pin ``date`` as the trainer does).
+        chat_format / chat_date: how prompts are rendered (pin ``chat_date`` as the trainer does).
         temperature: 0 for greedy completions (default), else sampled, seeded per prompt.
         max_tokens / batch_size: generation budget and prompts per ``generate`` call.
         prefix: the metric names' prefix.
@@ -55,7 +55,7 @@ class GenerationEvalCallback(TrainerCallback):
         *,
         eval_steps: int,
         chat_format: str = "apertus",
-        date: str | None = None,
+        chat_date: str | None = None,
         temperature: float = 0.0,
         max_tokens: int = 64,
         batch_size: int = 16,
@@ -71,7 +71,7 @@ class GenerationEvalCallback(TrainerCallback):
         self.prompts = [dict(p) for p in prompts]
         check_prompts(self.prompts, "evaluation prompts", getattr(provider, "reference_field", None))
         self.provider, self.tokenizer = provider, tokenizer
-        self.eval_steps, self.chat_format, self.date = eval_steps, chat_format, date
+        self.eval_steps, self.chat_format, self.chat_date = eval_steps, chat_format, chat_date
         self.temperature, self.max_tokens, self.batch_size = temperature, max_tokens, batch_size
         self.seed, self.prefix = seed, prefix
         self.trainer: Any = None
@@ -98,7 +98,7 @@ class GenerationEvalCallback(TrainerCallback):
         results: list[tuple[str, float | None, int]] = []
         with unwrap_model_for_generation(self.trainer.model_wrapped, accelerator) as model:
             was_training = model.training
-            sampler = TransformersSampler(model, self.tokenizer, chat_format=self.chat_format, date=self.date,
+            sampler = TransformersSampler(model, self.tokenizer, chat_format=self.chat_format, chat_date=self.chat_date,
                                           batch_size=self.batch_size)
             try:
                 for start in range(0, len(mine), self.batch_size):

@@ -118,13 +118,13 @@ class PromptEncoder:
         tokenizer: Any,
         chat_format: str = "apertus",
         *,
-        date: _dt.date | str | None = None,
+        chat_date: _dt.date | str | None = None,
         enable_thinking: bool = False,
         stop_tokens: Sequence[str] | None = None,
         extra_stop_ids: Sequence[int] = (),
     ):
         self.tokenizer, self.chat_format = tokenizer, chat_format
-        self.date, self.enable_thinking = date, enable_thinking
+        self.chat_date, self.enable_thinking = chat_date, enable_thinking
         if chat_format == "tokenizer":
             if not getattr(tokenizer, "chat_template", None):
                 name = getattr(tokenizer, "name_or_path", "") or "the model"
@@ -158,8 +158,8 @@ class PromptEncoder:
         from align.chat import render
 
         return render(
-            conversation, format=self.chat_format, tools=tools, add_generation_prompt=True,
-            enable_thinking=self.enable_thinking, date=self.date,
+            conversation, chat_format=self.chat_format, tools=tools, add_generation_prompt=True,
+            enable_thinking=self.enable_thinking, chat_date=self.chat_date,
         )
 
     def prompt_ids(self, conversation: Conversation, tools: Sequence[Any] | None = None) -> list[int]:

@@ -21,17 +21,21 @@ class SamplerConfig:
         chat_format: `align.chat` format ("apertus", "llama3", "chatml"), or "tokenizer"
             for the tokenizer's own chat template (offline models keep their own).
         max_model_len: context length, prompt + completion; default the model's.
-        date: the date shown in the Apertus default system text (when a prompt has no
+        chat_date: the date shown in the Apertus default system text (when a prompt has no
             system message); pin it ("2025-09-01") for reproducible prompts. Default today.
+            The same key as the trainers' and the log-prob pass's ``chat_date`` (a pipeline's
+            ``defaults: {chat_date: ...}`` sets it here too).
         enable_thinking: render "Deliberation: enabled" in the developer block.
+        dtype: the model's weights dtype, honoured by the backend that loads the model
+            ("auto": the dtype in the model's config; "float32", "bfloat16", "float16").
+            The openai backend loads no model and ignores it.
     transformers backend:
         batch_size: conversations per `generate` call (each expands to n rows).
-        dtype / device: for loading the model ("float32", "bfloat16"; "cpu", "cuda").
+        device: where the model is loaded ("cpu", "cuda"; default: transformers' choice).
     vLLM backend:
         tensor_parallel_size: GPUs per engine (8B: 1, 70B: 4-8).
         enable_prefix_caching: reuse KV of shared prefixes (the n samples of a prompt).
         gpu_memory_utilization: fraction of GPU memory vLLM may take.
-        vllm_dtype: weights dtype ("auto", "bfloat16").
         engine_kwargs: further `vllm.LLM` arguments (e.g. {"enforce_eager": true}).
     openai backend (`vllm serve MODEL` on an inference node):
         base_url: the server's API root (http://node17:8000/v1); ``model`` is the served
@@ -46,15 +50,14 @@ class SamplerConfig:
     tokenizer: str | None = None
     chat_format: str = "apertus"
     max_model_len: int | None = None
-    date: str | None = None
+    chat_date: str | None = None
     enable_thinking: bool = False
+    dtype: str | None = "auto"
     batch_size: int = 8
-    dtype: str | None = None
     device: str | None = None
     tensor_parallel_size: int = 1
     enable_prefix_caching: bool = True
     gpu_memory_utilization: float = 0.9
-    vllm_dtype: str = "auto"
     engine_kwargs: dict[str, Any] = field(default_factory=dict)
     base_url: str | None = None
     api_key_env: str | None = None
@@ -66,6 +69,9 @@ class SamplerConfig:
         if self.backend == "openai" and not self.base_url:
             raise ValueError("base_url: the openai backend needs the server's URL (http://host:8000/v1)")
         check_api_key_env(self.api_key_env)
+        if "dtype" in self.engine_kwargs:
+            raise ValueError("engine_kwargs.dtype: set the dtype key instead (one dtype for every backend; "
+                             "docs/settings.md)")
         if self.batch_size < 1:
             raise ValueError(f"batch_size: must be >= 1, got {self.batch_size}")
         if self.tensor_parallel_size < 1:
@@ -90,15 +96,15 @@ def build_sampler(config: SamplerConfig) -> Sampler:
             tokenizer = AutoTokenizer.from_pretrained(config.tokenizer)
         return TransformersSampler(
             config.model, tokenizer, chat_format=config.chat_format, batch_size=config.batch_size,
-            max_model_len=config.max_model_len, dtype=config.dtype, device=config.device,
-            date=config.date, enable_thinking=config.enable_thinking,
+            max_model_len=config.max_model_len, dtype=config.dtype or "auto", device=config.device,
+            chat_date=config.chat_date, enable_thinking=config.enable_thinking,
         )
     if config.backend == "openai":
         from align.sampling.openai_backend import OpenAISampler
 
         return OpenAISampler(
             config.base_url, config.model, config.tokenizer or config.model, chat_format=config.chat_format,
-            date=config.date, enable_thinking=config.enable_thinking, max_model_len=config.max_model_len,
+            chat_date=config.chat_date, enable_thinking=config.enable_thinking, max_model_len=config.max_model_len,
             api_key_env=config.api_key_env, concurrency=config.concurrency,
         )
     from align.sampling.vllm_backend import VLLMSampler
@@ -108,6 +114,6 @@ def build_sampler(config: SamplerConfig) -> Sampler:
         tensor_parallel_size=config.tensor_parallel_size,
         enable_prefix_caching=config.enable_prefix_caching,
         gpu_memory_utilization=config.gpu_memory_utilization, max_model_len=config.max_model_len,
-        dtype=config.vllm_dtype, date=config.date, enable_thinking=config.enable_thinking,
+        dtype=config.dtype or "auto", chat_date=config.chat_date, enable_thinking=config.enable_thinking,
         engine_kwargs=config.engine_kwargs,
     )

@@ -69,8 +69,8 @@ class TransformersSampler(Sampler):
             chat template.
         batch_size: conversations per `generate` call (each expands to ``n`` rows).
         max_model_len: context length (default: the model's max_position_embeddings).
-        dtype / device: used when loading from a path.
-        date / enable_thinking: passed to `align.chat.render`. Pin ``date`` for
+        dtype / device: used when loading from a path (dtype None or "auto": the model's own).
+        chat_date / enable_thinking: passed to `align.chat.render`. Pin ``chat_date`` for
             reproducible prompts: without a system message the Apertus default system
             text shows today's date.
         stop_tokens: tokens that end a completion (default: the format's stop tokens);
@@ -89,7 +89,7 @@ class TransformersSampler(Sampler):
         max_model_len: int | None = None,
         dtype: str | torch.dtype | None = None,
         device: str | None = None,
-        date: _dt.date | str | None = None,
+        chat_date: _dt.date | str | None = None,
         enable_thinking: bool = False,
         stop_tokens: Sequence[str] | None = None,
         model_name: str | None = None,
@@ -112,7 +112,7 @@ class TransformersSampler(Sampler):
         self.batch_size = batch_size
         self._max_model_len = max_model_len or model.config.max_position_embeddings
         self.encoder = PromptEncoder(
-            tokenizer, chat_format, date=date, enable_thinking=enable_thinking,
+            tokenizer, chat_format, chat_date=chat_date, enable_thinking=enable_thinking,
             stop_tokens=stop_tokens, extra_stop_ids=_model_eos_ids(model),
         )
 

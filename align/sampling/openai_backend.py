@@ -37,7 +37,7 @@ class OpenAISampler(Sampler):
         model: the served model name (``--served-model-name``, else the path it was
             started with).
         tokenizer: the served model's tokenizer (object or path), to render prompts.
-        chat_format / date / enable_thinking / stop_tokens: as for `VLLMSampler`.
+        chat_format / chat_date / enable_thinking / stop_tokens: as for `VLLMSampler`.
         api_key: sent as a bearer token (``vllm serve --api-key``); default from the
             environment: the variable ``api_key_env`` names, else ``$OPENAI_API_KEY``.
         max_model_len: context length (default: asked from the server's ``/models``).
@@ -55,7 +55,7 @@ class OpenAISampler(Sampler):
         tokenizer: Any,
         *,
         chat_format: str = "apertus",
-        date: _dt.date | str | None = None,
+        chat_date: _dt.date | str | None = None,
         enable_thinking: bool = False,
         stop_tokens: Sequence[str] | None = None,
         api_key: str | None = None,
@@ -74,7 +74,7 @@ class OpenAISampler(Sampler):
         self.model, self.api_key = model, api_key if api_key is not None else api_key_from_env(api_key_env)
         self.model_name = model_name or model
         self.tokenizer = tokenizer
-        self.encoder = PromptEncoder(tokenizer, chat_format, date=date, enable_thinking=enable_thinking,
+        self.encoder = PromptEncoder(tokenizer, chat_format, chat_date=chat_date, enable_thinking=enable_thinking,
                                      stop_tokens=stop_tokens)
         self.concurrency, self.timeout_s, self.max_retries = max(1, concurrency), timeout_s, max_retries
         self._max_model_len = max_model_len

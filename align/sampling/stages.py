@@ -79,7 +79,7 @@ def _keep(completions: list[Completion], overlong: Overlong) -> tuple[list[Compl
 
 
 def sample_references(
-    records: Sequence[Mapping[str, Any]] | Any,
+    prompts: Sequence[Mapping[str, Any]] | Any,
     sampler: Sampler,
     *,
     output_dir: str | Path,
@@ -99,7 +99,7 @@ def sample_references(
     sampling parameters. Returns counts over the output written so far (all shards).
     """
     _check_overlong(overlong)
-    validate_all(records, validate_prompt)
+    validate_all(prompts, validate_prompt)
 
     def process(batch: list[dict]) -> list[dict]:
         skips = {r["id"]: _fits(sampler, r, r["messages"]) for r in batch}
@@ -129,7 +129,7 @@ def sample_references(
         "top_p": top_p, "max_tokens": max_tokens, "seed": seed, "overlong": overlong,
     }
     run_job(
-        records, process, output_dir, shard_index=shard_index, num_shards=num_shards,
+        prompts, process, output_dir, shard_index=shard_index, num_shards=num_shards,
         batch_size=batch_size, sort_key=_prompt_chars, desc="reference completions",
         fingerprint=fingerprint,
     )
@@ -195,7 +195,7 @@ def offline_variants(
 
 
 def sample_offline(
-    records: Sequence[Mapping[str, Any]] | Any,
+    prompts: Sequence[Mapping[str, Any]] | Any,
     sampler: Sampler,
     *,
     output_dir: str | Path,
@@ -222,13 +222,13 @@ def sample_offline(
     Run it once per offline model, each into its own ``output_dir``.
     """
     _check_overlong(overlong)
-    validate_all(records, validate_prompt)
+    validate_all(prompts, validate_prompt)
     if on_unclassified not in UNCLASSIFIED:
         raise ValueError(f"on_unclassified={on_unclassified!r}: choose one of {list(UNCLASSIFIED)}")
     options = {"seed": seed, "controversial_field": controversial_field, "personas": personas,
                "default_prompt": default_prompt, "charter_persona": charter_persona,
                "on_unclassified": on_unclassified}
-    for record in records:  # bad flags fail now, not hours into the job
+    for record in prompts:  # bad flags fail now, not hours into the job
         _controversial(record, controversial_field, on_unclassified)
 
     def process(batch: list[dict]) -> list[dict]:
@@ -269,7 +269,7 @@ def sample_offline(
         "charter_persona": charter_persona, "num_personas": len(personas), "on_unclassified": on_unclassified,
     }
     run_job(
-        records, process, output_dir, shard_index=shard_index, num_shards=num_shards,
+        prompts, process, output_dir, shard_index=shard_index, num_shards=num_shards,
         batch_size=batch_size, sort_key=_prompt_chars, desc="offline completions",
         fingerprint=fingerprint,
     )

@@ -35,7 +35,7 @@ class VLLMSampler(Sampler):
             prompts, the n samples of one prompt).
         max_model_len: context length (default: the model's; it cannot exceed the model's
             max_position_embeddings).
-        date / enable_thinking / stop_tokens: as for `TransformersSampler`.
+        chat_date / enable_thinking / stop_tokens: as for `TransformersSampler`.
         engine_kwargs: any further `vllm.LLM` argument (e.g. ``enforce_eager``).
     """
 
@@ -52,7 +52,7 @@ class VLLMSampler(Sampler):
         gpu_memory_utilization: float = 0.9,
         max_model_len: int | None = None,
         dtype: str = "auto",
-        date: _dt.date | str | None = None,
+        chat_date: _dt.date | str | None = None,
         enable_thinking: bool = False,
         stop_tokens: Sequence[str] | None = None,
         use_tqdm: bool = False,
@@ -82,7 +82,7 @@ class VLLMSampler(Sampler):
         self.use_tqdm = use_tqdm
         self.tokenizer = AutoTokenizer.from_pretrained(str(tokenizer or model))
         self.encoder = PromptEncoder(
-            self.tokenizer, chat_format, date=date, enable_thinking=enable_thinking,
+            self.tokenizer, chat_format, chat_date=chat_date, enable_thinking=enable_thinking,
             stop_tokens=stop_tokens, extra_stop_ids=_generation_eos_ids(str(model), GenerationConfig),
         )
 

@@ -98,8 +98,8 @@ def encode_record(
                               "the trainer to score it without an end-of-turn token")
         try:
             prompt_ids, completion_ids = encode_completion(
-                tokenizer, record["messages"], record[name], format=chat_format,
-                tools=record.get("tools"), enable_thinking=enable_thinking, date=chat_date,
+                tokenizer, record["messages"], record[name], chat_format=chat_format,
+                tools=record.get("tools"), enable_thinking=enable_thinking, chat_date=chat_date,
                 end_of_turn=not cut,
             )
         except RecordError:

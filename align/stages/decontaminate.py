@@ -71,9 +71,10 @@ class DecontaminationConfig(MatchSettings):
     """Settings of ``align decontaminate``; this docstring (with ``MatchSettings``'s) is its manual.
 
     Data:
-        train_path (str | None): training set, ``.jsonl``/``.parquet`` or a
-            ``load_dataset`` source.
-        train_split (str, default "train"): split for ``load_dataset`` sources.
+        input (str | None): the training set to filter, ``.jsonl``/``.parquet`` or a
+            ``load_dataset`` source (described like each benchmark: ``input``, ``split``,
+            ``text_field``).
+        split (str, default "train"): the input's split for ``load_dataset`` sources.
         benchmarks (list[BenchmarkSpec | dict]): the benchmarks, each with a unique name.
         output_dir (str | None): where ``kept.jsonl``, ``removed.jsonl`` and
             ``summary.json`` are written.
@@ -81,8 +82,8 @@ class DecontaminationConfig(MatchSettings):
             settings or inputs (removes only what this stage wrote there).
     """
 
-    train_path: str | None = None
-    train_split: str = "train"
+    input: str | None = None
+    split: str = "train"
     benchmarks: list[BenchmarkSpec] = field(default_factory=list)
     output_dir: str | None = None
     overwrite: bool = False
@@ -96,7 +97,7 @@ class DecontaminationConfig(MatchSettings):
 
     def check_file_run(self) -> None:
         """Check the fields that only the file-based run needs."""
-        missing = [k for k in ("train_path", "output_dir") if not getattr(self, k)]
+        missing = [k for k in ("input", "output_dir") if not getattr(self, k)]
         if missing:
             raise ValueError(f"decontaminate: {', '.join(missing)} must be set to run on files")
         if not self.benchmarks:
@@ -202,9 +203,9 @@ def decontaminate_files(config: DecontaminationConfig) -> dict[str, Any]:
     """
     config.check_file_run()
     benches = [load_benchmark(spec) for spec in config.benchmarks]
-    train = read_rows(config.train_path, split=config.train_split)
-    kept, removed, summary = decontaminate(train, benches, config, source=config.train_path)
-    summary["train"]["source"] = config.train_path
+    train = read_rows(config.input, split=config.split)
+    kept, removed, summary = decontaminate(train, benches, config, source=config.input)
+    summary["train"]["source"] = config.input
     out = Path(config.output_dir)
     write_jsonl(out / "kept.jsonl", kept, default=str)
     write_jsonl(out / "removed.jsonl", removed, default=str)

@@ -148,7 +148,7 @@ def greedy_accuracy(model, tokenizer, records: list[dict], *, max_tokens: int = 
     try:
         for start in range(0, len(records), batch_size):
             batch = records[start : start + batch_size]
-            prompts = [render(r["messages"], add_generation_prompt=True, date=DATE) for r in batch]
+            prompts = [render(r["messages"], add_generation_prompt=True, chat_date=DATE) for r in batch]
             enc = tokenizer(prompts, return_tensors="pt", padding=True, add_special_tokens=False)
             with torch.no_grad():
                 out = model.generate(
@@ -191,7 +191,7 @@ def _run_judge(config: Config, records: list[dict], out: Path) -> dict[str, Any]
 
     tokenizer = build_tokenizer()
     model = build_causal_lm(tokenizer, seed=config.seed, max_position_embeddings=8192)
-    install_format(tokenizer, model, format="apertus")
+    install_format(tokenizer, model, chat_format="apertus")
     judge = ConstitutionalJudge(TransformersJudgeBackend(model, tokenizer, show_progress=False), top_k_pairwise=3)
     sample = records[: config.judge_prompts]
     groups = judge.score_groups(
@@ -262,10 +262,10 @@ def run(config: Config) -> dict[str, Any]:
         out.mkdir(parents=True, exist_ok=True)
         write_json(out / DEMO_MANIFEST, {"written_by": "align demo", "outputs": list(RUN_OUTPUTS),
                                          "settings": to_dict(config)})
-        texts = [render(r["messages"], tools=r.get("tools"), date=DATE) for r in splits["sft"][:4000]]
+        texts = [render(r["messages"], tools=r.get("tools"), chat_date=DATE) for r in splits["sft"][:4000]]
         tokenizer = build_demo_tokenizer(texts)
         model = build_demo_model(tokenizer, seed=config.seed)
-        install_format(tokenizer, model, format="apertus")
+        install_format(tokenizer, model, chat_format="apertus")
         write_jsonl(out / "data" / "sft.jsonl", splits["sft"])
         write_jsonl(out / "data" / "prompts.jsonl", splits["prompts"])
         write_jsonl(out / "data" / "held_out.jsonl", splits["held_out"])
@@ -291,7 +291,7 @@ def run(config: Config) -> dict[str, Any]:
                         callbacks=[_sft_stopper(tokenizer, splits["validation"], config, sft_history)])
         sft_model = sft.model.eval()
 
-    sampler = TransformersSampler(sft_model, tokenizer, chat_format="apertus", batch_size=256, date=DATE,
+    sampler = TransformersSampler(sft_model, tokenizer, chat_format="apertus", batch_size=256, chat_date=DATE,
                                   model_name="demo-sft")
     with timer("sample references"):
         sample_references(splits["prompts"], sampler, output_dir=out / "sample", n=config.n, max_tokens=config.max_tokens,
@@ -306,7 +306,7 @@ def run(config: Config) -> dict[str, Any]:
         judge_summary = _run_judge(config, annotated, out)
 
     with timer("pairs"):
-        pairs, skips = make_pairs(annotated, seed=config.seed, n_ref=config.n)
+        pairs, skips = make_pairs(annotated, seed=config.seed, num_ref_rewards=config.n)
         pairs = _encodable(pairs, tokenizer, skips)
         write_jsonl(out / "pairs" / "pairs.jsonl", pairs)
         write_jsonl(out / "pairs" / "skipped.jsonl", skips)
@@ -318,14 +318,14 @@ def run(config: Config) -> dict[str, Any]:
             )
 
     with timer("reference log-probs"):
-        compute_ref_logprobs(pairs, sft_model, tokenizer, format="apertus", batch_size=128, max_length=128,
+        compute_ref_logprobs(pairs, sft_model, tokenizer, chat_format="apertus", batch_size=128, max_length=128,
                              output_dir=out / "logprobs", chat_date=DATE)
         train_rows = load_ref_logprobs(out / "logprobs", pairs)
 
     # The held-out reward of greedy answers on the validation prompts, during training.
     def watcher() -> GenerationEvalCallback:
         return GenerationEvalCallback(splits["validation"], VerifiableReward(), tokenizer,
-                                      eval_steps=config.watch_every, date=DATE, max_tokens=config.max_tokens, batch_size=256)
+                                      eval_steps=config.watch_every, chat_date=DATE, max_tokens=config.max_tokens, batch_size=256)
 
     trained = {}
     for loss_type, overrides in (
@@ -341,7 +341,7 @@ def run(config: Config) -> dict[str, Any]:
     with timer("evaluate (align.evaluate)"):
         policies = [EvalPolicy("sft", sampler=sampler)] + [
             EvalPolicy(name, sampler=TransformersSampler(trainer.model.eval(), tokenizer, chat_format="apertus",
-                                                         batch_size=256, date=DATE, model_name=f"demo-{name}"))
+                                                         batch_size=256, chat_date=DATE, model_name=f"demo-{name}"))
             for name, (trainer, _) in trained.items()]
         evaluation = evaluate(
             splits["held_out"], policies, VerifiableReward(), out / "evaluate", baseline="sft",

@@ -29,7 +29,7 @@ from rewards.config import GeneratorConfig, JudgeModelConfig, build_generator, b
 
 def _degrader_generator() -> GeneratorConfig:
     """The LLM degrader's generation defaults: a whole rewritten response fits (1,024 tokens), greedy."""
-    return GeneratorConfig(max_new_tokens=1024)
+    return GeneratorConfig(max_tokens=1024)
 
 
 @dataclass
@@ -49,7 +49,7 @@ class Config(JudgeModelConfig):
     degrader_template: str = field(default="degrade", metadata={
         "help": "llm degrader: prompt template (name in charter/ or a file)"})
     generator: GeneratorConfig = field(default_factory=_degrader_generator, metadata={
-        "help": "llm degrader: the generation model that rewrites (model, backend, max_new_tokens, temperature, ...)"})
+        "help": "llm degrader: the generation model that rewrites (model, backend, max_tokens, temperature, ...)"})
     steps: int = field(default=4, metadata={"help": "flaws per ladder (each step adds one new flaw)"})
     kinds: list[str] = field(default_factory=list, metadata={
         "help": "flaw kinds to draw from (empty: every kind the degrader can imitate)"})

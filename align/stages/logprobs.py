@@ -47,7 +47,7 @@ class LogprobsConfig:
     """Settings of ``align logprobs`` (the field names match ``PreferenceConfig``'s data fields).
 
     model_name_or_path: the reference policy π_ref (the SFT checkpoint).
-    dataset: pair rows (JSONL/JSON/Parquet file, or a job output directory).
+    input: pair rows (JSONL/JSON/Parquet file, or a job output directory).
     output_dir: where the rows with reference columns go; ``None``: under ``cache_dir``,
         named by the cache key, so a second run with the same inputs reuses it.
     cache_dir: root of keyed outputs when ``output_dir`` is None.
@@ -67,7 +67,7 @@ class LogprobsConfig:
     """
 
     model_name_or_path: str
-    dataset: str
+    input: str
     output_dir: str | None = None
     cache_dir: str | None = None
     chat_format: str = "apertus"
@@ -100,8 +100,8 @@ Config = LogprobsConfig
 
 def run(config: Config) -> dict:
     """Compute (or reuse) reference log-probs; mark the output complete when all rows are in."""
-    check_input_exists(config.dataset, "logprobs", "dataset")
-    check_stage_input(config.dataset, "logprobs", "dataset")
+    check_input_exists(config.input, "logprobs", "input")
+    check_stage_input(config.input, "logprobs", "input")
     begun = None
     if config.output_dir is not None:
         check_output_dir(config.output_dir, "logprobs")
@@ -109,12 +109,12 @@ def run(config: Config) -> dict:
         if begun.skip:
             return {}
     check_model_path(config.model_name_or_path, "logprobs", "model_name_or_path")
-    records = read_records(config.dataset)
+    records = read_records(config.input)
     if not records:
-        raise ValueError(f"logprobs: dataset={config.dataset!r} holds no rows (a directory is read as job "
+        raise ValueError(f"logprobs: input={config.input!r} holds no rows (a directory is read as job "
                          "shards, shard-*.jsonl; for the pairs stage's output name the file: .../pairs.jsonl)")
     if begun is not None:
-        start(begun, {"dataset": records})
+        start(begun, {"input": records})
     output_dir = run_pass(config)
     missing = missing_ids(output_dir, records)
     if missing:  # another shard (SLURM array task) has not finished yet
@@ -150,12 +150,12 @@ def run_pass(config: LogprobsConfig) -> Path:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     shard_index, num_shards = shard_from_env()
-    records = read_records(config.dataset)
+    records = read_records(config.input)
     tokenizer = AutoTokenizer.from_pretrained(config.model_name_or_path)
     if config.chat_date is None:
         logger.warning("chat_date is None (today's date): pin it so the trainer renders the same prompts")
     fields = cache_fields_for(
-        records, config.model_name_or_path, tokenizer, format=config.chat_format, max_length=config.max_length,
+        records, config.model_name_or_path, tokenizer, chat_format=config.chat_format, max_length=config.max_length,
         enable_thinking=config.enable_thinking, chat_date=config.chat_date, dtype=config.dtype,
         model_fingerprint=weights_fingerprint(config.model_name_or_path))
     key = ref_cache_key(fields)
@@ -168,7 +168,7 @@ def run_pass(config: LogprobsConfig) -> Path:
             **({"attn_implementation": config.attn_implementation} if config.attn_implementation else {}),
         ).to(_device(config))
         compute_ref_logprobs(
-            records, model, tokenizer, format=config.chat_format, batch_size=config.batch_size,
+            records, model, tokenizer, chat_format=config.chat_format, batch_size=config.batch_size,
             max_length=config.max_length, output_dir=output_dir, enable_thinking=config.enable_thinking,
             chat_date=config.chat_date, shard_index=shard_index, num_shards=num_shards,
             padding_free=config.padding_free, max_row_tokens=config.max_row_tokens, cache_fields=fields,

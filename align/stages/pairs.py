@@ -56,7 +56,7 @@ def run(config: Config) -> dict:
     records = read_input(config.input, "pairs", "input")
     start(begun, {"input": records})
     pairs, skips = make_pairs(
-        records, seed=config.seed, low_threshold=config.low_threshold, n_ref=config.num_ref_rewards,
+        records, seed=config.seed, low_threshold=config.low_threshold, num_ref_rewards=config.num_ref_rewards,
         truncated=config.truncated, num_pairs_per_prompt=config.num_pairs_per_prompt,
     )
     out = Path(config.output_dir)

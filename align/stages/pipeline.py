@@ -2,8 +2,11 @@
 
 A pipeline recipe has one section per stage (``sft``, ``sample``, ``annotate``,
 ``pairs``, ``logprobs``, ``train``, ``evaluate``; ``decontaminate`` optional) and an optional
-``defaults`` section merged under each of them (each stage takes the default keys it
-knows; a default key that no stage knows is an error). Sections that are absent are not run.
+``defaults`` section merged under each of them: a default key reaches every stage that has
+the key and every nested component config that has it (``defaults: {chat_date: ...}`` sets
+``sft.chat_date``, ``logprobs.chat_date``, ``train.chat_date``, ``sample.sampler.chat_date``
+and ``evaluate.sampler.chat_date``); a key given in a section wins over the default there,
+and a default key that no stage knows is an error. Sections that are absent are not run.
 Each stage marks its output complete only when it has finished, and the long stages
 resume inside themselves (job shards, trainer checkpoints), so a killed pipeline rerun
 with the same command picks up where it stopped and redoes nothing that finished.
@@ -21,11 +24,10 @@ Example: ``align pipeline recipes/tiny/pipeline.yaml``. One stage of the same re
 
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
-from align.config import ConfigError, from_dict, merge
+from align.config import ConfigError, apply_defaults, default_keys, from_dict, renamed_key_hint
 from align.stages import stage_module
 
 ORDER = ("decontaminate", "sft", "sample", "annotate", "pairs", "logprobs", "train", "evaluate")
@@ -33,7 +35,8 @@ ORDER = ("decontaminate", "sft", "sample", "annotate", "pairs", "logprobs", "tra
 
 @dataclass
 class Config:
-    defaults: dict = field(default_factory=dict, metadata={"help": "keys merged under every stage section"})
+    defaults: dict = field(default_factory=dict, metadata={
+        "help": "keys merged under every stage section and its nested sections (sampler, reward) that have them"})
     decontaminate: dict | None = field(default=None, metadata={"help": "`align decontaminate` keys"})
     sft: dict | None = field(default=None, metadata={"help": "`align sft` keys"})
     sample: dict | None = field(default=None, metadata={"help": "`align sample` keys"})
@@ -61,17 +64,19 @@ class Config:
             if section is None:
                 continue
             module = stage_module(name)
-            known = {f.name for f in dataclasses.fields(module.Config)}
-            shared = {k: v for k, v in self.defaults.items() if k in known}
             try:
-                configs.append((name, from_dict(module.Config, merge(shared, section), where=f"{name}.")))
+                configs.append((name, from_dict(module.Config, apply_defaults(module.Config, self.defaults, section),
+                                                where=f"{name}.")))
             except ConfigError as exc:
                 raise ConfigError(f"pipeline section {name!r}: {exc}") from exc
             if name == self.stop_after:
                 break
-        unused = set(self.defaults) - {f.name for n, c in configs for f in dataclasses.fields(c)}
+        known = set().union(*(default_keys(type(c)) for _, c in configs)) if configs else set()
+        unused = set(self.defaults) - known
         if unused:
-            raise ConfigError(f"defaults: keys {sorted(unused)} are known to no stage in this recipe")
+            hints = [h for k in sorted(unused) if (h := renamed_key_hint(k, sorted(known)))]
+            raise ConfigError(f"defaults: keys {sorted(unused)} are known to no stage in this recipe"
+                              + "".join(f". {h}" for h in hints))
         if not configs:
             raise ConfigError(f"a pipeline recipe needs at least one stage section of {list(ORDER)}")
         return configs

@@ -30,22 +30,22 @@ from align.trainers.sft_config import SFTConfig
 class Config(SFTConfig):
     """`align.trainers.sft_config.SFTConfig` (TRL's SFTConfig + align's fields) plus the data.
 
-    dataset (str): conversation rows: a JSONL/Parquet file, a stage output directory, or
+    input (str): conversation rows: a JSONL/Parquet file, a stage output directory, or
         a ``datasets.load_dataset`` name.
     """
 
-    dataset: str = field(default="", metadata={"help": "conversation rows (file, directory or dataset name)"})
+    input: str = field(default="", metadata={"help": "conversation rows (file, directory or dataset name)"})
     overwrite: bool = field(default=False, metadata={"help": "redo a finished or partial output made from other settings or inputs (removes only what this stage wrote there)"})
 
 
 def run(config: Config) -> dict:
-    """Fine-tune ``model_name_or_path`` on ``dataset``; save to ``output_dir``."""
+    """Fine-tune ``model_name_or_path`` on ``input``; save to ``output_dir``."""
     from transformers.trainer_utils import get_last_checkpoint
 
     from align.trainers.sft_trainer import train_sft
 
-    if not config.dataset:
-        raise ValueError("sft: set dataset (the conversation rows to train on)")
+    if not config.input:
+        raise ValueError("sft: set input (the conversation rows to train on)")
     if not config.model_name_or_path:
         raise ValueError("sft: set model_name_or_path (the base model)")
     check_output_dir(config.output_dir, "sft")
@@ -53,10 +53,10 @@ def run(config: Config) -> dict:
     begun = begin("sft", config, config.output_dir, overwrite=config.overwrite)
     if begun.skip:
         return {}
-    records = read_input(config.dataset, "sft", "dataset")
+    records = read_input(config.input, "sft", "input")
     check_model_path(config.model_name_or_path, "sft", "model_name_or_path")
     _check_conversations(records)
-    start(begun, {"dataset": records})
+    start(begun, {"input": records})
     last = get_last_checkpoint(config.output_dir) if _is_dir(config.output_dir) else None
     if last and config.resume_from_checkpoint is None:
         print(f"[align sft] resuming from {last}")

@@ -28,32 +28,32 @@ from align.trainers.preference_config import PreferenceConfig
 class Config(PreferenceConfig):
     """`align.trainers.preference_config.PreferenceConfig` plus the data.
 
-    dataset (str): pair rows with reference log-probs (the ``align logprobs`` output
+    input (str): pair rows with reference log-probs (the ``align logprobs`` output
         directory or a file).
     """
 
-    dataset: str = field(default="", metadata={"help": "pair rows with ref log-probs (file or stage dir)"})
+    input: str = field(default="", metadata={"help": "pair rows with ref log-probs (file or stage dir)"})
     overwrite: bool = field(default=False, metadata={"help": "redo a finished or partial output made from other settings or inputs (removes only what this stage wrote there)"})
 
 
 def run(config: Config) -> dict:
-    """Train ``model_name_or_path`` on the pairs in ``dataset``; save to ``output_dir``."""
+    """Train ``model_name_or_path`` on the pairs in ``input``; save to ``output_dir``."""
     import os
 
     from transformers.trainer_utils import get_last_checkpoint
 
     from align.trainers.preference_trainer import train
 
-    if not config.dataset:
-        raise ValueError("train: set dataset (pair rows with reference log-probs, from `align logprobs`)")
+    if not config.input:
+        raise ValueError("train: set input (pair rows with reference log-probs, from `align logprobs`)")
     check_output_dir(config.output_dir, "train")
     keep_hub_token_out_of_outputs(config)
     begun = begin("train", config, config.output_dir, overwrite=config.overwrite)
     if begun.skip:
         return {}
-    records = read_input(config.dataset, "train", "dataset")
+    records = read_input(config.input, "train", "input")
     check_model_path(config.model_name_or_path, "train", "model_name_or_path")
-    start(begun, {"dataset": records})
+    start(begun, {"input": records})
     last = get_last_checkpoint(config.output_dir) if os.path.isdir(config.output_dir) else None
     if last and config.resume_from_checkpoint is None:
         print(f"[align train] resuming from {last}")

@@ -58,17 +58,18 @@ class ModelFields:
     model_name_or_path (`str` or `None`, default `None`):
         Checkpoint directory or hub name to load (the SFT base model, or the policy of
         preference training) when the Python entry point gets no model object.
-    model_dtype (`str`, default `"auto"`):
+    dtype (`str`, default `"auto"`):
         Dtype to load the weights in: `"float32"`, `"bfloat16"`, `"float16"`; `"auto"`:
-        bfloat16 when `bf16` is on, else float32. (SFT: TRL's `model_init_kwargs`, when
+        bfloat16 when `bf16` is on, else float32 (the one `dtype` key of every config that
+        loads a model; `TrainingArguments` and TRL's `SFTConfig` have no field of that name). (SFT: TRL's `model_init_kwargs`, when
         set, are passed to `from_pretrained` on top.)
     attn_implementation (`str` or `None`, default `None`):
         `"sdpa"`, `"eager"`, `"flash_attention_2"`, ...; `None` keeps transformers' choice.
     """
 
     model_name_or_path: str | None = field(default=None, metadata={"help": "model to load (SFT base / policy)"})
-    model_dtype: str = field(default="auto", metadata={"help": "auto (bf16 if bf16 else float32) | float32 | "
-                                                               "bfloat16 | float16"})
+    dtype: str = field(default="auto", metadata={"help": "weights dtype: auto (bf16 if bf16 else float32) | "
+                                                         "float32 | bfloat16 | float16"})
     attn_implementation: str | None = field(default=None, metadata={"help": "sdpa | eager | flash_attention_2; "
                                                                             "None: transformers' choice"})
 
@@ -123,8 +124,8 @@ class OptimizerFields:
 
 
 def check_model_fields(config: Any) -> None:
-    if config.model_dtype not in MODEL_DTYPES:
-        raise ValueError(f"model_dtype={config.model_dtype!r}: choose one of {list(MODEL_DTYPES)}")
+    if config.dtype not in MODEL_DTYPES:
+        raise ValueError(f"dtype={config.dtype!r}: choose one of {list(MODEL_DTYPES)}")
 
 
 def check_lora_fields(config: Any) -> None:
@@ -226,11 +227,11 @@ def is_peft_model(model: torch.nn.Module) -> bool:
 
 
 def load_causal_lm(path: str, config: Any) -> Any:
-    """A causal LM from ``path`` with the config's ``model_dtype`` and ``attn_implementation``
+    """A causal LM from ``path`` with the config's ``dtype`` and ``attn_implementation``
     (and TRL's ``model_init_kwargs`` on top, where the config has them)."""
     from transformers import AutoModelForCausalLM
 
-    dtype = config.model_dtype
+    dtype = config.dtype
     if dtype == "auto":
         dtype = "bfloat16" if config.bf16 else "float32"
     kwargs: dict[str, Any] = {"dtype": getattr(torch, dtype)}

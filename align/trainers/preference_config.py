@@ -108,7 +108,7 @@ class PreferenceConfig(ModelFields, LoraFields, OptimizerFields, TrainingArgumen
     > Parameters that control the optimizer, the model and the LoRA adapter
 
     optimizer, ademamix_beta3, ademamix_alpha, ademamix_t_alpha, ademamix_t_beta3,
-    model_name_or_path, model_dtype, attn_implementation, lora_r, lora_alpha, lora_dropout,
+    model_name_or_path, dtype, attn_implementation, lora_r, lora_alpha, lora_dropout,
     lora_target_modules: shared with `SFTConfig`, one default each (`OptimizerFields`,
     `ModelFields`, `LoraFields` in `align.trainers.common`): AdEMAMix with β3 0.99 and α 8,
     T_α = T_β3 = total steps; the policy from `model_name_or_path` loaded in bf16 when `bf16`

@@ -308,12 +308,12 @@ class PreferenceTrainer(Trainer):
 
 def train(
     config: PreferenceConfig,
-    dataset: Any,
+    records: Any,
     model: PreTrainedModel | None = None,
     *,
     tokenizer: Any = None,
     ref_model: PreTrainedModel | None = None,
-    eval_dataset: Any = None,
+    eval_records: Any = None,
     callbacks: Sequence[Any] | None = None,
 ) -> PreferenceTrainer:
     """Train a policy on pair rows and save it to ``config.output_dir``; return the trainer.
@@ -332,7 +332,7 @@ def train(
         ref_model = load_causal_lm(config.ref_model_name_or_path or config.model_name_or_path
                                    or unwrap_model(model).name_or_path, config)
     peft_config = lora_config(config) if config.lora_r is not None and not is_peft_model(model) else None
-    trainer = PreferenceTrainer(model, config, train_dataset=dataset, eval_dataset=eval_dataset,
+    trainer = PreferenceTrainer(model, config, train_dataset=records, eval_dataset=eval_records,
                                 processing_class=tokenizer, ref_model=ref_model, peft_config=peft_config,
                                 callbacks=callbacks)
     trainer.train(resume_from_checkpoint=config.resume_from_checkpoint)

@@ -88,7 +88,7 @@ class SFTConfig(ModelFields, LoraFields, OptimizerFields, TRLSFTConfig):
 
     > Model, LoRA adapter, optimizer
 
-    model_name_or_path, model_dtype, attn_implementation, lora_r, lora_alpha, lora_dropout,
+    model_name_or_path, dtype, attn_implementation, lora_r, lora_alpha, lora_dropout,
     lora_target_modules, optimizer, ademamix_beta3, ademamix_alpha, ademamix_t_alpha,
     ademamix_t_beta3: see `ModelFields`, `LoraFields` and `OptimizerFields` in
     `align.trainers.common` (defaults: AdEMAMix with β3 0.99 and α 8, full fine-tuning).

@@ -80,7 +80,7 @@ def encode_sft_row(
     *,
     index: int | None = None,
     chat_format: str = "apertus",
-    date: str | None = None,
+    chat_date: str | None = None,
 ) -> dict[str, list[int]]:
     """Tokenize one conversation into ``input_ids`` and ``labels`` (-100 off the loss mask).
 
@@ -96,10 +96,10 @@ def encode_sft_row(
         encoded = encode(
             tokenizer,
             messages,
-            format=chat_format,
+            chat_format=chat_format,
             tools=tools,
             enable_thinking=bool(thinking),
-            date=date,
+            chat_date=chat_date,
         )
     except ValueError as err:
         raise RecordError(rid, "messages", str(err)) from None
@@ -118,13 +118,13 @@ def tokenize_sft_dataset(
     tokenizer: Any,
     *,
     chat_format: str = "apertus",
-    date: str | None = None,
+    chat_date: str | None = None,
     num_proc: int | None = None,
 ) -> Dataset:
     """Map conversation rows to ``input_ids`` + ``labels``, dropping every other column."""
 
     def _encode(row: dict[str, Any], index: int) -> dict[str, list[int]]:
-        return encode_sft_row(row, tokenizer, index=index, chat_format=chat_format, date=date)
+        return encode_sft_row(row, tokenizer, index=index, chat_format=chat_format, chat_date=chat_date)
 
     return dataset.map(
         _encode,
@@ -216,7 +216,7 @@ def prepare_sft_dataset(
     tokenizer: Any,
     *,
     chat_format: str = "apertus",
-    date: str | None = None,
+    chat_date: str | None = None,
     max_length: int | None = None,
     num_proc: int | None = None,
     strip_boxed: bool = False,
@@ -248,7 +248,7 @@ def prepare_sft_dataset(
         if len(dataset) == 0:
             raise ValueError("SFT dataset: no row left after the identity filter")
         dataset = tokenize_sft_dataset(
-            dataset, tokenizer, chat_format=chat_format, date=date, num_proc=num_proc
+            dataset, tokenizer, chat_format=chat_format, chat_date=chat_date, num_proc=num_proc
         )
     else:
         raise ValueError(

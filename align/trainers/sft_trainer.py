@@ -195,7 +195,7 @@ class SFTTrainer(TRLSFTTrainer):
                 dataset,
                 tokenizer,
                 chat_format=args.chat_format,
-                date=args.chat_date,
+                chat_date=args.chat_date,
                 max_length=args.max_length,
                 num_proc=args.dataset_num_proc,
                 strip_boxed=args.strip_boxed,
@@ -339,30 +339,30 @@ def _load(config: SFTConfig, model: Any, tokenizer: Any) -> tuple[Any, Any]:
 
 def train_sft(
     config: SFTConfig,
-    dataset: Dataset | str | list[dict[str, Any]],
+    records: Dataset | str | list[dict[str, Any]],
     model: Any = None,
     tokenizer: Any = None,
     *,
-    eval_dataset: Dataset | None = None,
+    eval_records: Dataset | None = None,
     peft_config: Any = None,
     callbacks: list[Any] | None = None,
 ) -> SFTTrainer:
     """Fine-tune, save the model and tokenizer to ``config.output_dir``, return the trainer.
 
-    ``dataset`` is a `Dataset`, a list of rows or a JSONL/Parquet path (see
+    ``records`` is a `Dataset`, a list of rows or a JSONL/Parquet path (see
     `align.trainers.sft_data`). The tokenizer (and model) get the chat format installed
     (`align.chat.install_format`: special tokens, template, EOS = end of turn, pad ≠ EOS).
     ``peft_config`` overrides the ``lora_*`` fields. Resumes from
     ``config.resume_from_checkpoint`` when set.
     """
     model, tokenizer = _load(config, model, tokenizer)
-    install_format(tokenizer, model, format=config.chat_format)
+    install_format(tokenizer, model, chat_format=config.chat_format)
     trainer = SFTTrainer(
         model=model,
         args=config,
-        train_dataset=load_sft_dataset(dataset),
+        train_dataset=load_sft_dataset(records),
         processing_class=tokenizer,
-        eval_dataset=eval_dataset,
+        eval_dataset=eval_records,
         peft_config=peft_config if peft_config is not None else lora_config(config),
         callbacks=callbacks,
     )

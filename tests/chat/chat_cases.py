@@ -467,7 +467,7 @@ def trained_runs(tokenizer: Any, ids: list[int], mask: list[int]) -> list[str]:
 
 
 def template_kwargs(case: Case) -> dict[str, Any]:
-    """The apply_chat_template arguments that mirror render(case...) with date=DATE."""
+    """The apply_chat_template arguments that mirror render(case...) with chat_date=DATE."""
     return {
         "tools": case.tools,
         "add_generation_prompt": case.add_generation_prompt,

@@ -10,10 +10,10 @@ from align.testing.tiny import build_tokenizer
 
 
 def _encode(tokenizer, case):
-    install_format(tokenizer, format=case.format)
-    return encode(tokenizer, case.messages, format=case.format, tools=case.tools,
+    install_format(tokenizer, chat_format=case.format)
+    return encode(tokenizer, case.messages, chat_format=case.format, tools=case.tools,
                   add_generation_prompt=case.add_generation_prompt,
-                  enable_thinking=case.enable_thinking, date=DATE)
+                  enable_thinking=case.enable_thinking, chat_date=DATE)
 
 
 @pytest.mark.parametrize("case", CASES, ids=CASE_IDS)
@@ -78,12 +78,12 @@ def test_token_straddling_the_mask_boundary_raises():
     ]
     with pytest.raises(ValueError, match=r"token \d+ \('\]\.'.*straddles the boundary between "
                        r"untrained text of message 2 and trained text of message 3"):
-        encode(tokenizer, messages, tools=[TIME], date=DATE)
+        encode(tokenizer, messages, tools=[TIME], chat_date=DATE)
 
 
 def test_encode_needs_the_format_tokens(tokenizer):
     with pytest.raises(ValueError, match="lacks the 'chatml' tokens.*install_format"):
-        encode(tokenizer, [{"role": "user", "content": "Hi"}], format="chatml")
+        encode(tokenizer, [{"role": "user", "content": "Hi"}], chat_format="chatml")
 
 
 # -- encode_completion ---------------------------------------------------------------------
@@ -103,8 +103,8 @@ def test_encode_needs_the_format_tokens(tokenizer):
 ])
 def test_completion_ids_follow_the_prompt_ids(tokenizer, name, completion, decoded):
     case = by_name(name)
-    install_format(tokenizer, format=case.format)
-    kw = {"format": case.format, "tools": case.tools, "date": DATE}
+    install_format(tokenizer, chat_format=case.format)
+    kw = {"chat_format": case.format, "tools": case.tools, "chat_date": DATE}
     prompt_ids, completion_ids = encode_completion(tokenizer, case.messages, completion, **kw)
     prompt = encode(tokenizer, case.messages, add_generation_prompt=True, **kw)
     assert prompt_ids == prompt.input_ids
@@ -124,16 +124,16 @@ def test_merge_across_the_prompt_boundary_raises(tokenizer):
     messages = [{"role": "user", "content": "Say it"}, {"role": "assistant", "content": "th"}]
     with pytest.raises(ValueError, match="not a prefix.*merges text across the "
                        "prompt/completion boundary"):
-        encode_completion(tokenizer, messages, "e end", date=DATE)
+        encode_completion(tokenizer, messages, "e end", chat_date=DATE)
 
 
 def test_blank_line_merge_breaks_the_llama3_prefix():
     # The Lucie header ends with "\n\n". A tokenizer with a "\n\n" token (and GPT-2-style
     # pre-tokenization) splits it differently once text follows: the classic trap.
     tokenizer = build_tokenizer(extra_text=["x\n\n"] * 300)
-    install_format(tokenizer, format="llama3")
+    install_format(tokenizer, chat_format="llama3")
     with pytest.raises(ValueError, match="not a prefix"):
-        encode_completion(tokenizer, [{"role": "user", "content": "Hi"}], "Hello", format="llama3")
+        encode_completion(tokenizer, [{"role": "user", "content": "Hi"}], "Hello", chat_format="llama3")
 
 
 @pytest.mark.parametrize("completion,pattern", [
@@ -143,4 +143,4 @@ def test_blank_line_merge_breaks_the_llama3_prefix():
 ])
 def test_bad_completion_raises(tokenizer, completion, pattern):
     with pytest.raises(ValueError, match=pattern):
-        encode_completion(tokenizer, [{"role": "user", "content": "Hi"}], completion, date=DATE)
+        encode_completion(tokenizer, [{"role": "user", "content": "Hi"}], completion, chat_date=DATE)

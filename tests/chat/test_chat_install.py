@@ -17,7 +17,7 @@ MESSAGES = [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": 
 def test_install_format_sets_tokens_template_eos_pad_and_resizes(fmt, tokenizer, tiny_model):
     model = copy.deepcopy(tiny_model)
     rows_before = model.get_input_embeddings().weight.shape[0]
-    spec = install_format(tokenizer, model, format=fmt)
+    spec = install_format(tokenizer, model, chat_format=fmt)
 
     assert spec is FORMATS[fmt]
     for token in spec.special_tokens:
@@ -37,7 +37,7 @@ def test_install_format_sets_tokens_template_eos_pad_and_resizes(fmt, tokenizer,
         assert config.pad_token_id == tokenizer.pad_token_id
         assert config.pad_token_id != config.eos_token_id
 
-    ids = encode(tokenizer, MESSAGES, format=fmt, date="2025-09-21").input_ids
+    ids = encode(tokenizer, MESSAGES, chat_format=fmt, chat_date="2025-09-21").input_ids
     assert max(ids) < rows
     with torch.no_grad():
         logits = model(torch.tensor([ids])).logits
@@ -45,22 +45,22 @@ def test_install_format_sets_tokens_template_eos_pad_and_resizes(fmt, tokenizer,
 
 
 def test_install_format_is_idempotent(tokenizer):
-    install_format(tokenizer, format="llama3")
+    install_format(tokenizer, chat_format="llama3")
     size = len(tokenizer)
-    install_format(tokenizer, format="llama3")
+    install_format(tokenizer, chat_format="llama3")
     assert len(tokenizer) == size
 
 
 def test_pad_equal_to_the_new_eos_is_replaced(tokenizer):
     tokenizer.pad_token = "<|assistant_end|>"
-    install_format(tokenizer, format="apertus")
+    install_format(tokenizer, chat_format="apertus")
     assert tokenizer.pad_token == "<pad>"
 
 
 def test_missing_pad_is_added():
     tokenizer = build_tokenizer()
     tokenizer.pad_token = None
-    install_format(tokenizer, format="chatml")
+    install_format(tokenizer, chat_format="chatml")
     assert tokenizer.pad_token == "<pad>"
     assert tokenizer.pad_token_id != tokenizer.eos_token_id
 
@@ -69,4 +69,4 @@ def test_a_different_bos_is_refused(tokenizer):
     tokenizer.bos_token = "</s>"
     with pytest.raises(ValueError, match="starts with BOS '<s>' but the tokenizer's BOS is "
                        "'</s>'"):
-        install_format(tokenizer, format="apertus")
+        install_format(tokenizer, chat_format="apertus")

@@ -12,9 +12,9 @@ from align.chat import FORMATS, chat_template, render
 
 
 def _render(case):
-    return render(case.messages, format=case.format, tools=case.tools,
+    return render(case.messages, chat_format=case.format, tools=case.tools,
                   add_generation_prompt=case.add_generation_prompt,
-                  enable_thinking=case.enable_thinking, date=DATE)
+                  enable_thinking=case.enable_thinking, chat_date=DATE)
 
 
 @pytest.mark.parametrize("case", CASES, ids=CASE_IDS)
@@ -36,7 +36,7 @@ def test_every_format_is_registered_with_its_eos():
 
 def test_generation_prompt_after_user_matches_released_apertus_form():
     text = render([{"role": "user", "content": "Give me a brief explanation of gravity."}],
-                  add_generation_prompt=True, date="2025-09-21")
+                  add_generation_prompt=True, chat_date="2025-09-21")
     assert text == (
         "<s><|system_start|>You are a helpful, honest and harmless assistant.\n"
         "Current date: 2025-09-21<|system_end|>"
@@ -48,23 +48,23 @@ def test_generation_prompt_after_user_matches_released_apertus_form():
 def test_prompt_plus_completion_renders_as_the_full_conversation():
     for name in ("apertus_generation_prompt", "apertus_continue_after_tool_output"):
         case = by_name(name)
-        prompt = render(case.messages, tools=case.tools, add_generation_prompt=True, date=DATE)
+        prompt = render(case.messages, tools=case.tools, add_generation_prompt=True, chat_date=DATE)
         full = render(case.messages + [{"role": "assistant", "content": "Done."}],
-                      tools=case.tools, date=DATE)
+                      tools=case.tools, chat_date=DATE)
         assert full == prompt + "Done.<|assistant_end|>"
 
 
 def test_date_accepts_date_objects_and_defaults_to_today(tokenizer):
     messages = [{"role": "user", "content": "Hi"}]
-    assert render(messages, date=dt.date(2025, 9, 21)) == render(messages, date="2025-09-21")
-    assert render(messages, date=dt.datetime(2025, 9, 21, 23, 59)) == render(messages, date=DATE)
+    assert render(messages, chat_date=dt.date(2025, 9, 21)) == render(messages, chat_date="2025-09-21")
+    assert render(messages, chat_date=dt.datetime(2025, 9, 21, 23, 59)) == render(messages, chat_date=DATE)
     today = render(messages)
     assert f"Current date: {dt.date.today().isoformat()}<|system_end|>" in today
     templated = tokenizer.apply_chat_template(messages, chat_template=chat_template("apertus"),
                                               tokenize=False)
     assert templated == today
     with pytest.raises(ValueError, match="date must be"):
-        render(messages, date=20250921)
+        render(messages, chat_date=20250921)
 
 
 def test_callable_tools_render_like_the_template(tokenizer):
@@ -77,8 +77,8 @@ def test_callable_tools_render_like_the_template(tokenizer):
         return city
 
     messages = [{"role": "user", "content": "Weather?"}]
-    text = render(messages, tools=[get_weather], date=DATE)
-    assert text == render(messages, tools=[WEATHER], date=DATE)
+    text = render(messages, tools=[get_weather], chat_date=DATE)
+    assert text == render(messages, tools=[WEATHER], chat_date=DATE)
     templated = tokenizer.apply_chat_template(messages, chat_template=chat_template("apertus"),
                                               tokenize=False, tools=[get_weather],
                                               date_string=DATE)
@@ -175,7 +175,7 @@ BAD_INPUTS = {
 def test_bad_input_raises_naming_the_message(name):
     fmt, messages, tools, thinking, pattern, _ = BAD_INPUTS[name]
     with pytest.raises(ValueError, match=pattern):
-        render(messages, format=fmt, tools=tools, enable_thinking=thinking, date=DATE)
+        render(messages, chat_format=fmt, tools=tools, enable_thinking=thinking, chat_date=DATE)
 
 
 @pytest.mark.parametrize("name", [n for n, v in BAD_INPUTS.items() if v[5]])
@@ -188,12 +188,12 @@ def test_jinja_template_refuses_the_same_structural_errors(name, tokenizer):
 
 def test_calls_are_not_checked_without_tools():
     messages = [USER, {"role": "assistant", "content": {"blocks": [_call("get_stock", "{}")]}}]
-    assert '<|tools_prefix|>[{"get_stock": {}}]<|tools_suffix|>' in render(messages, date=DATE)
+    assert '<|tools_prefix|>[{"get_stock": {}}]<|tools_suffix|>' in render(messages, chat_date=DATE)
 
 
 def test_unknown_format_lists_known_ones():
     with pytest.raises(ValueError, match="unknown chat format 'zephyr'.*apertus"):
-        render([USER], format="zephyr")
+        render([USER], chat_format="zephyr")
 
 
 def test_json_tool_payloads_render_like_the_template(tokenizer):
@@ -204,7 +204,7 @@ def test_json_tool_payloads_render_like_the_template(tokenizer):
         {"role": "tool", "content": {"temperature": 21, "sky": "clear"}},
         {"role": "assistant", "content": "21 and clear."},
     ]
-    text = render(messages, date=DATE)
+    text = render(messages, chat_date=DATE)
     assert ('<|tools_prefix|>[{"get_weather": {"city": "Zürich"}}]<|tools_suffix|>'
             '[{"temperature": 21, "sky": "clear"}]21 and clear.<|assistant_end|>') in text
     templated = tokenizer.apply_chat_template(messages, chat_template=chat_template("apertus"),
@@ -221,7 +221,7 @@ def test_dataset_rows_with_null_fields_render_like_sparse_ones(tokenizer):
         {"type": b["type"], "text": b.get("text"), "calls": b.get("calls"),
          "outputs": b.get("outputs")} for b in sparse[1]["content"]["blocks"]]}
     tools = [WEATHER]
-    assert render(dense, tools=tools, date=DATE) == render(sparse, tools=tools, date=DATE)
+    assert render(dense, tools=tools, chat_date=DATE) == render(sparse, tools=tools, chat_date=DATE)
     templated = tokenizer.apply_chat_template(dense, chat_template=chat_template("apertus"),
                                               tokenize=False, tools=tools, date_string=DATE)
-    assert templated == render(sparse, tools=tools, date=DATE)
+    assert templated == render(sparse, tools=tools, chat_date=DATE)

@@ -103,7 +103,7 @@ def test_function_without_argument_docs_raises():
 
 def test_rendered_calls_parse_back():
     case = by_name("apertus_parallel_calls")
-    text = render(case.messages, tools=case.tools, date=DATE)
+    text = render(case.messages, tools=case.tools, chat_date=DATE)
     assert parse_tool_calls(text) == [
         {"name": "get_weather", "arguments": {"city": "Bern"}},
         {"name": "get_weather", "arguments": {"city": "Zurich"}},
@@ -147,6 +147,6 @@ def test_malformed_calls_raise(text, pattern):
 
 def test_formats_without_tools_refuse_tool_helpers():
     with pytest.raises(ValueError, match="format 'chatml' has no tool rendering"):
-        parse_tool_calls("x", format="chatml")
+        parse_tool_calls("x", chat_format="chatml")
     with pytest.raises(ValueError, match="format 'llama3' has no tool rendering"):
-        tool_declarations([WEATHER], format="llama3")
+        tool_declarations([WEATHER], chat_format="llama3")

@@ -94,7 +94,7 @@ def test_declaration_matches_the_release(name):
 @pytest.mark.parametrize("name", list(CASES))
 def test_jinja_template_writes_the_same_declaration(name, tokenizer):
     schema, expected = CASES[name]
-    install_format(tokenizer, format="apertus")
+    install_format(tokenizer, chat_format="apertus")
     messages = [{"role": "system", "content": "S"}, {"role": "user", "content": "Hi"}]
     served = tokenizer.apply_chat_template(messages, tools=[schema], tokenize=False, add_generation_prompt=True)
     assert served == render(messages, tools=[schema], add_generation_prompt=True)

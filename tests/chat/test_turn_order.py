@@ -40,7 +40,7 @@ PLAIN_BAD = ("opens_with_assistant", "opens_with_assistant_after_system", "two_s
 def test_apertus_refuses_naming_the_message(name):
     messages, index, needle = BAD[name]
     with pytest.raises(ValueError, match=rf"message {index} \(assistant\): .*{needle}"):
-        render(messages, date=DATE)
+        render(messages, chat_date=DATE)
 
 
 @pytest.mark.parametrize("fmt", ["llama3", "chatml"])
@@ -48,7 +48,7 @@ def test_apertus_refuses_naming_the_message(name):
 def test_header_formats_refuse_the_same(fmt, name):
     messages, index, needle = BAD[name]
     with pytest.raises(ValueError, match=rf"message {index} \(assistant\): .*{needle}"):
-        render(messages, format=fmt)
+        render(messages, chat_format=fmt)
 
 
 @pytest.mark.parametrize("name", list(BAD))
@@ -68,10 +68,10 @@ def test_the_header_templates_refuse_the_same(fmt, name, tokenizer):
 
 
 def test_encode_refuses_training_data_with_two_replies_in_a_row(tokenizer):
-    install_format(tokenizer, format="apertus")
+    install_format(tokenizer, chat_format="apertus")
     messages, _, _ = BAD["two_strings_in_a_row"]
     with pytest.raises(ValueError, match=r"message 2 \(assistant\): follows assistant message 1"):
-        encode(tokenizer, messages, date=DATE)
+        encode(tokenizer, messages, chat_date=DATE)
 
 
 GOOD = {
@@ -93,7 +93,7 @@ GOOD = {
 @pytest.mark.parametrize("name", list(GOOD))
 def test_legitimate_tool_turns_render_as_one_turn_in_render_and_template(name, tokenizer):
     messages = GOOD[name]
-    text = render(messages, date=DATE)
+    text = render(messages, chat_date=DATE)
     assert text.count("<|assistant_start|>") == 1
     assert tokenizer.apply_chat_template(messages, chat_template=chat_template("apertus"), tokenize=False,
                                          date_string=DATE) == text
@@ -102,5 +102,5 @@ def test_legitimate_tool_turns_render_as_one_turn_in_render_and_template(name, t
 def test_a_prompt_ending_in_tool_outputs_continues_in_the_open_turn():
     prompt = GOOD["outputs_block_then_answer"][:2]
     full = render(prompt + [{"role": "assistant", "content": {"blocks": [{"type": "response", "text": "Done."}]}}],
-                  date=DATE)
-    assert full == render(prompt, add_generation_prompt=True, date=DATE) + "Done.<|assistant_end|>"
+                  chat_date=DATE)
+    assert full == render(prompt, add_generation_prompt=True, chat_date=DATE) + "Done.<|assistant_end|>"

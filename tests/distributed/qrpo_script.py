@@ -95,7 +95,7 @@ def main() -> None:
     prompts = [{"id": f"eval-{i}", "messages": [{"role": "user", "content": f"What is {i} plus 1?"}],
                 "answer": str(i + 1)} for i in range(6)]
     tokenizer = AutoTokenizer.from_pretrained(cli.model)
-    callback = GenerationEvalCallback(prompts, VerifiableReward(), tokenizer, eval_steps=2, date=CHAT_DATE,
+    callback = GenerationEvalCallback(prompts, VerifiableReward(), tokenizer, eval_steps=2, chat_date=CHAT_DATE,
                                       max_tokens=8, batch_size=4)
     config = config_for(cli.mode, cli.model, cli.out, cli.max_steps, cli.save_steps, cli.resume, cli.lora)
     callbacks = ([] if cli.no_gen_eval else [callback]) + \

@@ -67,7 +67,7 @@ def pairs_file(tiny_dirs, tmp_path_factory):
         rows,
         AutoModelForCausalLM.from_pretrained(policy),
         AutoTokenizer.from_pretrained(policy),
-        format="apertus",
+        chat_format="apertus",
         batch_size=8,
         max_length=MAX_LENGTH,
         chat_date=CHAT_DATE,

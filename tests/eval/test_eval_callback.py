@@ -45,7 +45,7 @@ def test_sft_trainer_logs_generation_metrics_at_start_and_every_eval_steps(token
     from rewards.verifiable import VerifiableReward
 
     install_format(tokenizer)
-    callback = GenerationEvalCallback(prompts(), VerifiableReward(), tokenizer, eval_steps=2, date=DATE, max_tokens=4)
+    callback = GenerationEvalCallback(prompts(), VerifiableReward(), tokenizer, eval_steps=2, chat_date=DATE, max_tokens=4)
     config = SFTConfig(output_dir=str(tmp_path), use_cpu=True, bf16=False, report_to=[], seed=0,
                        per_device_train_batch_size=4, max_steps=4, learning_rate=1e-3, logging_steps=1,
                        save_strategy="no", chat_date=DATE, max_length=512, disable_tqdm=True)

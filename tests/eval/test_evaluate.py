@@ -36,7 +36,7 @@ def samplers():
     from align.testing.tiny import build_causal_lm, build_tokenizer
 
     tokenizer = build_tokenizer()
-    return {name: TransformersSampler(build_causal_lm(tokenizer, seed=seed), tokenizer, date=DATE, model_name=name)
+    return {name: TransformersSampler(build_causal_lm(tokenizer, seed=seed), tokenizer, chat_date=DATE, model_name=name)
             for name, seed in (("sft", 0), ("qrpo", 1))}
 
 
@@ -189,7 +189,7 @@ def stage_inputs(tmp_path_factory):
     recipe.write_text(
         f"prompts: {root / 'prompts.jsonl'}\nbaseline: sft\n"
         f"policies:\n  - {{name: sft, model: {root / 'sft'}}}\n  - {{name: qrpo, model: {root / 'qrpo'}}}\n"
-        f"sampler: {{backend: transformers, date: '{DATE}', batch_size: 8}}\n"
+        f"sampler: {{backend: transformers, chat_date: '{DATE}', batch_size: 8}}\n"
         "reward: {provider: verifiable}\nn: 2\nmax_tokens: 6\nresamples: 200\nbatch_size: 1\n")
     return root, recipe
 

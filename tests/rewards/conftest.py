@@ -13,7 +13,7 @@ def chat_tokenizer(tiny_tokenizer):
     from align.chat import install_format
 
     tok = copy.deepcopy(tiny_tokenizer)
-    install_format(tok, format="apertus")
+    install_format(tok, chat_format="apertus")
     return tok
 
 

@@ -116,7 +116,7 @@ def test_bad_records_are_named():
 
 
 def test_real_tiny_model_answers_are_recorded_failures(judge_lm, chat_tokenizer):
-    generate = transformers_generate(judge_lm, chat_tokenizer, max_new_tokens=12, batch_size=2)
+    generate = transformers_generate(judge_lm, chat_tokenizer, max_tokens=12, batch_size=2)
     classifier = ControversyClassifier(generate, max_attempts=2)
     records = [{"id": "a", "messages": prompt("What is 2+2?")}, {"id": "b", "messages": prompt("Is war ever just?")}]
     out = classifier.annotate_records(records)

@@ -27,7 +27,7 @@ def model_dir(tmp_path_factory):
     from align.testing.tiny import build_causal_lm, build_reward_model, build_tokenizer
 
     tok = build_tokenizer()
-    install_format(tok, format="apertus")
+    install_format(tok, chat_format="apertus")
     path = tmp_path_factory.mktemp("models")
     build_causal_lm(tok, seed=3).save_pretrained(path / "lm")
     tok.save_pretrained(path / "lm")
@@ -65,7 +65,7 @@ def test_each_provider_is_built_with_every_setting(model_dir):
     assert judge.backend.batch_size == 4 and "example_de" in judge.charter.source
 
     classifier = build_reward_provider(RewardProviderConfig(
-        provider="classifier", model=str(model_dir / "lm"), threshold=3, max_attempts=5, max_new_tokens=4,
+        provider="classifier", model=str(model_dir / "lm"), threshold=3, max_attempts=5, max_tokens=4,
         device="cpu"))
     assert isinstance(classifier, ControversyClassifier)
     assert (classifier.config.threshold, classifier.config.max_attempts) == (3, 5)
@@ -84,7 +84,7 @@ def test_judge_and_generator_builders(model_dir, monkeypatch):
         "http://node:8000/v1/completions", "served", 6, "judge-key")
     judge = build_judge(JudgeModelConfig(model=str(model_dir / "lm"), device="cpu"))
     assert judge.config.top_k_pairwise == 5  # the judge's own default, as ConstitutionalJudge has it
-    generate = build_generator(GeneratorConfig(model=str(model_dir / "lm"), max_new_tokens=3, device="cpu"))
+    generate = build_generator(GeneratorConfig(model=str(model_dir / "lm"), max_tokens=3, device="cpu"))
     texts = generate([[{"role": "user", "content": "Hi"}], [{"role": "user", "content": "Hello there"}]])
     assert len(texts) == 2 and all(isinstance(t, str) for t in texts)
 
@@ -121,7 +121,7 @@ def test_annotate_takes_the_provider_keys_flat():
         "judge", "openai", "skip", 3)
     defaults = {key: default for key, _, default, _ in field_docs(Config)}
     assert defaults["provider"] == "'reward_model'" and defaults["top_k_pairwise"] == "5"
-    assert defaults["max_new_tokens"] == "256" and defaults["max_length"] == "16384"
+    assert defaults["max_tokens"] == "256" and defaults["max_length"] == "16384"
 
 
 def test_evaluate_reward_section_is_the_provider_config():
@@ -168,9 +168,9 @@ def test_judge_validate_composes_the_judge_and_a_generator():
                                         "generator.backend=vllm", "generator.temperature=0.7"])
     assert isinstance(config.generator, GeneratorConfig) and config.api_key_env == "JUDGE_KEY"
     assert (config.generator.model, config.generator.backend, config.generator.temperature) == ("writer", "vllm", 0.7)
-    assert config.generator.max_new_tokens == 1024  # a whole rewritten response, as before
+    assert config.generator.max_tokens == 1024  # a whole rewritten response, as before
     with pytest.raises(ConfigError, match="generator.model: the llm degrader needs a generation model"):
         load_config(Config, None, ["model=judge", "degrader=llm"])
     with pytest.raises(ConfigError, match=r"generator.backend: 'openai' is not one of"):
         load_config(Config, None, ["model=judge", "generator.backend=openai"])
-    assert {key: default for key, _, default, _ in field_docs(Config)}["generator.max_new_tokens"] == "1024"
+    assert {key: default for key, _, default, _ in field_docs(Config)}["generator.max_tokens"] == "1024"

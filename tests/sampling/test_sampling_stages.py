@@ -21,7 +21,7 @@ def _records(k: int = len(QUESTIONS)) -> list[dict]:
 
 @pytest.fixture(scope="module")
 def sampler(tiny_model, tiny_tokenizer):
-    return TransformersSampler(tiny_model, tiny_tokenizer, date=DATE, batch_size=4)
+    return TransformersSampler(tiny_model, tiny_tokenizer, chat_date=DATE, batch_size=4)
 
 
 def test_reference_records_have_n_reference_completions_with_sources(sampler, tmp_path):
@@ -83,7 +83,7 @@ def test_resuming_with_other_sampling_settings_is_refused(sampler, tmp_path):
 def test_a_prompt_that_fills_the_context_is_kept_with_a_skip_reason(tiny_model, tiny_tokenizer, tmp_path):
     records = _records(2)
     records[1]["messages"][0]["content"] = "a long question " * 200
-    small = TransformersSampler(tiny_model, tiny_tokenizer, date=DATE, max_model_len=200)
+    small = TransformersSampler(tiny_model, tiny_tokenizer, chat_date=DATE, max_model_len=200)
     summary = sample_references(records, small, output_dir=tmp_path, n=2, max_tokens=4)
     ok, skipped = read_output(tmp_path, expect_ids=["p0", "p1"])
     assert len(ok["completions"]) == 2 and "skip_reason" not in ok

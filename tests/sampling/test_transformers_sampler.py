@@ -20,7 +20,7 @@ CONVS = [
 
 @pytest.fixture(scope="module")
 def sampler(tiny_model, tiny_tokenizer):
-    return TransformersSampler(tiny_model, tiny_tokenizer, date=DATE, batch_size=2)
+    return TransformersSampler(tiny_model, tiny_tokenizer, chat_date=DATE, batch_size=2)
 
 
 def _texts(completions):
@@ -110,7 +110,7 @@ class _Script:
 def _scripted(tokenizer, tokens: list[str]) -> TransformersSampler:
     model = build_causal_lm(tokenizer)
     model.lm_head.register_forward_hook(_Script(tokenizer.convert_tokens_to_ids(tokens)))
-    return TransformersSampler(model, tokenizer, date=DATE)
+    return TransformersSampler(model, tokenizer, chat_date=DATE)
 
 
 def test_end_of_turn_counts_in_num_tokens_but_not_in_text(tiny_tokenizer):
@@ -143,11 +143,11 @@ def test_completion_from_ids_strips_end_and_padding(tiny_tokenizer):
 
 
 def test_context_length_caps_the_budget_and_full_prompts_raise(tiny_model, tiny_tokenizer):
-    length = TransformersSampler(tiny_model, tiny_tokenizer, date=DATE).prompt_length(CONVS[0])
-    small = TransformersSampler(tiny_model, tiny_tokenizer, date=DATE, max_model_len=length + 3)
+    length = TransformersSampler(tiny_model, tiny_tokenizer, chat_date=DATE).prompt_length(CONVS[0])
+    small = TransformersSampler(tiny_model, tiny_tokenizer, chat_date=DATE, max_model_len=length + 3)
     for c in small.sample(CONVS[:1], n=4, max_tokens=50)[0]:
         assert c.num_tokens <= 3
-    tiny = TransformersSampler(tiny_model, tiny_tokenizer, date=DATE, max_model_len=length)
+    tiny = TransformersSampler(tiny_model, tiny_tokenizer, chat_date=DATE, max_model_len=length)
     with pytest.raises(PromptTooLongError, match=f"conversation 0: the prompt has {length} tokens"):
         tiny.sample(CONVS[:1], n=1, max_tokens=5)
 
@@ -169,7 +169,7 @@ def test_top_p_keeps_the_smallest_set_reaching_p():
 
 
 def test_loads_from_a_saved_dir_and_names_the_model(tiny_dirs):
-    sampler = TransformersSampler(str(tiny_dirs["policy"]), date=DATE)
+    sampler = TransformersSampler(str(tiny_dirs["policy"]), chat_date=DATE)
     [[c]] = sampler.sample(CONVS[:1], n=1, max_tokens=4)
     assert sampler.model_name == str(tiny_dirs["policy"])
     assert c.source().startswith(f"model={tiny_dirs['policy']} backend=transformers temperature=1.0")
@@ -178,7 +178,7 @@ def test_loads_from_a_saved_dir_and_names_the_model(tiny_dirs):
 def test_tokenizer_chat_template_renders_like_the_format(tokenizer, tiny_model):
     from align.chat import install_format
 
-    install_format(tokenizer, format="apertus")
+    install_format(tokenizer, chat_format="apertus")
     own = TransformersSampler(tiny_model, tokenizer, chat_format="tokenizer")
     ours = TransformersSampler(tiny_model, tokenizer, chat_format="apertus")
     assert own.encoder.prompt_ids(CONVS[1]) == ours.encoder.prompt_ids(CONVS[1])

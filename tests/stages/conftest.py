@@ -45,7 +45,7 @@ def stage_root(tmp_path_factory) -> Path:
 def sft_run(stage_root, stage_models):
     out = stage_root / "sft"
     printed = run_cli(["sft", TINY_RECIPE, f"model_name_or_path={stage_models['policy']}",
-                       f"dataset={TINY_DATA / 'sft.jsonl'}", f"output_dir={out}"])
+                       f"input={TINY_DATA / 'sft.jsonl'}", f"output_dir={out}"])
     return out, printed
 
 
@@ -83,13 +83,13 @@ def pairs_run(stage_root, annotate_run):
 def logprobs_run(stage_root, sft_run, pairs_run):
     out = stage_root / "logprobs"
     printed = run_cli(["logprobs", TINY_RECIPE, f"model_name_or_path={sft_run[0]}",
-                       f"dataset={pairs_run[0] / 'pairs.jsonl'}", f"output_dir={out}"])
+                       f"input={pairs_run[0] / 'pairs.jsonl'}", f"output_dir={out}"])
     return out, printed
 
 
 @pytest.fixture(scope="session")
 def train_run(stage_root, sft_run, logprobs_run):
     out = stage_root / "qrpo"
-    printed = run_cli(["train", TINY_RECIPE, f"model_name_or_path={sft_run[0]}", f"dataset={logprobs_run[0]}",
+    printed = run_cli(["train", TINY_RECIPE, f"model_name_or_path={sft_run[0]}", f"input={logprobs_run[0]}",
                        f"output_dir={out}"])
     return out, printed

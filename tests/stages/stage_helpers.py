@@ -66,7 +66,7 @@ def save_stage_models(root: Path) -> dict[str, Path]:
     rm_dir = paths["reward_model"]
     tokenizer = AutoTokenizer.from_pretrained(rm_dir)
     model = AutoModelForSequenceClassification.from_pretrained(rm_dir)
-    install_format(tokenizer, model, format="chatml")
+    install_format(tokenizer, model, chat_format="chatml")
     model.save_pretrained(rm_dir)
     tokenizer.save_pretrained(rm_dir)
     return paths

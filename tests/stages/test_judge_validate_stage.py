@@ -30,7 +30,7 @@ def judge_dir(tmp_path_factory):
     from align.testing.tiny import build_causal_lm, build_tokenizer
 
     tok = build_tokenizer()
-    install_format(tok, format="apertus")
+    install_format(tok, chat_format="apertus")
     path = tmp_path_factory.mktemp("judge")
     build_causal_lm(tok, seed=3).save_pretrained(path)
     tok.save_pretrained(path)
@@ -70,7 +70,7 @@ def test_judge_validate_with_an_llm_degrader(judge_dir, tmp_path):
     out = tmp_path / "validate_llm"
     torch.manual_seed(0)  # sampled rewrites (greedy ones from a random model are all end-of-turn)
     run_cli(["judge-validate", f"input={data}", f"output_dir={out}", f"model={judge_dir}", "degrader=llm",
-             f"generator.model={judge_dir}", "generator.max_new_tokens=12", "generator.temperature=1.0", "generator.device=cpu", "steps=2", "kinds=[factual_accuracy,faulty_reasoning]",
+             f"generator.model={judge_dir}", "generator.max_tokens=12", "generator.temperature=1.0", "generator.device=cpu", "steps=2", "kinds=[factual_accuracy,faulty_reasoning]",
              "pairwise=false", "resamples=100", "device=cpu", "require_significant=false"])
     report = json.loads((out / "report.json").read_text())
     assert report["degrader"]["degrader"] == "llm" and report["degrader"]["model"] == str(judge_dir)

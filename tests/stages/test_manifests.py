@@ -122,7 +122,7 @@ def _changed_copy(source: Path, dest: Path, change) -> Path:
 
 # one input row changed, for the stages whose input is a file the user gives
 ROW_INPUT = {
-    "sft": ("dataset", "recipes/tiny/data/sft.jsonl"),
+    "sft": ("input", "recipes/tiny/data/sft.jsonl"),
     "sample": ("prompts", "recipes/tiny/data/prompts.jsonl"),
     "evaluate": ("prompts", "recipes/tiny/data/held_out.jsonl"),
 }
@@ -143,8 +143,8 @@ def test_a_changed_input_row_stops_the_rerun_naming_the_file_and_the_rows(ws, st
     assert f"{stage}.{key} ({changed}): content changed (1 row differs, 1 added)" in err
 
 
-@pytest.mark.parametrize("stage,key", [("annotate", "input"), ("pairs", "input"), ("logprobs", "dataset"),
-                                       ("train", "dataset")])
+@pytest.mark.parametrize("stage,key", [("annotate", "input"), ("pairs", "input"), ("logprobs", "input"),
+                                       ("train", "input")])
 def test_a_changed_upstream_row_stops_the_rerun(ws, stage, key, tmp_path):
     """Given as a plain file with one row changed, in place of the earlier stage's output."""
     config_source = {"annotate": "runs/tiny/sample", "pairs": "runs/tiny/annotate",

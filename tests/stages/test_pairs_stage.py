@@ -47,7 +47,7 @@ def test_pairs_stage_expects_n_minus_the_references_overlong_drop_removed(tmp_pa
 
 
 def test_pairs_stage_names_both_keys_when_references_and_num_ref_rewards_disagree(tmp_path):
-    with pytest.raises(RecordError, match=r"'cut'.*n_ref=4 minus num_ref_dropped=2"):
+    with pytest.raises(RecordError, match=r"'cut'.*num_ref_rewards=4 minus num_ref_dropped=2"):
         run_pairs(tmp_path, [annotated("cut", [0.0, 1.0, 2.0], dropped=2)], num_ref_rewards=4)
 
 

@@ -80,7 +80,7 @@ def test_each_stage_runs_alone_from_the_tiny_pipeline_recipe(stage):
     if stage in ("sft", "logprobs", "train"):
         assert config.chat_date == "2026-01-01" and config.chat_format == "apertus"
     if stage == "sample":
-        assert config.sampler.date == "2026-01-01" and config.sampler.backend == "transformers"
+        assert config.sampler.chat_date == "2026-01-01" and config.sampler.backend == "transformers"
 
 
 def test_tiny_pipeline_pins_one_date_everywhere():
@@ -88,8 +88,8 @@ def test_tiny_pipeline_pins_one_date_everywhere():
 
     configs = dict(load_config(Config, TINY_RECIPE, section="pipeline").stage_configs())
     assert list(configs) == list(TINY_STAGES)
-    dates = {configs[s].chat_date for s in ("sft", "logprobs", "train")} | {configs["sample"].sampler.date,
-                                                                          configs["evaluate"].sampler.date}
+    dates = {configs[s].chat_date for s in ("sft", "logprobs", "train")} | {configs["sample"].sampler.chat_date,
+                                                                          configs["evaluate"].sampler.chat_date}
     assert dates == {"2026-01-01"}
     assert configs["logprobs"].max_length == configs["train"].max_length
     assert configs["pairs"].num_ref_rewards == configs["train"].num_ref_rewards == configs["sample"].n
@@ -114,7 +114,7 @@ def test_apertus_stage_recipes_agree_with_each_other(size):
     samplers = {"sample": r["sample"].sampler, "evaluate": r["evaluate"].sampler}
 
     # one chat date and one chat format for every prompt the policy is trained or sampled on
-    dates = {**{k: c.chat_date for k, c in tokenized.items()}, **{k: s.date for k, s in samplers.items()}}
+    dates = {**{k: c.chat_date for k, c in tokenized.items()}, **{k: s.chat_date for k, s in samplers.items()}}
     assert len(set(dates.values())) == 1 and None not in dates.values(), dates
     formats = {**{k: c.chat_format for k, c in tokenized.items()}, **{k: s.chat_format for k, s in samplers.items()}}
     assert set(formats.values()) == {"apertus"}, formats
@@ -140,8 +140,8 @@ def test_apertus_stage_recipes_agree_with_each_other(size):
     assert r["sample_offline"].prompts == r["sample"].output_dir
     assert r["annotate_rm"].input == r["sample_offline"].output_dir
     assert r["pairs"].input == r["annotate_rm"].output_dir
-    assert r["logprobs"].dataset == f"{r['pairs'].output_dir}/pairs.jsonl"
-    assert r["qrpo"].dataset == r["dpo"].dataset == r["logprobs"].output_dir
+    assert r["logprobs"].input == f"{r['pairs'].output_dir}/pairs.jsonl"
+    assert r["qrpo"].input == r["dpo"].input == r["logprobs"].output_dir
     models = {p.name: p.model for p in r["evaluate"].policies}
     assert models == {"sft": sft_out, "qrpo": r["qrpo"].output_dir, "dpo": r["dpo"].output_dir}
     assert r["evaluate"].baseline == "sft"

@@ -28,7 +28,7 @@ def test_sft_stage_drops_identity_claims_and_strips_boxed_answers(tmp_path, stag
     data = tmp_path / "sft.jsonl"
     data.write_text("".join(json.dumps(row) + "\n" for row in hygiene_rows()))
     out = tmp_path / "sft"
-    printed = run_cli(["sft", TINY_RECIPE, f"model_name_or_path={stage_models['policy']}", f"dataset={data}",
+    printed = run_cli(["sft", TINY_RECIPE, f"model_name_or_path={stage_models['policy']}", f"input={data}",
                        f"output_dir={out}", "max_steps=2", "identity_filter=true", "strip_boxed=true",
                        f"chat_date={DATE}"])
     summary = stage_completion_info(out)["summary"]
@@ -46,13 +46,13 @@ def test_sft_data_preparation_trains_on_the_answers_without_their_box(tokenizer)
     install_format(tokenizer)
     rows = hygiene_rows()[:4]
     summary: dict = {}
-    prepared = prepare_sft_dataset(rows_to_dataset(rows), tokenizer, date=DATE, strip_boxed=True,
+    prepared = prepare_sft_dataset(rows_to_dataset(rows), tokenizer, chat_date=DATE, strip_boxed=True,
                                    identity_filter=True, summary=summary)
     assert summary == {"identity_dropped": 2, "boxed_stripped": 2}
     by_hand = [json.loads(json.dumps(row)) for row in rows[:2]]
     by_hand[0]["messages"][-1]["content"] = "The answer: no"
     by_hand[1]["messages"][-1]["content"] = r"\text{no}, as I said"
-    expected = prepare_sft_dataset(rows_to_dataset(by_hand), tokenizer, date=DATE)
+    expected = prepare_sft_dataset(rows_to_dataset(by_hand), tokenizer, chat_date=DATE)
     assert prepared["input_ids"] == expected["input_ids"] and prepared["labels"] == expected["labels"]
-    untouched = prepare_sft_dataset(rows_to_dataset(rows), tokenizer, date=DATE)
+    untouched = prepare_sft_dataset(rows_to_dataset(rows), tokenizer, chat_date=DATE)
     assert len(untouched) == 4 and untouched["input_ids"][0] != expected["input_ids"][0]

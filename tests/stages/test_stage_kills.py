@@ -109,7 +109,7 @@ def test_killed_logprobs_stage_resumes_to_the_uninterrupted_output(tmp_path, pai
     pairs = pairs_run[0] / "pairs.jsonl"
     ids = {r["id"] for r in read_records(pairs)}
     assert len(ids) >= 4, "the tiny chain should give a few pairs to kill between"
-    args = ["logprobs", TINY_RECIPE, f"model_name_or_path={sft_run[0]}", f"dataset={pairs}", "batch_size=1"]
+    args = ["logprobs", TINY_RECIPE, f"model_name_or_path={sft_run[0]}", f"input={pairs}", "batch_size=1"]
     run_cli([*args, f"output_dir={tmp_path / 'once'}"])
     kill_and_resume(args, tmp_path / "killed", len(ids), tmp_path / "killed.log", seed=13)
     assert_same_rows(tmp_path / "killed", tmp_path / "once", ids, "logprobs")

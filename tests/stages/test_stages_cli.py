@@ -210,7 +210,7 @@ def test_annotate_classifier_records_failures_instead_of_guessing(stage_root, sf
     out = stage_root / "annotate_classifier"
     printed = run_cli(["annotate", TINY_RECIPE, f"input={TINY_DATA / 'prompts.jsonl'}", f"output_dir={out}",
                        "provider=classifier", "backend=transformers", f"model={sft_run[0]}", "max_attempts=2",
-                       "max_new_tokens=12", "device=cpu"])
+                       "max_tokens=12", "device=cpu"])
     assert f"[align annotate] wrote {out}" in printed
     info = marker(out, "annotate")
     rows = read_records(out)
@@ -239,13 +239,13 @@ def test_logprobs_refuses_a_dataset_without_rows(stage_root, sft_run):
     empty = stage_root / "no_pairs.jsonl"  # what the pairs stage writes when no prompt gave a pair
     empty.write_text("")
     with pytest.raises(ValueError, match="no_pairs.jsonl.*holds no rows"):
-        run_cli(["logprobs", TINY_RECIPE, f"model_name_or_path={sft_run[0]}", f"dataset={empty}",
+        run_cli(["logprobs", TINY_RECIPE, f"model_name_or_path={sft_run[0]}", f"input={empty}",
                  f"output_dir={stage_root / 'logprobs_empty'}"])
 
 
 def test_stages_refuse_directories_that_mix_kinds_of_rows(stage_root, pairs_run, sft_run):
     """A pairs output holds pairs.jsonl and skipped.jsonl: the file must be named."""
-    for stage, key in (("logprobs", "dataset"), ("train", "dataset")):
+    for stage, key in (("logprobs", "input"), ("train", "input")):
         with pytest.raises(ValueError, match=f"{key}=.*pairs.jsonl"):
             run_cli([stage, TINY_RECIPE, f"model_name_or_path={sft_run[0]}", f"{key}={pairs_run[0]}",
                      f"output_dir={stage_root / ('refused_' + stage)}"])
@@ -270,7 +270,7 @@ def test_decontaminate_via_python_dash_m(tmp_path):
     train.write_text("".join(json.dumps(r) + "\n" for r in rows))
     recipe = tmp_path / "decontaminate.yaml"
     out = tmp_path / "decon"
-    recipe.write_text(f"train_path: {train}\noutput_dir: {out}\nnum_workers: 1\nprogress: false\n"
+    recipe.write_text(f"input: {train}\noutput_dir: {out}\nnum_workers: 1\nprogress: false\n"
                       f"benchmarks:\n  - {{name: bench, path: {bench}, text_field: question, id_field: key}}\n")
     done = subprocess.run([sys.executable, "-m", "align", "decontaminate", str(recipe)], check=False, capture_output=True,
                           text=True, env=subprocess_env(), timeout=300)
@@ -282,5 +282,5 @@ def test_decontaminate_via_python_dash_m(tmp_path):
     assert [r["id"] for r in removed] == ["copied"]
     assert "b0" in json.dumps(removed[0])  # names the benchmark item it matched
     # the output directory holds removed rows too: SFT on it must name kept.jsonl
-    with pytest.raises(ValueError, match=r"dataset=.*kept\.jsonl"):
-        run_cli(["sft", TINY_RECIPE, f"dataset={out}", f"output_dir={tmp_path / 'sft'}"])
+    with pytest.raises(ValueError, match=r"input=.*kept\.jsonl"):
+        run_cli(["sft", TINY_RECIPE, f"input={out}", f"output_dir={tmp_path / 'sft'}"])

@@ -27,7 +27,7 @@ def test_accelerate_launch_of_the_train_stage_runs_two_deepspeed_ranks(tmp_path,
     command = [
         *accelerate_launch(cpu_accelerate_config(tmp_path / "zero2_cpu.yaml")),
         "-m", "align", "train", str(RECIPES / "apertus-8b" / "qrpo.yaml"),
-        f"model_name_or_path={sft_run[0]}", f"dataset={logprobs_run[0]}", f"output_dir={out}",
+        f"model_name_or_path={sft_run[0]}", f"input={logprobs_run[0]}", f"output_dir={out}",
         f"chat_date={DATE}", "max_length=256", "bf16=false", "use_cpu=false", "ddp_backend=gloo",
         "activation_checkpointing=false", "per_device_train_batch_size=2", "gradient_accumulation_steps=1",
         "num_ref_rewards=4", "max_steps=2", "logging_steps=1", "save_steps=1000",  # the tiny data has n = 4

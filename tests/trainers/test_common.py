@@ -42,7 +42,7 @@ def test_shared_keys_have_one_default_and_one_help_text_in_both_configs(tmp_path
         ({"ademamix_beta3": 1.0}, r"ademamix_beta3=1.0: must be in \[0, 1\)"),
         ({"ademamix_t_beta3": -1}, "ademamix_t_beta3=-1: must be >= 0"),
         ({"lora_r": 0}, "lora_r=0"),
-        ({"model_dtype": "int8"}, "model_dtype='int8'"),
+        ({"dtype": "int8"}, "dtype='int8'"),
     ],
 )
 def test_both_configs_refuse_the_same_settings(make, kwargs, message, tmp_path):

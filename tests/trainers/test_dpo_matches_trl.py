@@ -59,7 +59,7 @@ def trl_rows(rows: list[dict], tokenizer) -> list[dict]:
     """The same pairs in TRL's standard format: rendered prompt (no BOS text) + completion + end of turn."""
     out = []
     for r in rows:
-        prompt = render(r["messages"], add_generation_prompt=True, date=DATE)
+        prompt = render(r["messages"], add_generation_prompt=True, chat_date=DATE)
         assert prompt.startswith(tokenizer.bos_token)
         out.append({"prompt": prompt[len(tokenizer.bos_token):], "chosen": r["chosen"] + APERTUS.turn_end,
                     "rejected": r["rejected"] + APERTUS.turn_end})
@@ -99,7 +99,7 @@ def train_settings(tmp_path, name: str, **overrides) -> dict:
 
 def align_trainer(tokenizer, rows, tmp_path) -> PreferenceTrainer:
     """align with the reference log-probs of the offline pass, plain SGD through ``optim``."""
-    compute_ref_logprobs(rows, reference(tokenizer), tokenizer, format="apertus", batch_size=PAIRS,
+    compute_ref_logprobs(rows, reference(tokenizer), tokenizer, chat_format="apertus", batch_size=PAIRS,
                          max_length=MAX_LENGTH, output_dir=tmp_path / "ref", chat_date=DATE)
     config = PreferenceConfig(**train_settings(tmp_path, "align"), loss_type="dpo", length_normalize=False,
                               beta=BETA, optimizer=None, chat_date=DATE)

@@ -100,7 +100,7 @@ def workdir(tmp_path_factory, tiny_tokenizer):
 
     root = tmp_path_factory.mktemp("dist")
     rows = _make_rows(24)
-    compute_ref_logprobs(rows, build_causal_lm(tiny_tokenizer), tiny_tokenizer, format="apertus", batch_size=8,
+    compute_ref_logprobs(rows, build_causal_lm(tiny_tokenizer), tiny_tokenizer, chat_format="apertus", batch_size=8,
                          max_length=128, chat_date="2025-09-01", output_dir=root / "ref")
     with open(root / "data.jsonl", "w") as f:
         f.writelines(json.dumps(row) + "\n" for row in load_ref_logprobs(root / "ref", rows))

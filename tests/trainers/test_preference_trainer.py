@@ -46,7 +46,7 @@ def make_rows(count: int, seed: int = 0) -> list[dict]:
 
 
 def with_ref_logps(rows, model, tokenizer, directory) -> list[dict]:
-    compute_ref_logprobs(rows, model, tokenizer, format="apertus", batch_size=8, max_length=MAX_LENGTH,
+    compute_ref_logprobs(rows, model, tokenizer, chat_format="apertus", batch_size=8, max_length=MAX_LENGTH,
                          output_dir=directory, chat_date=DATE)
     return load_ref_logprobs(directory, rows)
 
@@ -370,7 +370,7 @@ def _chatml(rows, tokenizer):
     from align.chat import install_format
 
     tokenizer = copy.deepcopy(tokenizer)
-    install_format(tokenizer, format="chatml")  # its tokens added: the tokenizer differs too
+    install_format(tokenizer, chat_format="chatml")  # its tokens added: the tokenizer differs too
     return {"chat_format": "chatml", "tokenizer": tokenizer}
 
 
@@ -506,7 +506,7 @@ def truncated_rows(count: int = 4) -> list[dict]:
 def test_truncated_completion_is_trained_without_end_of_turn_and_matches_the_pass(base, tiny_tokenizer, tmp_path,
                                                                                    caplog):
     rows = truncated_rows()
-    compute_ref_logprobs(rows, base, tiny_tokenizer, format="apertus", batch_size=4, max_length=MAX_LENGTH,
+    compute_ref_logprobs(rows, base, tiny_tokenizer, chat_format="apertus", batch_size=4, max_length=MAX_LENGTH,
                          output_dir=tmp_path / "ref", chat_date=DATE, truncated="train_without_end")
     scored = load_ref_logprobs(tmp_path / "ref", rows)
     with caplog.at_level("WARNING", logger="align.trainers.preference_data"):

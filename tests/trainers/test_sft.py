@@ -143,11 +143,11 @@ def hand_loss(model, batch, prompt_loss_weight: float) -> torch.Tensor:
 
 def test_dataset_labels_are_ignored_exactly_where_the_chat_mask_is_zero(chat_tok):
     data = rows(8)
-    prepared = prepare_sft_dataset(data, chat_tok, date=DATE)
+    prepared = prepare_sft_dataset(data, chat_tok, chat_date=DATE)
     assert prepared.column_names == ["input_ids", "labels"]
     for row, out in zip(data, prepared):
         tools = json.loads(row["tools"]) or None
-        enc = encode(chat_tok, json.loads(row["messages"]), tools=tools, date=DATE)
+        enc = encode(chat_tok, json.loads(row["messages"]), tools=tools, chat_date=DATE)
         assert out["input_ids"] == enc.input_ids
         assert [label == -100 for label in out["labels"]] == [m == 0 for m in enc.loss_mask]
         assert [label for label in out["labels"] if label != -100] == [
@@ -156,7 +156,7 @@ def test_dataset_labels_are_ignored_exactly_where_the_chat_mask_is_zero(chat_tok
 
 
 def test_trained_tokens_are_assistant_text_and_end_of_turn_only(chat_tok):
-    prepared = prepare_sft_dataset(Dataset.from_list([conversation(3)]), chat_tok, date=DATE)
+    prepared = prepare_sft_dataset(Dataset.from_list([conversation(3)]), chat_tok, chat_date=DATE)
     trained = [t for t in prepared[0]["labels"] if t != -100]
     text = chat_tok.decode(trained)
     assert (
@@ -554,12 +554,12 @@ def test_bad_rows_are_rejected_naming_row_and_field(chat_tok, row, field):
     data = [good, row] if field else [row]
     if field is None:
         with pytest.raises(ValueError, match="needs a 'messages' column"):
-            prepare_sft_dataset(Dataset.from_list(data), chat_tok, date=DATE)
+            prepare_sft_dataset(Dataset.from_list(data), chat_tok, chat_date=DATE)
         return
     from align.trainers.sft_data import encode_sft_row
 
     with pytest.raises(RecordError) as info:
-        encode_sft_row(row, chat_tok, index=1, date=DATE)
+        encode_sft_row(row, chat_tok, index=1, chat_date=DATE)
     assert info.value.record_id == row["id"] and info.value.field == field
     assert row["id"] in str(info.value)
 
@@ -576,7 +576,7 @@ def test_row_without_id_is_named_by_index(chat_tok):
         ]
     )
     with pytest.raises(RecordError, match=r"<row 1>.*'messages'.*no assistant"):
-        prepare_sft_dataset(data, chat_tok, date=DATE)
+        prepare_sft_dataset(data, chat_tok, chat_date=DATE)
 
 
 def test_pretokenized_rows_without_labels_are_refused(chat_tok):

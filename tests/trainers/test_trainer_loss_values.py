@@ -68,7 +68,7 @@ def policy(reference):
 def data(reference, tiny_tokenizer, tmp_path_factory):
     rows = make_rows(PAIRS)
     out = tmp_path_factory.mktemp("ref")
-    compute_ref_logprobs(rows, reference, tiny_tokenizer, format="apertus", batch_size=4, max_length=MAX_LENGTH,
+    compute_ref_logprobs(rows, reference, tiny_tokenizer, chat_format="apertus", batch_size=4, max_length=MAX_LENGTH,
                          output_dir=out, chat_date=DATE)
     return load_ref_logprobs(out, rows)
 

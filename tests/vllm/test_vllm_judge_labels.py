@@ -52,7 +52,7 @@ def judge_dir(tmp_path_factory):
     from align.testing.tiny import build_causal_lm, build_tokenizer
 
     tok = build_tokenizer()
-    install_format(tok, format="apertus")
+    install_format(tok, chat_format="apertus")
     model = build_causal_lm(tok, seed=6, tie_word_embeddings=False)
     plain = ConstitutionalJudge(TransformersJudgeBackend(model, tok, show_progress=False), CHARTER, top_k_pairwise=0)
     prompts = [plain.pointwise_prompt(c, r) for c, r in zip(CONVERSATIONS, RESPONSES)]

@@ -27,7 +27,7 @@ CONVS = [
 def sampler(tiny_dirs):
     from align.sampling.vllm_backend import VLLMSampler
 
-    return VLLMSampler(str(tiny_dirs["policy"]), date=DATE, max_model_len=512, engine_kwargs=EAGER)
+    return VLLMSampler(str(tiny_dirs["policy"]), chat_date=DATE, max_model_len=512, engine_kwargs=EAGER)
 
 
 def _texts(out):
@@ -164,8 +164,8 @@ def test_scripted_model_counts_and_text_agree_with_transformers(tiny_tokenizer, 
     from align.sampling.vllm_backend import VLLMSampler
 
     path = _scripted_model_dir(tiny_tokenizer, ["<|assistant_start|>"] + chain, tmp_path / "scripted")
-    vllm_sampler = VLLMSampler(path, date=DATE, max_model_len=256, engine_kwargs=EAGER)
-    hf_sampler = TransformersSampler(path, date=DATE)
+    vllm_sampler = VLLMSampler(path, chat_date=DATE, max_model_len=256, engine_kwargs=EAGER)
+    hf_sampler = TransformersSampler(path, chat_date=DATE)
     for backend in (vllm_sampler, hf_sampler):
         row = backend.sample(CONVS[:2], n=10, max_tokens=max_tokens, seed=0)
         assert {(c.text, c.num_tokens, c.finish_reason) for r in row for c in r} == {expected}

@@ -102,7 +102,7 @@ def server(judge_dir, tmp_path_factory):  # noqa: F811 (the imported fixture)
 @pytest.fixture(scope="module")
 def in_process(judge_dir):  # noqa: F811
     """The same model in an in-process engine: a sampler, whose engine also serves the judge backend."""
-    sampler = VLLMSampler(str(judge_dir), dtype="float32", max_model_len=MAX_MODEL_LEN, date="2025-09-01",
+    sampler = VLLMSampler(str(judge_dir), dtype="float32", max_model_len=MAX_MODEL_LEN, chat_date="2025-09-01",
                           engine_kwargs={"seed": 0})
     yield sampler
     del sampler
@@ -139,7 +139,7 @@ def test_pairwise_comparisons_through_the_server_equal_in_process(server, in_pro
 
 
 def test_samples_through_the_server_equal_in_process(server, in_process, judge_dir):  # noqa: F811
-    client = OpenAISampler(server, SERVED_NAME, str(judge_dir), date="2025-09-01")
+    client = OpenAISampler(server, SERVED_NAME, str(judge_dir), chat_date="2025-09-01")
     assert client.max_model_len == MAX_MODEL_LEN  # asked from the server
     got = client.sample(PROMPTS, n=3, max_tokens=12, seed=7)
     want = in_process.sample(PROMPTS, n=3, max_tokens=12, seed=7)
@@ -151,7 +151,7 @@ def test_samples_through_the_server_equal_in_process(server, in_process, judge_d
 
 def test_a_sampling_stage_runs_through_the_server(server, judge_dir, tmp_path):  # noqa: F811
     records = [{"id": f"p{i}", "messages": m} for i, m in enumerate(PROMPTS)]
-    client = OpenAISampler(server, SERVED_NAME, str(judge_dir), date="2025-09-01")
+    client = OpenAISampler(server, SERVED_NAME, str(judge_dir), chat_date="2025-09-01")
     sample_references(records, client, output_dir=tmp_path / "sample", n=4, max_tokens=10, seed=0)
     rows = read_output(tmp_path / "sample", expect_ids=[r["id"] for r in records])
     assert [len(r["completions"]) for r in rows] == [4, 4, 4]
@@ -175,7 +175,7 @@ def test_the_sample_stage_samples_through_the_server(server, judge_dir, tmp_path
     recipe = tmp_path / "sample.yaml"
     recipe.write_text(f"prompts: {prompts}\noutput_dir: {tmp_path / 'out'}\nn: 2\nmax_tokens: 8\n"
                       f"sampler:\n  backend: openai\n  base_url: {server}\n  model: {SERVED_NAME}\n"
-                      f"  tokenizer: {judge_dir}\n  date: '2025-09-01'\n")
+                      f"  tokenizer: {judge_dir}\n  chat_date: '2025-09-01'\n")
     assert main(["sample", str(recipe)]) == 0
     rows = read_output(tmp_path / "out")
     assert sorted(r["id"] for r in rows) == ["q0", "q1", "q2"]
