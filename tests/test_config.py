@@ -82,6 +82,90 @@ def test_pipeline_recipe_section_merges_over_defaults(tmp_path):
     assert (config.name, config.beta) == ("shared", 4.0)
 
 
+@dataclass
+class Component:
+    chat_date: str | None = None
+    backend: str = "vllm"
+
+
+@dataclass
+class Stage:
+    chat_date: str | None = None
+    sampler: Component = field(default_factory=lambda: Component(backend="transformers"))
+    optional: Component | None = None
+    items: list[Component] = field(default_factory=list)
+
+
+@pytest.fixture()
+def stand_ins(monkeypatch):
+    """Nested sections are the project's own configs (a library's dataclass stays one key):
+    let the stand-ins above count as such."""
+    import typing
+
+    import align.config
+
+    own = align.config._nested_dataclass
+    monkeypatch.setattr(align.config, "_nested_dataclass", lambda annotation: own(annotation) or next(
+        (c for c in (annotation, *typing.get_args(annotation)) if c is Component), None))
+
+
+def test_pipeline_defaults_reach_nested_sections_and_a_section_key_wins(tmp_path, stand_ins):
+    recipe = tmp_path / "p.yaml"
+    recipe.write_text("defaults: {chat_date: '2026-01-01'}\n"
+                      "a: {}\n"
+                      "b: {chat_date: '2020-01-01', sampler: {chat_date: '2021-01-01'}}\n"
+                      "c: {sampler: {device: cpu}}\n"
+                      "d: {optional: {backend: x}, items: [{backend: y}]}\n")
+    a = load_config(Stage, recipe, section="a")
+    assert (a.chat_date, a.sampler.chat_date, a.sampler.backend) == ("2026-01-01", "2026-01-01", "transformers")
+    assert a.optional is None  # a default creates no component that is absent by default
+    b = load_config(Stage, recipe, section="b")
+    assert (b.chat_date, b.sampler.chat_date) == ("2020-01-01", "2021-01-01")  # explicit keys win at their level
+    with pytest.raises(ConfigError, match="unknown key sampler.'device'"):
+        load_config(Stage, recipe, section="c")
+    d = load_config(Stage, recipe, section="d")
+    assert d.optional.chat_date == "2026-01-01" and d.items[0].chat_date is None  # lists are not reached
+    overridden = load_config(Stage, recipe, ["sampler.chat_date=2019-01-01"], section="a")
+    assert (overridden.chat_date, overridden.sampler.chat_date) == ("2026-01-01", "2019-01-01")
+
+
+def test_apply_defaults_and_default_keys(stand_ins):
+    from align.config import apply_defaults, default_keys
+
+    assert apply_defaults(Stage, {"chat_date": "x", "other": 1}, {}) == {"chat_date": "x", "sampler": {"chat_date": "x"}}
+    assert apply_defaults(Component, {}, {"backend": "y"}) == {"backend": "y"}
+    assert default_keys(Stage) == {"chat_date", "sampler", "optional", "items", "backend"}
+
+
+def test_pipeline_defaults_reach_the_real_stages_nested_sections(tmp_path):
+    from align.stages import stage_module
+    from align.stages.pipeline import Config as Pipeline
+
+    recipe = tmp_path / "p.yaml"
+    recipe.write_text("defaults: {chat_date: '2026-01-01', dtype: float32, max_tokens: 5}\n"
+                      "evaluate: {prompts: p.jsonl, sampler: {device: cpu}}\n"
+                      "judge-validate: {input: g.jsonl, model: m}\n")
+    evaluate = load_config(stage_module("evaluate").Config, recipe, section="evaluate")
+    assert (evaluate.sampler.chat_date, evaluate.sampler.dtype, evaluate.reward.dtype) == ("2026-01-01", "float32",
+                                                                                          "float32")
+    assert evaluate.sampler.backend == "transformers" and evaluate.sampler.device == "cpu"  # its own defaults kept
+    assert evaluate.max_tokens == 5 and evaluate.reward.max_tokens == 5
+    judge = load_config(stage_module("judge-validate").Config, recipe, section="judge-validate")
+    assert (judge.dtype, judge.generator.dtype, judge.generator.max_tokens) == ("float32", "float32", 5)
+    # the pipeline: a default that only a nested section knows is used; one known nowhere is an error
+    pipeline = from_dict(Pipeline, {"defaults": {"chat_date": "2026-01-01"}, "evaluate": {"prompts": "p.jsonl"}})
+    assert dict(pipeline.stage_configs())["evaluate"].sampler.chat_date == "2026-01-01"
+    with pytest.raises(ConfigError, match=r"keys \['name'\] are known to no stage"):  # policies[] are not reached
+        from_dict(Pipeline, {"defaults": {"name": "x"}, "evaluate": {"prompts": "p.jsonl"}})
+
+
+def test_a_renamed_key_names_the_new_one_even_where_difflib_would_not(stand_ins):
+    with pytest.raises(ConfigError, match=r"Did you mean 'chat_date'\? \('date' is now 'chat_date'"):
+        from_dict(Stage, {"date": "2026-01-01"})
+    with pytest.raises(ConfigError, match=r"unknown key sampler.'date' for Component. Did you mean 'chat_date'"):
+        from_dict(Stage, {"sampler": {"date": "2026-01-01"}})
+
+
 def test_to_dict_round_trips():
     config = Outer(tags=["a"], inner=Inner(lr=0.5))
     assert from_dict(Outer, to_dict(config)) == config

@@ -57,9 +57,9 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 PRESETS: dict[str, dict[str, Any]] = {
     "full": {},
     "ci": {
-        "sft_examples": 4000, "prompts": 256, "held_out": 100, "validation": 100,
+        "num_sft_examples": 4000, "num_prompts": 256, "num_held_out": 100, "num_validation": 100,
         "sft_batch_size": 64, "sft_max_steps": 150, "qrpo_batch_size": 32, "qrpo_steps": 32,
-        "dpo_steps": 16, "watch_every": 16, "judge_prompts": 2,
+        "dpo_steps": 16, "watch_every": 16, "num_judge_prompts": 2,
     },
 }
 
@@ -73,11 +73,11 @@ class Config:
         "help": "'full' (the defaults below) or 'ci' (fewer examples, prompts and steps: a quick path check)"})
     seed: int = field(default=0, metadata={"help": "seeds data, model init, sampling and training"})
     length: int = field(default=5, metadata={"help": "digits per problem (the task sorts them)"})
-    sft_examples: int = field(default=40000, metadata={"help": "SFT conversations"})
+    num_sft_examples: int = field(default=40000, metadata={"help": "SFT conversations"})
     tool_fraction: float = field(default=0.05, metadata={"help": "share of SFT conversations that call the calculator"})
-    prompts: int = field(default=2048, metadata={"help": "QRPO prompts (each gets n reference samples)"})
-    held_out: int = field(default=500, metadata={"help": "held-out prompts for the before/after evaluation"})
-    validation: int = field(default=200, metadata={"help": "prompts that decide when SFT stops"})
+    num_prompts: int = field(default=2048, metadata={"help": "QRPO prompts (each gets n reference samples)"})
+    num_held_out: int = field(default=500, metadata={"help": "held-out prompts for the before/after evaluation"})
+    num_validation: int = field(default=200, metadata={"help": "prompts that decide when SFT stops"})
     n: int = field(default=10, metadata={"help": "reference samples per prompt"})
     sft_learning_rate: float = field(default=3e-3, metadata={"help": "SFT AdamW learning rate"})
     sft_batch_size: int = field(default=128, metadata={"help": "SFT batch size"})
@@ -92,7 +92,7 @@ class Config:
     dpo_learning_rate: float = field(default=3e-5, metadata={"help": "DPO AdamW learning rate"})
     dpo_steps: int = field(default=128, metadata={"help": "DPO optimizer steps (one pair per QRPO sample pair)"})
     watch_every: int = field(default=32, metadata={"help": "QRPO/DPO steps between greedy checks on the validation prompts"})
-    judge_prompts: int = field(default=4, metadata={"help": "prompts scored by the tiny judge (path check)"})
+    num_judge_prompts: int = field(default=4, metadata={"help": "prompts scored by the tiny judge (path check)"})
     threads: int | None = field(default=None, metadata={"help": "torch threads (default: all cores)"})
 
     def __post_init__(self) -> None:
@@ -193,7 +193,7 @@ def _run_judge(config: Config, records: list[dict], out: Path) -> dict[str, Any]
     model = build_causal_lm(tokenizer, seed=config.seed, max_position_embeddings=8192)
     install_format(tokenizer, model, chat_format="apertus")
     judge = ConstitutionalJudge(TransformersJudgeBackend(model, tokenizer, show_progress=False), top_k_pairwise=3)
-    sample = records[: config.judge_prompts]
+    sample = records[: config.num_judge_prompts]
     groups = judge.score_groups(
         [r["messages"] for r in sample], [[c["text"] for c in r["completions"][:4]] for r in sample]
     )
@@ -254,8 +254,8 @@ def run(config: Config) -> dict[str, Any]:
 
     with timer("data and model"):
         splits = make_splits(  # checks the task's settings (enough distinct problems) first
-            sft=config.sft_examples, prompts=config.prompts, held_out=config.held_out,
-            validation=config.validation, tool_fraction=config.tool_fraction, seed=config.seed,
+            sft=config.num_sft_examples, prompts=config.num_prompts, held_out=config.num_held_out,
+            validation=config.num_validation, tool_fraction=config.tool_fraction, seed=config.seed,
             length=config.length,
         )
         _clear_previous_run(out)

@@ -145,3 +145,59 @@ def test_apertus_stage_recipes_agree_with_each_other(size):
     models = {p.name: p.model for p in r["evaluate"].policies}
     assert models == {"sft": sft_out, "qrpo": r["qrpo"].output_dir, "dpo": r["dpo"].output_dir}
     assert r["evaluate"].baseline == "sft"
+
+
+def test_the_one_chat_date_of_the_tiny_pipeline_gives_one_prompt_in_every_stage(tiny_dirs, tmp_path):
+    """`chat_date` is set once, in the recipe's `defaults`. Each stage encodes the same prompt
+    through its own path, from its own loaded config: the sample and evaluate stages' samplers
+    (`build_sampler` on their `sampler` sections), the log-prob pass (`run_pass` on its
+    section), the preference trainer's data path over the pass's rows (which also checks the
+    pass's token hash) and the SFT trainer's. All give the same token ids, whose system text
+    carries the recipe's date."""
+    import json
+    from dataclasses import replace
+
+    from datasets import Dataset
+    from transformers import AutoTokenizer
+
+    from align.logprobs import load_ref_logprobs
+    from align.sampling.config import build_sampler
+    from align.stages.logprobs import run_pass
+    from align.stages.pipeline import Config as PipelineConfig
+    from align.trainers.preference_data import prepare_row
+    from align.trainers.sft_trainer import SFTTrainer
+
+    configs = dict(load_config(PipelineConfig, TINY_RECIPE, section="pipeline").stage_configs())
+    policy = str(tiny_dirs["policy"])
+    tokenizer = AutoTokenizer.from_pretrained(policy)
+    messages = [{"role": "user", "content": "Is 14 even? Answer yes or no."}]
+
+    sampled = {stage: build_sampler(replace(configs[stage].sampler, model=policy)).encoder.prompt_ids(messages)
+               for stage in ("sample", "evaluate")}
+
+    pair = {"id": "p0", "messages": messages, "chosen": "yes", "rejected": "no", "chosen_reward": 1.0,
+            "rejected_reward": 0.0, "chosen_quantile": 1.0, "rejected_quantile": 0.0, "num_ref_rewards": 4,
+            "ref_rewards": [1.0, 0.0, 0.0, 0.0], "pair_fallback": None, "chosen_finish_reason": "stop",
+            "rejected_finish_reason": "stop", "num_ref_dropped": 0}
+    pairs = tmp_path / "pairs.jsonl"
+    pairs.write_text(json.dumps(pair) + "\n")
+    passed = run_pass(replace(configs["logprobs"], model_name_or_path=policy, input=str(pairs),
+                              output_dir=str(tmp_path / "logprobs")))
+    [scored] = load_ref_logprobs(passed, [pair])
+    assert scored["ref_inputs"]["chat_date"] == "2026-01-01"
+    trained = prepare_row(scored, 0, tokenizer, configs["train"])  # raises if the pass tokenized otherwise
+
+    conversation = Dataset.from_list([{"id": "s0", "messages": json.dumps(
+        [*messages, {"role": "assistant", "content": "yes"}])}])
+    sft_ids = SFTTrainer._prepare(conversation, tokenizer, configs["sft"])[0]["input_ids"]
+
+    prompt = sampled["sample"]
+    assert sampled["evaluate"] == prompt
+    assert trained["prompt_ids"] == prompt
+    assert sft_ids[: len(prompt)] == prompt
+    assert "Current date: 2026-01-01" in tokenizer.decode(prompt)
+
+    # and a date set in one section alone would show: the samplers are not tied to the trainers by hand
+    other = load_config(stage_module("sample").Config, TINY_RECIPE, ["sampler.chat_date=2020-01-01"],
+                        section="sample")
+    assert build_sampler(replace(other.sampler, model=policy)).encoder.prompt_ids(messages) != prompt
