@@ -151,6 +151,7 @@ class RewardProviderConfig(JudgeModelConfig, GeneratorConfig):
     def __post_init__(self) -> None:
         if self.provider in ("reward_model", "judge", "classifier") and not self.model:
             raise ValueError(f"model: provider {self.provider!r} needs a model path or name")
+        _check_engine(self)
         _check_judge(self)
         _check_generation(self)
         if self.provider == "classifier" and self.backend == "openai":

@@ -257,3 +257,24 @@ def test_removed_python_keywords_are_type_errors():
         render([{"role": "user", "content": "Hi"}], format="apertus")
     with pytest.raises(TypeError, match="n_ref"):
         align.make_pairs([], seed=0, n_ref=4)
+
+
+def test_one_dtype_reaches_every_backend(monkeypatch):
+    """The sampler's and the reward side's `dtype` is what vLLM gets too (once `vllm_dtype`,
+    or a `dtype` inside `engine_kwargs`, which is refused now)."""
+    import align.sampling.vllm_backend
+    from align.sampling.config import SamplerConfig, build_sampler
+    from rewards.config import RewardProviderConfig, vllm_engine_kwargs
+
+    seen = {}
+    monkeypatch.setattr(align.sampling.vllm_backend, "VLLMSampler", lambda model, **kwargs: seen.update(kwargs))
+    build_sampler(SamplerConfig(model="m", dtype="bfloat16"))
+    assert seen["dtype"] == "bfloat16"
+    build_sampler(SamplerConfig(model="m"))
+    assert seen["dtype"] == "auto"  # the default, as before
+    assert vllm_engine_kwargs(RewardProviderConfig(model="j", dtype="bfloat16", engine_kwargs={"max_model_len": 8})) \
+        == {"max_model_len": 8, "dtype": "bfloat16"}
+    assert vllm_engine_kwargs(RewardProviderConfig(model="j")) == {}  # vLLM's own default
+    for config in (SamplerConfig, RewardProviderConfig):
+        with pytest.raises(ValueError, match=r"engine_kwargs.dtype: set the dtype key"):
+            config(model="m", engine_kwargs={"dtype": "bfloat16"})
