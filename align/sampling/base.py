@@ -110,7 +110,9 @@ class PromptEncoder:
 
     ``chat_format`` is a format of `align.chat` ("apertus", "llama3", "chatml"), or
     "tokenizer" to use the tokenizer's own chat template (offline models such as Qwen or
-    Llama keep their own formats).
+    Llama keep their own formats). ``enable_thinking`` reaches both: the Apertus developer
+    block, or the template variable ``enable_thinking`` of the tokenizer's own template
+    (Qwen3's switch; ``false`` renders the prompt that turns its reasoning off).
     """
 
     def __init__(
@@ -152,8 +154,11 @@ class PromptEncoder:
     def render(self, conversation: Conversation, tools: Sequence[Any] | None = None) -> str:
         """The prompt text: the conversation plus the assistant generation prompt."""
         if self.chat_format == "tokenizer":
+            # the model's own template reads the thinking switch as the template variable
+            # `enable_thinking` (Qwen3 and others); a template without one ignores it
             return self.tokenizer.apply_chat_template(
-                list(conversation), tools=tools, tokenize=False, add_generation_prompt=True
+                list(conversation), tools=tools, tokenize=False, add_generation_prompt=True,
+                enable_thinking=self.enable_thinking,
             )
         from align.chat import render
 

@@ -25,7 +25,9 @@ class SamplerConfig:
             system message); pin it ("2025-09-01") for reproducible prompts. Default today.
             The same key as the trainers' and the log-prob pass's ``chat_date`` (a pipeline's
             ``defaults: {chat_date: ...}`` sets it here too).
-        enable_thinking: render "Deliberation: enabled" in the developer block.
+        enable_thinking: render "Deliberation: enabled" in the developer block; with
+            ``chat_format: tokenizer`` it is passed to the model's own template as the
+            variable ``enable_thinking`` (Qwen3: false turns its reasoning off).
         dtype: the model's weights dtype, honoured by the backend that loads the model
             ("auto": the dtype in the model's config; "float32", "bfloat16", "float16").
             The openai backend loads no model and ignores it.
