@@ -32,3 +32,92 @@ def summary_table(accuracy: Mapping[str, Mapping[str, Any]], gains: Mapping[str,
 
 def write_report(out: Path, report: dict[str, Any]) -> Path:
     return write_json(out / "report.json", report)
+
+
+def _series(logs: list[dict], key: str) -> list[tuple[int, float]]:
+    """(step, value) of one logged quantity."""
+    return [(log["step"], float(log[key])) for log in logs if isinstance(log.get(key), (int, float))]
+
+
+def plot_training(state: Any) -> Path:
+    """``training.png``: SFT loss and stopping, the preference losses and targets, greedy accuracy."""
+    from align.demo.plots import Panel, plot_panels
+
+    config, trained = state.config, state.trained
+    qrpo_logs = trained["qrpo"][0].state.log_history
+    dpo_logs = trained["dpo"][0].state.log_history
+    panels = [
+        Panel("SFT: training loss", "loss", {"SFT": _series(state.sft.state.log_history, "loss")}),
+        Panel("SFT: greedy accuracy on validation prompts", "accuracy", {"SFT": state.sft_history},
+              hline=config.sft_stop_accuracy, hline_label="stop at", smooth=False),
+        Panel("QRPO and DPO: training loss", "loss",
+              {"QRPO": _series(qrpo_logs, "loss"), "DPO": _series(dpo_logs, "loss")}),
+        Panel("QRPO: beta x log-ratio against its target", "value", {
+            "target, chosen": _series(qrpo_logs, "qrpo/target/chosen"),
+            "beta x log-ratio, chosen": _series(qrpo_logs, "qrpo/beta_logratio/chosen"),
+            "target, rejected": _series(qrpo_logs, "qrpo/target/rejected"),
+            "beta x log-ratio, rejected": _series(qrpo_logs, "qrpo/beta_logratio/rejected")}),
+        Panel("DPO: reward margin, chosen minus rejected", "margin", {"DPO": _series(dpo_logs, "rewards/margins")}),
+        Panel("Greedy accuracy on validation prompts while training", "accuracy", {
+            name.upper(): [(h["step"], h.get("reward", h.get("reward_start", 0.0))) for h in cb.history]
+            for name, (_, cb) in trained.items()}, smooth=False),
+    ]
+    return plot_panels(panels, state.out / "training.png", title=f"align demo, seed {config.seed}")
+
+
+def _count_reasons(items: Any) -> dict[str, int]:
+    counts: dict[str, int] = {}
+    for item in items:
+        key = str(item).split(":")[0]
+        counts[key] = counts.get(key, 0) + 1
+    return counts
+
+
+def build_report(state: Any, *, total_seconds: float) -> dict[str, Any]:
+    """Every number of the run: accuracy and gains with intervals, pairs, steps, timings."""
+    from collections import Counter
+
+    config, pairs, overall = state.config, state.pairs, state.evaluation["overall"]
+    accuracy = {name: {"sampled": p["reward_sampled"], "greedy": p["reward_greedy"], "kl": p.get("kl")}
+                for name, p in overall["policies"].items()}
+    gains = {name: {"sampled": c["reward_difference_sampled"], "greedy": c["reward_difference_greedy"],
+                    "win_rate_sampled": c["win_rate_reward_sampled"], "verdicts": c["verdicts"]}
+             for name, c in overall["comparisons"].items()}
+    mean = lambda xs: sum(xs) / len(xs) if xs else None
+    return {
+        "config": {k: getattr(config, k) for k in config.__dataclass_fields__},
+        "held_out_prompts": len(state.splits["held_out"]),
+        "accuracy": accuracy,
+        "gains": gains,
+        "improved": {name: g["sampled"]["low"] > 0 for name, g in gains.items()},
+        "sft_steps": state.sft.state.global_step,
+        "sft_validation": state.sft_history,
+        "prompts": len(state.splits["prompts"]),
+        "pairs": len(pairs),
+        "pair_fallbacks": sum(1 for p in pairs if p.get("pair_fallback")),
+        "pair_fallback_kinds": dict(Counter(p["pair_fallback"] for p in pairs if p.get("pair_fallback"))),
+        "mean_chosen_quantile": mean([p["chosen_quantile"] for p in pairs]),
+        "mean_rejected_quantile": mean([p["rejected_quantile"] for p in pairs]),
+        "skipped_prompts": len(state.skips),
+        "skip_reasons": _count_reasons(s["reason"] for s in state.skips),
+        "steps": {name: trainer.state.global_step for name, (trainer, _) in state.trained.items()},
+        "during_training": {name: cb.history for name, (_, cb) in state.trained.items()},
+        "judge": state.judge_summary,
+        "seconds": state.seconds,
+        "total_seconds": total_seconds,
+        "evaluation": "evaluate/report.md",
+        "plots": ["training.png", "evaluate/rewards.png", "evaluate/win_rates.png", "evaluate/reward_vs_length.png"],
+    }
+
+
+def print_summary(state: Any, report: dict[str, Any]) -> None:
+    """The table, each policy's verdict, and where the files are."""
+    out = state.out
+    print()
+    print(summary_table(report["accuracy"], report["gains"]))
+    for name, gain in report["gains"].items():
+        print(f"{name.upper()}: {gain['verdicts'][0]}")
+    print(f"({report['pairs']} pairs from {report['prompts']} prompts, {report['pair_fallbacks']} of them fallbacks; "
+          f"SFT stopped at step {report['sft_steps']}; {report['total_seconds']} s in all.)")
+    print(f"Report: {out / 'report.json'}, {out / 'evaluate' / 'report.md'}; plots: {out / 'training.png'}, "
+          f"{out / 'evaluate'}/*.png")

@@ -9,7 +9,8 @@ import json
 import pytest
 
 from align.cli import main
-from align.stages.demo import DEMO_MANIFEST, RUN_OUTPUTS, _clear_previous_run, check_demo_output_dir
+from align.demo.output import DEMO_MANIFEST, RUN_OUTPUTS, check_demo_output_dir
+from align.demo.output import clear_previous_run as _clear_previous_run
 
 
 def _demo(args: list[str]) -> tuple[int, str]:

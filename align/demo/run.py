@@ -1,0 +1,329 @@
+"""The demo's run: a short list of named steps, each a function over one shared state.
+
+Each step uses the library's own components (SFT and preference trainers, samplers,
+reward providers, pairs, the log-prob pass, ``align.evaluate``) on the task of
+``align.demo.task``; the state carries what the steps hand on to each other.
+"""
+
+from __future__ import annotations
+
+import copy
+import os
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from align.demo.config import DATE, GENERATE_BATCH, MAX_LENGTH, SFT_MAX_LENGTH, DemoConfig
+from align.demo.output import check_demo_output_dir, claim_output_dir
+
+
+@dataclass
+class DemoState:
+    """What the steps hand on to each other."""
+
+    config: DemoConfig
+    out: Path
+    seconds: dict[str, float] = field(default_factory=dict)
+    splits: dict[str, list[dict]] = field(default_factory=dict)
+    tokenizer: Any = None
+    model: Any = None
+    sft: Any = None                 # the SFT trainer (its model is the reference policy)
+    sft_history: list[tuple[int, float]] = field(default_factory=list)
+    sampler: Any = None             # the SFT policy's sampler
+    annotated: list[dict] = field(default_factory=list)
+    judge_summary: dict[str, Any] = field(default_factory=dict)
+    pairs: list[dict] = field(default_factory=list)
+    skips: list[dict] = field(default_factory=list)
+    train_rows: list[dict] = field(default_factory=list)
+    trained: dict[str, tuple[Any, Any]] = field(default_factory=dict)  # name -> (trainer, callback)
+    evaluation: dict[str, Any] = field(default_factory=dict)
+
+
+# --------------------------------------------------------------------------- checks during training
+
+
+def greedy_accuracy(model: Any, tokenizer: Any, records: list[dict], *, max_tokens: int = 8,
+                    batch_size: int = GENERATE_BATCH) -> float:
+    """Fraction of prompts whose greedy answer is exactly right and ends the turn.
+
+    Generated through the library's sampler (temperature 0 is argmax decoding), as the
+    evaluation callback and ``align.evaluate`` generate.
+    """
+    from align.sampling.hf import TransformersSampler
+
+    model.eval()
+    sampler = TransformersSampler(model, tokenizer, chat_format="apertus", chat_date=DATE, batch_size=batch_size)
+    drawn = sampler.sample([r["messages"] for r in records], 1, temperature=0.0, max_tokens=max_tokens)
+    correct = sum(c[0].finish_reason == "stop" and c[0].text.strip() == r["answer"] for c, r in zip(drawn, records))
+    return correct / len(records)
+
+
+def _sft_stopper(tokenizer: Any, validation: list[dict], config: DemoConfig, history: list) -> Any:
+    """A callback that stops SFT once greedy validation accuracy reaches the target."""
+    from transformers import TrainerCallback
+
+    class StopAtAccuracy(TrainerCallback):
+        def on_step_end(self, args, state, control, model=None, **kwargs):
+            if state.global_step % config.sft_eval_every:
+                return
+            accuracy = greedy_accuracy(model, tokenizer, validation, max_tokens=config.max_tokens)
+            model.train()
+            history.append((state.global_step, accuracy))
+            print(f"[align demo] SFT step {state.global_step}: validation greedy accuracy {accuracy:.3f}", flush=True)
+            if accuracy >= config.sft_stop_accuracy:
+                control.should_training_stop = True
+
+    return StopAtAccuracy()
+
+
+# --------------------------------------------------------------------------- the steps
+
+
+def make_data_and_model(state: DemoState) -> None:
+    """The task's splits (settings checked first), then the output directory, tokenizer and model."""
+    from align.chat import install_format, render
+    from align.demo.task import build_demo_model, build_demo_tokenizer, make_splits
+    from align.io import write_jsonl
+
+    config, out = state.config, state.out
+    state.splits = make_splits(  # checks the task's settings (enough distinct problems) first
+        sft=config.num_sft_examples, prompts=config.num_prompts, held_out=config.num_held_out,
+        validation=config.num_validation, tool_fraction=config.tool_fraction, seed=config.seed,
+        length=config.length,
+    )
+    claim_output_dir(out, config)
+    texts = [render(r["messages"], tools=r.get("tools"), chat_date=DATE) for r in state.splits["sft"][:4000]]
+    state.tokenizer = build_demo_tokenizer(texts)
+    state.model = build_demo_model(state.tokenizer, seed=config.seed)
+    install_format(state.tokenizer, state.model, chat_format="apertus")
+    for split in ("sft", "prompts", "held_out"):
+        write_jsonl(out / "data" / f"{split}.jsonl", state.splits[split])
+
+
+def supervised_finetuning(state: DemoState) -> None:
+    """SFT until greedy validation accuracy reaches ``sft_stop_accuracy`` (or ``sft_max_steps``)."""
+    from align.demo.task import batch_by_kind
+    from align.sampling.hf import TransformersSampler
+    from align.trainers.sft_config import SFTConfig
+    from align.trainers.sft_trainer import train_sft
+
+    config = state.config
+    sft_config = SFTConfig(
+        output_dir=str(state.out / "sft"),
+        learning_rate=config.sft_learning_rate, max_steps=config.sft_max_steps,
+        lr_scheduler_type="constant", weight_decay=0.0, optimizer="adamw", max_length=SFT_MAX_LENGTH,
+        logging_steps=10, save_strategy="no", report_to=[], use_cpu=True, bf16=False,
+        seed=config.seed, data_seed=config.seed, chat_date=DATE, disable_tqdm=True,
+        dataloader_num_workers=0, per_device_train_batch_size=config.sft_batch_size,
+        # Padded batches, not packing: measured on these rows (400 steps), padded batches took
+        # 156 s, BFD packing 242 s (TRL joins packed rows into one long row, and CPU attention
+        # then works over the whole grid).
+        packing=False, padding_free=False,
+        # Batches of one kind, in the order batch_by_kind gives (see there).
+        train_sampling_strategy="sequential",
+    )
+    rows = batch_by_kind(state.splits["sft"], config.sft_batch_size, seed=config.seed)
+    state.sft = train_sft(sft_config, rows, state.model, state.tokenizer,
+                          callbacks=[_sft_stopper(state.tokenizer, state.splits["validation"], config,
+                                                  state.sft_history)])
+    state.sft.model.eval()
+    state.sampler = TransformersSampler(state.sft.model, state.tokenizer, chat_format="apertus",
+                                        batch_size=GENERATE_BATCH, chat_date=DATE, model_name="demo-sft")
+
+
+def sample_references(state: DemoState) -> None:
+    """n reference completions per prompt at T = 1 from the SFT policy."""
+    from align.sampling.stages import sample_references as sample
+
+    sample(state.splits["prompts"], state.sampler, output_dir=state.out / "sample", n=state.config.n,
+           max_tokens=state.config.max_tokens, seed=state.config.seed, batch_size=GENERATE_BATCH)
+
+
+def reward_answers(state: DemoState) -> None:
+    """The verifiable reward: each sampled answer checked against the prompt's answer."""
+    from align.io import read_output
+    from rewards.annotate import annotate
+
+    annotate(read_output(state.out / "sample"), _reward(), state.out / "annotate", batch_size=GENERATE_BATCH)
+    state.annotated = read_output(state.out / "annotate")
+
+
+def score_with_judge(state: DemoState) -> None:
+    """Score a few sampled completions with the constitutional judge on a tiny model (the path runs)."""
+    from align.chat import install_format
+    from align.testing.tiny import build_causal_lm, build_tokenizer
+    from rewards.judge import ConstitutionalJudge
+    from rewards.judge_backends.hf import TransformersJudgeBackend
+
+    config = state.config
+    tokenizer = build_tokenizer()
+    model = build_causal_lm(tokenizer, seed=config.seed, max_position_embeddings=8192)
+    install_format(tokenizer, model, chat_format="apertus")
+    judge = ConstitutionalJudge(TransformersJudgeBackend(model, tokenizer, show_progress=False), top_k_pairwise=3)
+    sample = state.annotated[: config.num_judge_prompts]
+    groups = judge.score_groups(
+        [r["messages"] for r in sample], [[c["text"] for c in r["completions"][:4]] for r in sample]
+    )
+    scored = [s for group in groups for s in group]
+    values = [s.value for s in scored if s.value is not None]
+    state.judge_summary = {
+        "note": "a random-weight tiny judge: the scores exercise the path, they do not judge",
+        "scored": len(values),
+        "skipped": len(scored) - len(values),
+        "mean_score": sum(values) / len(values) if values else None,
+        "scale": list(judge.config.scale),
+    }
+
+
+def select_pairs(state: DemoState) -> None:
+    """Quantile rewards against the references, then chosen/rejected pairs."""
+    from align.data.pairs import make_pairs
+    from align.io import write_jsonl
+
+    pairs, state.skips = make_pairs(state.annotated, seed=state.config.seed, num_ref_rewards=state.config.n)
+    state.pairs = _encodable(pairs, state.tokenizer, state.skips)
+    write_jsonl(state.out / "pairs" / "pairs.jsonl", state.pairs)
+    write_jsonl(state.out / "pairs" / "skipped.jsonl", state.skips)
+    if not state.pairs:
+        reasons = _count(s["reason"] for s in state.skips)
+        raise RuntimeError(
+            f"no prompt gave a pair ({reasons}): after {state.sft.state.global_step} SFT steps every prompt's "
+            "samples are all right or all wrong. Raise sft_max_steps or lower sft_stop_accuracy."
+        )
+
+
+def reference_logprobs(state: DemoState) -> None:
+    """The offline pass: the SFT policy's log-probs of every chosen and rejected completion."""
+    from align.logprobs import compute_ref_logprobs, load_ref_logprobs
+
+    compute_ref_logprobs(state.pairs, state.sft.model, state.tokenizer, chat_format="apertus", batch_size=128,
+                         max_length=MAX_LENGTH, output_dir=state.out / "logprobs", chat_date=DATE)
+    state.train_rows = load_ref_logprobs(state.out / "logprobs", state.pairs)
+
+
+def preference_training(state: DemoState, loss_type: str) -> None:
+    """QRPO or DPO from a copy of the SFT model, greedy validation accuracy watched while it trains."""
+    from align.eval.callback import GenerationEvalCallback
+    from align.trainers.preference_trainer import train as train_preference
+
+    config = state.config
+    callback = GenerationEvalCallback(state.splits["validation"], _reward(), state.tokenizer,
+                                      eval_steps=config.watch_every, chat_date=DATE, max_tokens=config.max_tokens,
+                                      batch_size=GENERATE_BATCH)
+    trainer = train_preference(_preference_config(config, state.out, loss_type), state.train_rows,
+                               copy.deepcopy(state.sft.model).train(), tokenizer=state.tokenizer,
+                               callbacks=[callback])
+    state.trained[loss_type] = (trainer, callback)
+
+
+def evaluate_policies(state: DemoState) -> None:
+    """SFT, QRPO and DPO on the held-out prompts with ``align.evaluate``."""
+    from align.eval.evaluate import EvalPolicy, EvalSettings, evaluate
+    from align.sampling.hf import TransformersSampler
+
+    config = state.config
+    policies = [EvalPolicy("sft", sampler=state.sampler)] + [
+        EvalPolicy(name, sampler=TransformersSampler(trainer.model.eval(), state.tokenizer, chat_format="apertus",
+                                                     batch_size=GENERATE_BATCH, chat_date=DATE,
+                                                     model_name=f"demo-{name}"))
+        for name, (trainer, _) in state.trained.items()]
+    state.evaluation = evaluate(
+        state.splits["held_out"], policies, _reward(), state.out / "evaluate", baseline="sft",
+        settings=EvalSettings(greedy=True, n=config.n, temperature=1.0, max_tokens=config.max_tokens,
+                              seed=config.seed + 1, batch_size=GENERATE_BATCH, kl_batch_size=512),
+        source="held-out prompts")
+
+
+# The steps, in order, with the names the demo prints and reports timings under.
+STEPS: tuple[tuple[str, Callable[[DemoState], None]], ...] = (
+    ("data and model", make_data_and_model),
+    ("SFT", supervised_finetuning),
+    ("sample references", sample_references),
+    ("annotate (verifiable reward)", reward_answers),
+    ("judge (tiny model, path check)", score_with_judge),
+    ("pairs", select_pairs),
+    ("reference log-probs", reference_logprobs),
+    ("QRPO", lambda state: preference_training(state, "qrpo")),
+    ("DPO", lambda state: preference_training(state, "dpo")),
+    ("evaluate (align.evaluate)", evaluate_policies),
+)
+
+
+def run_demo(config: DemoConfig) -> dict[str, Any]:
+    """Check the output directory, run the steps in order, write the report and the figure."""
+    import torch
+
+    from align.demo.report import build_report, plot_training, print_summary, write_report
+
+    torch.set_num_threads(config.threads or os.cpu_count() or 1)
+    state = DemoState(config=config, out=Path(config.output_dir))
+    check_demo_output_dir(state.out)  # before anything is made or removed
+    started = time.time()
+    for name, step in STEPS:
+        print(f"[align demo] {name} ...", flush=True)
+        begun = time.time()
+        step(state)
+        state.seconds[name] = round(time.time() - begun, 1)
+        print(f"[align demo] {name}: {state.seconds[name]} s", flush=True)
+    plot_training(state)
+    report = build_report(state, total_seconds=round(time.time() - started, 1))
+    write_report(state.out, report)
+    print_summary(state, report)
+    return report
+
+
+# --------------------------------------------------------------------------- small parts
+
+
+def _reward() -> Any:
+    """The demo's reward: the verifiable answer check."""
+    from rewards.verifiable import VerifiableReward
+
+    return VerifiableReward()
+
+
+def _preference_config(config: DemoConfig, out: Path, loss_type: str) -> Any:
+    """QRPO and DPO share every setting but the loss, beta, learning rate and steps."""
+    from align.trainers.preference_config import PreferenceConfig
+
+    own = {"qrpo": {"beta": config.qrpo_beta, "learning_rate": config.qrpo_learning_rate,
+                    "max_steps": config.qrpo_steps},
+           "dpo": {"beta": config.dpo_beta, "learning_rate": config.dpo_learning_rate,
+                   "max_steps": config.dpo_steps}}[loss_type]
+    return PreferenceConfig(
+        output_dir=str(out / loss_type), loss_type=loss_type, length_normalize=True, num_ref_rewards=config.n,
+        chat_format="apertus", chat_date=DATE, max_length=MAX_LENGTH,
+        per_device_train_batch_size=config.qrpo_batch_size // 2, lr_scheduler_type="constant", optimizer="adamw",
+        weight_decay=0.0, max_grad_norm=1.0, logging_steps=8, save_strategy="no", report_to=[], use_cpu=True,
+        bf16=False, seed=config.seed, data_seed=config.seed, disable_tqdm=True, dataloader_num_workers=0, **own,
+    )
+
+
+def _encodable(pairs: list[dict], tokenizer: Any, skips: list[dict]) -> list[dict]:
+    """Pairs whose completions the trainer can tokenize; the others become recorded skips.
+
+    A tiny model early in SFT sometimes samples the text of a format token (e.g.
+    ``<|system_end|>``), which cannot be trained on as a completion.
+    """
+    from align.data.records import RecordError
+    from align.scoring import encode_record
+
+    kept = []
+    for pair in pairs:
+        try:
+            encode_record(tokenizer, pair, chat_format="apertus", max_length=MAX_LENGTH, chat_date=DATE)
+        except RecordError as error:
+            skips.append({"id": pair["id"], "reason": f"unencodable: {error}"})
+            continue
+        kept.append(pair)
+    return kept
+
+
+def _count(items: Any) -> dict[str, int]:
+    counts: dict[str, int] = {}
+    for item in items:
+        key = str(item).split(":")[0]
+        counts[key] = counts.get(key, 0) + 1
+    return counts
