@@ -33,6 +33,7 @@ _NUMBER = re.compile(r"^(?P<sign>[+-]?)(?:(?P<int>\d+)(?:\.(?P<frac>\d*))?|\.(?P
 _FRACTION = re.compile(r"^([+-]?\d+)\s*/\s*(\d+)$")
 
 # Bounds on what a completion can make the reward do (model output is untrusted input).
+MATCH_MODES = ("numeric", "exact")
 MAX_ANSWER_CHARS = 1000      # longer extracted answers score 0.0 without being compared
 MAX_EXPONENT_DIGITS = 18     # "1e<19+ digits>" is not read as a number
 MAX_EXACT_DIGITS = 2000      # up to this many digits (and exponent) a number is a Fraction
@@ -47,14 +48,22 @@ class VerifiableConfig:
     max_bare_answer:  a completion without `\\boxed{}` or an "answer:" line is compared as
                       a whole only when at most this many characters (default 64), so a
                       long explanation that merely contains the number does not match.
+    match:            how the extracted answer is compared with the reference:
+                      "numeric" (default) after normalisation (case, `$`, `\\text{}`,
+                      thousands separators; numbers by exact value, so "0123" matches
+                      "123" and "0.75" matches "3/4"); "exact": the same characters, only
+                      surrounding white space ignored ("0123" does not match "123").
     """
 
     answer_field: str = "answer"
     max_bare_answer: int = 64
+    match: str = "numeric"
 
     def __post_init__(self) -> None:
         if not self.answer_field:
             raise ValueError("answer_field must be a non-empty field name")
+        if self.match not in MATCH_MODES:
+            raise ValueError(f"match: {self.match!r} is not one of {list(MATCH_MODES)}")
 
 
 def last_boxed(text: str) -> str | None:
@@ -142,6 +151,11 @@ def _format_number(value: Fraction | str) -> str:
     return str(value.numerator) if value.denominator == 1 else f"{value.numerator}/{value.denominator}"
 
 
+def _same_text(predicted: str, reference: str) -> bool:
+    """The ``exact`` match: the same characters, surrounding white space ignored."""
+    return predicted.strip() == reference.strip()
+
+
 def answers_match(predicted: str, reference: str) -> bool:
     """Equal after normalisation (numbers by exact value)."""
     return normalize_answer(predicted) == normalize_answer(reference)
@@ -169,12 +183,12 @@ def reference_problem(answer: Any) -> str | None:
 
 
 class VerifiableReward(RewardProvider):
-    """1.0 / 0.0 by normalised answer match against the record's reference answer."""
+    """1.0 / 0.0 by answer match against the record's reference answer (``match``: numeric or exact)."""
 
     name = "verifiable"
 
-    def __init__(self, answer_field: str = "answer", *, max_bare_answer: int = 64):
-        self.config = VerifiableConfig(answer_field, max_bare_answer)
+    def __init__(self, answer_field: str = "answer", *, match: str = "numeric", max_bare_answer: int = 64):
+        self.config = VerifiableConfig(answer_field, max_bare_answer, match)
         self.reference_field = self.config.answer_field
 
     def score(
@@ -200,9 +214,14 @@ class VerifiableReward(RewardProvider):
             return Score(0.0, None, {"extracted": answer[:200],
                                      "answer_too_long": f"{len(answer)} characters (over {MAX_ANSWER_CHARS}): not compared"})
         accepted = reference if isinstance(reference, (list, tuple)) else [reference]
-        match = any(answers_match(answer, str(r)) for r in accepted)
-        return Score(1.0 if match else 0.0, None, {"extracted": answer[:200]})
+        same = answers_match if self.config.match == "numeric" else _same_text
+        matched = any(same(answer, str(r)) for r in accepted)
+        return Score(1.0 if matched else 0.0, None, {"extracted": answer[:200]})
 
     def fingerprint(self) -> dict[str, Any]:
-        return {"provider": self.name, "answer_field": self.reference_field, "max_bare_answer": self.config.max_bare_answer,
-                "empty_completion": 0.0, "max_answer_chars": MAX_ANSWER_CHARS}
+        fingerprint = {"provider": self.name, "answer_field": self.reference_field,
+                       "max_bare_answer": self.config.max_bare_answer, "empty_completion": 0.0,
+                       "max_answer_chars": MAX_ANSWER_CHARS}
+        if self.config.match != "numeric":  # a numeric job's fingerprint stays what it was
+            fingerprint["match"] = self.config.match
+        return fingerprint

@@ -80,3 +80,29 @@ def test_a_list_of_accepted_answers():
 def test_references_are_required():
     with pytest.raises(ValueError, match="needs the reference answers"):
         VerifiableReward("solution").score([prompt("Q?")], ["1"])
+
+
+@pytest.mark.parametrize("completion,reference,numeric,exact", [
+    ("0123", "00123", 1.0, 0.0),        # leading zeros: the same number, not the same answer
+    ("123", "00123", 1.0, 0.0),
+    (" 00123\n", "00123", 1.0, 1.0),    # surrounding white space never counts
+    ("3/4", "0.75", 1.0, 0.0),
+    ("The answer is 12345", "12345", 1.0, 1.0),  # extraction is the same in both modes
+    ("12354", "12345", 0.0, 0.0),
+])
+def test_match_modes(completion, reference, numeric, exact):
+    from rewards.verifiable import VerifiableReward
+
+    conversation = [{"role": "user", "content": "Sort the digits."}]
+    for mode, expected in (("numeric", numeric), ("exact", exact)):
+        (score,) = VerifiableReward(match=mode).score([conversation], [completion], references=[reference])
+        assert score.value == expected, (mode, completion, reference)
+
+
+def test_match_mode_is_checked_and_part_of_the_fingerprint():
+    from rewards.verifiable import VerifiableReward
+
+    with pytest.raises(ValueError, match="match: 'fuzzy' is not one of"):
+        VerifiableReward(match="fuzzy")
+    assert "match" not in VerifiableReward().fingerprint()  # numeric: the fingerprint jobs already carry
+    assert VerifiableReward(match="exact").fingerprint()["match"] == "exact"
