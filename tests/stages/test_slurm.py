@@ -84,7 +84,7 @@ def test_array_script_refuses_to_run_outside_an_array(tmp_path):
     env.update(SLURM_ARRAY_TASK_ID="0", SLURM_ARRAY_TASK_COUNT="2", STAGE="train")
     done = subprocess.run(["bash", str(ARRAY), str(TINY_RECIPE)], capture_output=True, text=True, env=env,
                           check=False)
-    assert done.returncode == 2 and "STAGE must be annotate or sample" in done.stderr
+    assert done.returncode == 2 and "STAGE must be annotate, sample or evaluate" in done.stderr
 
 
 def _stub(path: Path, body: str) -> None:
