@@ -416,7 +416,7 @@ def test_tiles_smaller_than_the_batch_give_the_same_values(rows, model, tiny_tok
     hidden = torch.randn(50, model.config.hidden_size, requires_grad=True)
     targets = torch.randint(0, model.config.vocab_size, (50,))
     whole = tiled_token_logps(hidden, model.lm_head, targets)
-    tiles = tiled_token_logps(hidden, model.lm_head, targets, tile_elements=7 * model.config.vocab_size)
+    tiles = tiled_token_logps(hidden, model.lm_head, targets, tile_bytes=7 * 4 * model.config.vocab_size)
     torch.testing.assert_close(whole, tiles)
     (grad_whole,) = torch.autograd.grad(whole.sum(), hidden)
     (grad_tiles,) = torch.autograd.grad(tiles.sum(), hidden)

@@ -4,6 +4,20 @@
 estimator use to score completions: float32 token log-probs, float64 sums. Where the
 model allows it the LM head is applied in tiles (``tiled_head``, ``tiled_token_logps``),
 so the (tokens × vocabulary) logits never exist at once.
+
+The tiled path reads the final hidden state only, as the backbone's (``get_decoder()``)
+``last_hidden_state``, caught by a forward hook while the whole model (and whatever wraps
+it: DDP, DeepSpeed, PEFT, accelerate's autocast) runs its own forward; it never asks for
+``output_hidden_states``, which would keep every layer's hidden states (at 8B, 16 pairs of
+4k tokens: 33 hidden states × 128k positions × 4096 × 2 bytes = 33 GiB under inference mode).
+
+A tile is ``HEAD_TILE_BYTES`` of float32 logits (1 GiB: 2,092 rows at Llama 3's 128,256-token
+vocabulary, 8,192 at 32k). The head weight is read once per tile, so small tiles make the
+projection memory-bound: at a 128k vocabulary and d = 4096 each tile reads 1 GiB of bf16
+weight for 2·rows·d·V FLOPs, about ``rows`` FLOPs per byte, and an H100 needs ~300 FLOPs
+per byte to be compute-bound; a tile of ≥ 1,024 rows is. One tile's transient memory (the
+bf16 logits, their float32 copy, and in backward the recomputed tile and its gradient) is a
+few GiB, small next to the activations of such a batch.
 """
 
 from __future__ import annotations
@@ -41,14 +55,37 @@ _SCALED_HEAD_SETTINGS = ("final_logit_softcapping", "logit_scale", "output_multi
                          "logits_scaling")
 
 
+def backbone(model: torch.nn.Module) -> torch.nn.Module | None:
+    """The module whose output's ``last_hidden_state`` the LM head projects, or None.
+
+    ``get_decoder()`` (the text decoder of a multimodal model), else the module under
+    ``base_model_prefix`` (``model`` for Llama); None when that is the model itself.
+    """
+    base = unwrap_model(model)
+    found = None
+    if hasattr(base, "get_decoder"):
+        try:
+            found = base.get_decoder()
+        except (AttributeError, NotImplementedError, ValueError):
+            found = None
+    if not isinstance(found, torch.nn.Module) or found is base:
+        found = getattr(base, getattr(base, "base_model_prefix", "") or "", None)
+    if not isinstance(found, torch.nn.Module) or found is base:
+        return None
+    return found
+
+
 def tiled_head(model: torch.nn.Module) -> torch.nn.Linear | None:
     """The plain linear LM head to project in tiles ourselves, or None to let the model do it.
 
     Tiling needs the head's full weight outside its own forward, so not under ZeRO-3 (sharded
-    weights), nor with heads that scale or cap logits, nor with an adapter on the head.
+    weights), nor with heads that scale or cap logits, nor with an adapter on the head; and
+    a backbone module (``backbone``) whose last hidden state is what the head reads.
     """
     base = unwrap_model(model)
     if not _keeps_logits_by_mask(model) or not hasattr(base, "get_output_embeddings"):
+        return None
+    if backbone(model) is None:
         return None
     head = base.get_output_embeddings()
     if type(head) is not torch.nn.Linear or hasattr(head.weight, "ds_id"):
@@ -89,13 +126,23 @@ def _map_tiles(fn, sliced: tuple[Tensor, ...], shared: tuple, rows: int, recompu
     return torch.cat(parts)
 
 
-def tiled_token_logps(hidden: Tensor, head: torch.nn.Linear, targets: Tensor, tile_elements: int = 1 << 24) -> Tensor:
+HEAD_TILE_BYTES = 1 << 30
+"""Float32 logits per tile of the LM head (1 GiB; the module docstring says why)."""
+
+
+def tile_rows(vocab_size: int, tile_bytes: int = HEAD_TILE_BYTES) -> int:
+    """Positions per tile: as many as fit ``tile_bytes`` of float32 logits, at least one."""
+    return max(1, tile_bytes // (4 * max(1, vocab_size)))
+
+
+def tiled_token_logps(hidden: Tensor, head: torch.nn.Linear, targets: Tensor,
+                      tile_bytes: int = HEAD_TILE_BYTES) -> Tensor:
     """Target log-probs (K,) from final hidden states (K, d), never holding all (K, V) logits.
 
-    The head is applied to tiles of about ``tile_elements`` logits; under autograd each tile
-    is recomputed in backward instead of stored, so memory is one tile, not K × V.
+    The head is applied to tiles of ``tile_rows(V, tile_bytes)`` positions; under autograd
+    each tile is recomputed in backward instead of stored, so memory is one tile, not K × V.
     """
-    rows = max(1, tile_elements // head.out_features)
+    rows = tile_rows(head.out_features, tile_bytes)
     recompute = hidden.shape[0] > rows and torch.is_grad_enabled() and (
         hidden.requires_grad or head.weight.requires_grad)
     return _map_tiles(_head_logps, (hidden, targets), (head.weight, head.bias), rows, recompute)
@@ -129,16 +176,52 @@ def token_logps_at(model: torch.nn.Module, batch: Mapping[str, Any], keep: Tenso
     inputs = model_inputs(batch)
     head = tiled_head(model) if tiled in (None, True) else None
     if tiled and head is None:
-        raise ValueError("this model's LM head cannot be tiled (ZeRO-3, scaled logits or an adapter on the head)")
+        raise ValueError("this model's LM head cannot be tiled (ZeRO-3, scaled logits, an adapter on the head, "
+                         "or no backbone module whose last hidden state it reads)")
     if head is None:
         return _logits_token_logps(model_logits(model, inputs, keep), targets)
-    outputs = model(**inputs, logits_to_keep=torch.zeros_like(keep), output_hidden_states=True, use_cache=False)
-    return tiled_token_logps(outputs.hidden_states[-1][keep], head, targets)
+    return tiled_token_logps(last_hidden_state(model, inputs, keep), head, targets)
 
 
-def _logits_token_logps(logits: Tensor, targets: Tensor, tile_elements: int = 1 << 24) -> Tensor:
+class _LastHidden:
+    """Forward hook keeping the backbone's ``last_hidden_state`` (the only hidden state kept)."""
+
+    def __init__(self) -> None:
+        self.value: Tensor | None = None
+        self.calls = 0
+
+    def __call__(self, module: torch.nn.Module, args: Any, output: Any) -> None:
+        self.calls += 1
+        self.value = output.last_hidden_state if hasattr(output, "last_hidden_state") else output[0]
+
+
+def last_hidden_state(model: torch.nn.Module, inputs: Mapping[str, Any], keep: Tensor) -> Tensor:
+    """The final hidden states (K, d) at the ``keep`` positions, from one forward of ``model``.
+
+    The whole model runs (its wrappers included), with no logits kept and no per-layer
+    hidden states asked for; a hook on the backbone takes its last hidden state, the
+    tensor the LM head would project.
+    """
+    module = backbone(model)
+    if module is None:
+        raise ValueError("this model has no backbone module whose last hidden state the head reads")
+    capture = _LastHidden()
+    handle = module.register_forward_hook(capture)
+    try:
+        model(**inputs, logits_to_keep=torch.zeros_like(keep), output_hidden_states=False, use_cache=False)
+    finally:
+        handle.remove()
+    if capture.calls != 1 or capture.value is None:
+        raise RuntimeError(f"the backbone {type(module).__name__} ran {capture.calls} times in one forward, expected once")
+    hidden = capture.value
+    if hidden.shape[:-1] != keep.shape:
+        raise RuntimeError(f"backbone hidden states of shape {tuple(hidden.shape)} for inputs of shape {tuple(keep.shape)}")
+    return hidden[keep]
+
+
+def _logits_token_logps(logits: Tensor, targets: Tensor, tile_bytes: int = HEAD_TILE_BYTES) -> Tensor:
     """Target log-probs from the model's logits, upcast to float32 one tile at a time."""
-    rows = max(1, tile_elements // max(1, logits.shape[-1]))
+    rows = tile_rows(logits.shape[-1], tile_bytes)
     recompute = logits.shape[0] > rows and torch.is_grad_enabled() and logits.requires_grad
     return _map_tiles(_logps_from_logits, (logits, targets), (), rows, recompute)
 
