@@ -189,6 +189,27 @@ class PromptEncoder:
         return Completion(text, num_tokens, reason, model, dict(params), tuple(ids[:num_tokens]))
 
 
+def engine_completion(encoder: PromptEncoder, ids: Sequence[int], engine_reason: Any, model: str,
+                      params: Mapping[str, Any], *, engine: str) -> Completion:
+    """A Completion from ids an engine (vLLM, a server) generated: the ids decide how it ended.
+
+    ``encoder.completion`` reads the ids: a stop token among them means "stop", whatever the
+    engine says. An engine may answer "length" for a completion whose last allowed token was
+    the end-of-turn token (it counts the budget before it checks the stop); that turn did
+    end, so the ids win, the same on every backend. Still refused, naming both readings: an
+    engine reason other than "stop" / "length" (an abort), and "stop" with no stop token in
+    the ids (the engine stopped at something this encoder does not know).
+    """
+    completion = encoder.completion(ids, model, params)
+    if engine_reason == "length" and completion.finish_reason == "stop":
+        return completion
+    if engine_reason not in ("stop", "length") or engine_reason != completion.finish_reason:
+        ids = list(ids)
+        raise RuntimeError(f"{engine} finished with {engine_reason!r} but the generated ids say "
+                           f"{completion.finish_reason!r} (last ids {ids[-3:]}, stop ids {encoder.stop_ids})")
+    return completion
+
+
 def _unique(ids: Sequence[int]) -> list[int]:
     return list(dict.fromkeys(ids))
 

@@ -25,6 +25,7 @@ from align.sampling.base import (
     Conversation,
     PromptEncoder,
     Sampler,
+    engine_completion,
     stream_seed,
 )
 
@@ -127,12 +128,8 @@ class OpenAISampler(Sampler):
         if not isinstance(ids, list):
             raise RuntimeError(f"{self.base_url}/completions: a choice has no token_ids (a vLLM server with "
                                "`return_token_ids` support is needed)")
-        completion = self.encoder.completion(ids, self.model_name, params)
-        reason = choice.get("finish_reason")
-        if reason not in ("stop", "length") or reason != completion.finish_reason:
-            raise RuntimeError(f"the server finished with {reason!r} but the generated ids say "
-                               f"{completion.finish_reason!r} (last ids {ids[-3:]}, stop ids {self.encoder.stop_ids})")
-        return completion
+        return engine_completion(self.encoder, ids, choice.get("finish_reason"), self.model_name, params,
+                                 engine="the server")
 
     def _request(self, method: str, path: str, body: dict[str, Any] | None = None) -> dict[str, Any]:
         """One JSON request, retrying connection errors and 5xx answers."""

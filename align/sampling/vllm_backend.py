@@ -18,6 +18,7 @@ from align.sampling.base import (
     Conversation,
     PromptEncoder,
     Sampler,
+    engine_completion,
     stream_seed,
 )
 
@@ -125,14 +126,9 @@ class VLLMSampler(Sampler):
         return results
 
     def _completion(self, ids: list[int], finish_reason: str | None, params: dict) -> Completion:
-        """Our Completion from vLLM's ids; vLLM's finish reason must agree with ours."""
-        completion = self.encoder.completion(ids, self.model_name, params)
-        if finish_reason not in ("stop", "length") or finish_reason != completion.finish_reason:
-            raise RuntimeError(
-                f"vLLM finished with {finish_reason!r} but the generated ids say "
-                f"{completion.finish_reason!r} (last ids {ids[-3:]}, stop ids {self.encoder.stop_ids})"
-            )
-        return completion
+        """Our Completion from vLLM's ids; the ids decide how it ended (`engine_completion`:
+        "length" with the end-of-turn token as the last allowed token is a "stop")."""
+        return engine_completion(self.encoder, ids, finish_reason, self.model_name, params, engine="vLLM")
 
 
 def _generation_eos_ids(model: str, generation_config_cls: Any) -> list[int]:
