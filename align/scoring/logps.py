@@ -10,6 +10,9 @@ The tiled path reads the final hidden state only, as the backbone's (``get_decod
 it: DDP, DeepSpeed, PEFT, accelerate's autocast) runs its own forward; it never asks for
 ``output_hidden_states``, which would keep every layer's hidden states (at 8B, 16 pairs of
 4k tokens: 33 hidden states × 128k positions × 4096 × 2 bytes = 33 GiB under inference mode).
+Measured on an H100 (a random-weight Llama-3-8B shape in bf16, 32 × 4,096 tokens, inference
+mode): 34.0 GiB held after the forward and a 44.5 GiB peak above the weights with
+``output_hidden_states``, 1.0 GiB and 14.5 GiB with the hook; the hidden states are equal.
 
 A tile is ``HEAD_TILE_BYTES`` of float32 logits (1 GiB: 2,092 rows at Llama 3's 128,256-token
 vocabulary, 8,192 at 32k). The head weight is read once per tile, so small tiles make the
@@ -17,7 +20,11 @@ projection memory-bound: at a 128k vocabulary and d = 4096 each tile reads 1 GiB
 weight for 2·rows·d·V FLOPs, about ``rows`` FLOPs per byte, and an H100 needs ~300 FLOPs
 per byte to be compute-bound; a tile of ≥ 1,024 rows is. One tile's transient memory (the
 bf16 logits, their float32 copy, and in backward the recomputed tile and its gradient) is a
-few GiB, small next to the activations of such a batch.
+few GiB, small next to the activations of such a batch. Measured on an H100 (bf16 head
+128,256 × 4,096, 32,768 positions): the old tile of 2^24 logits (130 rows) took 165 ms
+without autograd and 1,005 ms forward and backward; 1 GiB tiles (2,092 rows) take 95 ms
+and 367 ms, with peaks of 2.0 and 4.3 GiB above the inputs (2 GiB tiles gain 1 to 3% more
+for twice the memory).
 """
 
 from __future__ import annotations
