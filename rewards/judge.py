@@ -237,6 +237,11 @@ class ConstitutionalJudge(RewardProvider):
                 results[i] = combine_orders(p_as_a, p_as_b, single_order=self.config.single_order)
         return results  # type: ignore[return-value]
 
+    def close(self) -> None:
+        """Let the backend drop its model or engine (``align evaluate`` closes the judge before
+        the KL step loads the policies)."""
+        self.backend.close()
+
     def fingerprint(self) -> dict[str, Any]:
         digest = lambda text: hashlib.sha256(text.encode()).hexdigest()[:16]
         return {

@@ -11,6 +11,11 @@ evaluation restarts where it stopped and ends exactly as an uninterrupted one:
    against the baseline's, asked in both orders;
 4. ``kl/<policy>``: log π − log π_ref of each sample (see `align.eval.kl`).
 
+One engine holds the GPUs at a time: each policy's sampler is built, generates and is
+released (engine dropped, garbage collected, CUDA cache emptied) before the next; the reward
+provider, given as a function, is built only after every policy has generated, scores and
+compares, and is released before the KL step loads models.
+
 Then ``eval.jsonl`` (one row per prompt: completions, scores, comparisons), ``report.json``,
 ``report.md`` and the plots are written from the job outputs, so they are the same after
 any number of restarts.
@@ -74,15 +79,29 @@ class EvalPolicy:
     def release(self) -> None:
         """Drop a sampler this policy built, so its memory (a vLLM engine's GPU) is freed."""
         if self._built is not None:
+            close_engine(self._built)
             self._built = None
-            import gc
-
-            gc.collect()
-            _empty_device_cache()
+            free_device_memory()
 
     def kl_model(self) -> Any:
         """The causal LM whose log-probs the KL estimate reads (the sampler's, if in memory)."""
         return self.model if self.model is not None else getattr(self.open(), "model", None)
+
+
+def close_engine(engine: Any) -> None:
+    """Let an engine holder drop its engine (``close()``: a vLLM sampler or judge deletes its
+    ``vllm.LLM`` there); one without ``close`` is freed when its last reference goes."""
+    close = getattr(engine, "close", None)
+    if callable(close):
+        close()
+
+
+def free_device_memory() -> None:
+    """After the last reference to an engine is dropped: collect it, empty the CUDA cache."""
+    import gc
+
+    gc.collect()
+    _empty_device_cache()
 
 
 def _empty_device_cache() -> None:
@@ -90,6 +109,11 @@ def _empty_device_cache() -> None:
 
     if torch.cuda.is_available():
         torch.cuda.empty_cache()
+
+
+def _is_provider(provider: Any) -> bool:
+    """A reward provider itself, not a function that builds one."""
+    return hasattr(provider, "score_groups")
 
 
 @dataclass
@@ -365,7 +389,10 @@ def evaluate(
 
     ``prompts`` are records with ``id`` and ``messages`` (ending in a user turn), and
     optionally ``answer`` (for the verifiable reward), ``language`` and ``category``
-    (every figure is then broken down by them). Returns the report.
+    (every figure is then broken down by them). ``provider`` is the reward provider, or a
+    function that builds one: it is then called only after every policy has generated
+    (so a judge's engine never shares the GPUs with a policy's sampler) and the provider is
+    released before the KL step. Returns the report.
     """
     from align.eval.report import write_outputs
 
@@ -391,6 +418,13 @@ def evaluate(
             rows = given_generations(policy, prompts, settings.n)
             generations[policy.name] = [rows[i] for i in ids]
 
+    built_here = not _is_provider(provider)
+    if built_here:  # every sampler is released by now: the provider's engine has the GPUs
+        provider = provider()
+        if getattr(provider, "reference_field", None):
+            check_prompts(prompts, source, provider.reference_field)
+    provider_name = provider.name
+
     scores = {}
     for policy in policies:
         path = out / "scores" / policy.name
@@ -408,6 +442,10 @@ def evaluate(
             _pairwise_job(provider, by_id, generations[policy.name], base, path, settings, policy.name)
             jobs.append(path)
             pairwise[policy.name] = read_output(path)
+    if built_here:  # released before the KL step loads the policies' models
+        close_engine(provider)
+        provider = None
+        free_device_memory()
 
     kl: dict[str, list[dict]] = {}
     kl_notes: dict[str, str] = {}
@@ -426,7 +464,7 @@ def evaluate(
     kl = {k: _in_order(v, ids, out / "kl" / k) for k, v in kl.items()}
 
     rows = assemble_rows(prompts, policies, generations, scores, pairwise, kl)
-    report = build_report(rows, [p.name for p in policies], baseline, settings, provider_name=provider.name,
+    report = build_report(rows, [p.name for p in policies], baseline, settings, provider_name=provider_name,
                           kl_notes=kl_notes)
     write_outputs(out, rows, report, plots=settings.plots)
     return report
@@ -528,5 +566,7 @@ __all__ = [
     "build_report",
     "check_policies",
     "check_prompts",
+    "close_engine",
     "evaluate",
+    "free_device_memory",
 ]

@@ -91,6 +91,12 @@ class VLLMSampler(Sampler):
     def max_model_len(self) -> int:
         return self.llm.model_config.max_model_len
 
+    def close(self) -> None:
+        """Drop the engine, so its GPU memory can be freed before another engine starts
+        (``align.eval.evaluate`` closes each policy's sampler before the next one and the
+        judge). The sampler cannot sample afterwards."""
+        self.__dict__.pop("llm", None)
+
     def sample(
         self,
         conversations: Sequence[Conversation],

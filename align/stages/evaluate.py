@@ -137,7 +137,13 @@ def run(config: Config) -> dict:
     start(begun, {"prompts": prompts})
     index, count = resolve_shard(config.shard_index, config.num_shards)
     settings = config.eval_settings(index, count)
-    provider = build_reward_provider(config.reward)
+    # The reward provider is built by evaluate() after every policy has generated and released
+    # its sampler, so the judge's engine never shares the GPUs with a policy's (answer checking
+    # loads nothing: built now, so that the prompts' answers are checked before generating).
+    if config.reward.provider == "verifiable":
+        provider = build_reward_provider(config.reward)
+    else:
+        provider = lambda reward=config.reward: build_reward_provider(reward)
     report = evaluate(prompts, build_policies(config), provider, config.output_dir, baseline=config.baseline,
                       settings=settings, source=config.prompts)
     if report.get("complete") is False:

@@ -56,6 +56,10 @@ class JudgeBackend(ABC):
             cache[key] = label_token_ids(self.tokenizer, labels)
         return cache[key]
 
+    def close(self) -> None:
+        """Drop the model or engine this backend holds, so its memory is freed before another
+        engine starts (a no-op for backends that hold nothing)."""
+
     def describe(self) -> dict[str, Any]:
         """Identity of the judge model, for the annotation job's fingerprint."""
         return {"backend": self.name, "model": str(getattr(self.tokenizer, "name_or_path", ""))}

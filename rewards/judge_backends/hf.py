@@ -68,6 +68,11 @@ class TransformersJudgeBackend(JudgeBackend):
     def describe(self) -> dict[str, Any]:
         return {"backend": self.name, "model": str(getattr(self.model, "name_or_path", "")), "dtype": str(self.dtype)}
 
+    def close(self) -> None:
+        """Drop the model and the cached charter prefixes (the backend cannot answer afterwards)."""
+        self.__dict__.pop("model", None)
+        self._prefixes.clear()
+
     def label_logprobs(
         self, prompts: Sequence[str], labels: Sequence[str], *, shared_prefix: str | None = None
     ) -> list[LabelLogprobs]:

@@ -59,6 +59,10 @@ class VLLMJudgeBackend(JudgeBackend):
     def describe(self) -> dict[str, Any]:
         return {"backend": self.name, "model": str(self.model_name), "top_logprobs": self.top_logprobs}
 
+    def close(self) -> None:
+        """Drop the vLLM engine (the backend cannot answer afterwards)."""
+        self.__dict__.pop("llm", None)
+
     def label_logprobs(
         self, prompts: Sequence[str], labels: Sequence[str], *, shared_prefix: str | None = None
     ) -> list[LabelLogprobs]:
