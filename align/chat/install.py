@@ -26,7 +26,8 @@ def install_format(tokenizer: Any, model: Any = None, chat_format: str = "apertu
       ``<|im_end|>``), since that is what generation must stop at;
     - ensures a pad token different from EOS (``<pad>``, added if needed), so padding is
       never confused with the end of a turn;
-    - with a model: grows the embeddings to the tokenizer's size and sets
+    - with a model: grows the embeddings to the tokenizer's size when it has more tokens
+      than they have rows (counted by ``embedding_rows``, right under ZeRO-3 too), and sets
       ``config`` and ``generation_config`` BOS/EOS/pad ids.
 
     A tokenizer whose BOS differs from the format's (``<s>`` for apertus and llama3)
@@ -53,10 +54,29 @@ def install_format(tokenizer: Any, model: Any = None, chat_format: str = "apertu
     return fmt
 
 
+def embedding_rows(model: Any) -> int:
+    """How many token rows the model's input embedding has.
+
+    Read from the module (``num_embeddings``) or the text config's ``vocab_size``, never from
+    the weight's shape: under ZeRO-3 init each rank holds an empty placeholder (shape [0]) for
+    the sharded weight, and sizing on it would resize (gather and rebuild the whole
+    embedding and head on every rank) each time a format is installed.
+    """
+    rows = getattr(model.get_input_embeddings(), "num_embeddings", None)
+    if isinstance(rows, int):
+        return rows
+    config = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
+    rows = getattr(config, "vocab_size", None)
+    if not isinstance(rows, int):
+        raise ValueError(f"cannot tell how many token rows {type(model).__name__} has: its input embedding has no "
+                         "num_embeddings and its config no vocab_size")
+    return rows
+
+
 def _update_model(model: Any, tokenizer: Any, fmt: ChatFormat) -> None:
-    """Resize embeddings to the tokenizer and point the model's special ids at it."""
-    rows = model.get_input_embeddings().weight.shape[0]
-    if len(tokenizer) > rows:
+    """Resize embeddings only when the tokenizer has more tokens than they have rows, and
+    point the model's special ids at the tokenizer."""
+    if len(tokenizer) > embedding_rows(model):
         model.resize_token_embeddings(len(tokenizer))
     ids = {"eos_token_id": tokenizer.eos_token_id, "pad_token_id": tokenizer.pad_token_id}
     if fmt.bos:

@@ -118,7 +118,8 @@ def test_tiled_values_and_gradients_equal_the_models_own_head(deep_model, tiny_t
 
 
 def test_a_peft_wrapped_model_is_tiled_through_its_base_model(deep_model, tiny_tokenizer):
-    peft = pytest.importorskip("peft")
+    import peft
+
     model = peft.get_peft_model(copy.deepcopy(deep_model),
                                 peft.LoraConfig(r=4, target_modules=["q_proj", "v_proj"], init_lora_weights=False))
     batch = make_batch(tiny_tokenizer)
