@@ -23,6 +23,13 @@ by default (``truncated="exclude"``) they are neither chosen nor rejected but st
 as references. ``num_pairs_per_prompt`` > 1 draws further pairs from the completions not
 yet used by the prompt's earlier pairs, by the same rules (rejected uniformly from the
 low bucket, as the Apertus report describes).
+
+A completion whose text holds a token string of the chat format's structure (a turn
+delimiter such as ``<|system_end|>``, the BOS; `special_token_problem`, the check
+``align.chat.encode_completion`` refuses with) cannot be encoded by the log-prob pass or
+the trainer: it is never chosen or rejected (its reward still counts as a reference), and
+the prompt's skip row lists each one (``left_out``: its index and the reason
+``special_token_text``), a prompt that still gave a pair included (``paired``: true).
 """
 
 from __future__ import annotations
@@ -33,10 +40,14 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from align.chat.formats import get_format
 from align.data.quantiles import quantile_rewards
 from align.data.records import RecordError, record_id, validate_rewards
 
-__all__ = ["TRUNCATED_POLICIES", "Pair", "Skip", "is_truncated", "make_pairs", "select_pair"]
+__all__ = ["TRUNCATED_POLICIES", "Pair", "Skip", "is_truncated", "make_pairs", "select_pair",
+           "special_token_problem"]
+
+SPECIAL_TOKEN_TEXT = "special_token_text"
 
 CHOSEN_ORDER = ("high", "middle", "low")
 REJECTED_ORDER = ("low", "middle", "high")
@@ -191,6 +202,24 @@ def is_truncated(completion: Mapping[str, Any]) -> bool:
     return completion.get("finish_reason") == TRUNCATED_FINISH_REASON
 
 
+def special_token_problem(text: str, chat_format: str) -> str | None:
+    """Why a completion text cannot be trained on in ``chat_format``, or None.
+
+    The same rule ``align.chat.encode_completion`` applies (and the log-prob pass and the
+    trainer through it): the text may not contain a token string the format reads as
+    structure (its turn delimiters and BOS, ``ChatFormat.forbidden_in_text``), nor end with
+    its end-of-turn token. Markup a completion may carry (tool calls, thoughts) is allowed.
+    Needs no tokenizer: the strings come from the format's definition in ``align.chat``.
+    """
+    fmt = get_format(chat_format)
+    for token in fmt.forbidden_in_text:
+        if token in text:
+            return f"{SPECIAL_TOKEN_TEXT}: contains {token!r}, which the {fmt.name} format reads as structure"
+    if text.endswith(fmt.eos):
+        return f"{SPECIAL_TOKEN_TEXT}: ends with the end-of-turn token {fmt.eos!r}"
+    return None
+
+
 def pair_row_id(rid: str, k: int) -> str:
     """The id of a prompt's k-th pair (0-based): the prompt id for the first, ``id#2``... after."""
     return rid if k == 0 else f"{rid}#{k + 1}"
@@ -206,12 +235,14 @@ def _pair_or_skip(
     min_ref_rewards: int | None,
     truncated: str = "exclude",
     num_pairs_per_prompt: int = 1,
-) -> list[dict[str, Any]]:
-    """One record's pair rows (up to ``num_pairs_per_prompt``), or its one skip row ``{"id", "reason"}``."""
+    chat_format: str | None = "apertus",
+) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """One record's pair rows (up to ``num_pairs_per_prompt``), or its one skip row ``{"id", "reason"}``;
+    and the completions left out for their text (``{"completion", "reason"}``)."""
     dropped = _num_ref_dropped(record, rid)
     if dropped and not any(c["is_reference"] for c in record["completions"]):
         return [{"id": rid, "reason": f"all {dropped} reference samples were dropped as overlong "
-                 "(sampling overlong=drop, num_ref_dropped)"}]
+                 "(sampling overlong=drop, num_ref_dropped)"}], []
     ref_rewards, num_refs = _reference_rewards(record, rid, num_ref_rewards)
     needed = num_refs if min_ref_rewards is None else min_ref_rewards
     if len(ref_rewards) < max(needed, 1):
@@ -219,7 +250,7 @@ def _pair_or_skip(
             "id": rid,
             "reason": f"only {len(ref_rewards)} of {num_refs} reference rewards scored "
             f"(min_ref_rewards={needed})",
-        }]
+        }], []
     rewards = record["rewards"]
     completions = record["completions"]
     scored = [i for i, r in enumerate(rewards) if r is not None]
@@ -229,6 +260,12 @@ def _pair_or_skip(
     # Truncated completions still count as references above (their rewards shape the
     # quantiles); with truncated="exclude" they are never chosen or rejected.
     excluded = {i for i in scored if truncated == "exclude" and is_truncated(completions[i])}
+    # Completions the trainer cannot encode are never picked either (still references).
+    unencodable = [] if chat_format is None else [
+        {"completion": i, "reason": problem} for i in scored
+        if (problem := special_token_problem(completions[i]["text"], chat_format))]
+    num_truncated = len(excluded)
+    excluded |= {row["completion"] for row in unencodable}
     rng = random.Random(f"{seed}:{rid}")
     used: set[int] = set()
     rows: list[dict[str, Any]] = []
@@ -245,9 +282,11 @@ def _pair_or_skip(
             if k > 0:  # the buckets hold no further pair without reusing a completion
                 break
             reason = choice.reason
-            if excluded:
-                reason += f" ({len(excluded)} truncated completions excluded, truncated=exclude)"
-            return [{"id": rid, "reason": reason}]
+            if num_truncated:
+                reason += f" ({num_truncated} truncated completions excluded, truncated=exclude)"
+            if unencodable:
+                reason += f" ({len(unencodable)} completions excluded: {SPECIAL_TOKEN_TEXT})"
+            return [{"id": rid, "reason": reason, **({"left_out": unencodable} if unencodable else {})}], []
         used |= {choice.chosen, choice.rejected}
         rows.append({
             "id": pair_row_id(rid, k),
@@ -267,7 +306,7 @@ def _pair_or_skip(
             # log-prob pass render the prompt with them (align.scoring.encode_record)
             **({"tools": record["tools"]} if record.get("tools") else {}),
         })
-    return rows
+    return rows, unencodable
 
 
 def make_pairs(
@@ -279,7 +318,8 @@ def make_pairs(
     min_ref_rewards: int | None = None,
     truncated: str = "exclude",
     num_pairs_per_prompt: int = 1,
-) -> tuple[list[dict[str, Any]], list[dict[str, str]]]:
+    chat_format: str | None = "apertus",
+) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     """Pair rows (``records.PAIR_FIELDS``) and skip rows ``{"id", "reason"}`` for prompt records.
 
     Quantiles are taken against the rewards of the ``is_reference`` completions; every
@@ -301,7 +341,15 @@ def make_pairs(
     from the completions no earlier pair of the prompt used (a completion is never reused
     within a prompt); pair k > 1 gets the id ``<id>#k``. The first pair is the one
     ``num_pairs_per_prompt=1`` gives.
+    ``chat_format``: the format the log-prob pass and the trainer will encode the pairs in
+    (an ``align.chat`` format; None: no check). A completion whose text that format cannot
+    encode (``special_token_problem``: a turn delimiter or BOS in the text) is never picked;
+    the prompt's skip row lists them in ``left_out`` (``{"completion": index, "reason":
+    "special_token_text: ..."}``); a prompt that still gave a pair gets a skip row too,
+    marked ``paired: true`` (one skip row per prompt id).
     """
+    if chat_format is not None:
+        get_format(chat_format)  # an unknown format is an error before any record is read
     if truncated not in TRUNCATED_POLICIES:
         raise ValueError(f"truncated must be one of {list(TRUNCATED_POLICIES)}, got {truncated!r}")
     if (
@@ -317,7 +365,7 @@ def make_pairs(
     ):
         raise ValueError(f"min_ref_rewards must be a positive int or None, got {min_ref_rewards!r}")
     pairs: list[dict[str, Any]] = []
-    skips: list[dict[str, str]] = []
+    skips: list[dict[str, Any]] = []
     seen: dict[str, int] = {}
     pair_ids: set[str] = set()
     for index, record in enumerate(records):
@@ -326,7 +374,7 @@ def make_pairs(
         if rid in seen:
             raise RecordError(rid, "id", f"duplicate id (rows {seen[rid]} and {index})")
         seen[rid] = index
-        rows = _pair_or_skip(
+        rows, left_out = _pair_or_skip(
             record,
             rid,
             seed=seed,
@@ -335,7 +383,11 @@ def make_pairs(
             min_ref_rewards=min_ref_rewards,
             truncated=truncated,
             num_pairs_per_prompt=num_pairs_per_prompt,
+            chat_format=chat_format,
         )
+        if left_out:
+            skips.append({"id": rid, "reason": f"{SPECIAL_TOKEN_TEXT}: {len(left_out)} completions left out; "
+                          "the prompt was still paired", "left_out": left_out, "paired": True})
         if "reason" in rows[0]:
             skips.extend(rows)
             continue

@@ -2,7 +2,9 @@
 
 Reads annotated prompt records (``completions`` + ``rewards``) and writes
 ``pairs.jsonl`` (the columns the preference trainer reads) and ``skipped.jsonl`` (every
-prompt that gave no pair, with the reason).
+prompt that gave no pair, with the reason; and every completion left out because its text
+holds a structure token of ``chat_format``: the prompt's row lists them under ``left_out``
+with ``special_token_text``, and is marked ``paired`` when the prompt still gave a pair).
 
 Example: ``align pairs recipes/tiny/pipeline.yaml`` or
 ``align pairs input=runs/annotate output_dir=runs/pairs seed=0``.
@@ -42,6 +44,11 @@ class Config:
     num_pairs_per_prompt: int = field(
         default=1, metadata={"help": "up to this many pairs per prompt, no completion reused within a prompt"}
     )
+    chat_format: Literal["apertus", "llama3", "chatml"] = field(
+        default="apertus",
+        metadata={"help": "the format logprobs and train encode the pairs in: a completion holding one of its "
+                  "structure tokens (e.g. <|system_end|>) is never paired (skipped.jsonl: special_token_text)"},
+    )
     overwrite: bool = field(default=False, metadata={"help": "redo a finished or partial output made from other settings or inputs (removes only what this stage wrote there)"})
 
 
@@ -58,6 +65,7 @@ def run(config: Config) -> dict:
     pairs, skips = make_pairs(
         records, seed=config.seed, low_threshold=config.low_threshold, num_ref_rewards=config.num_ref_rewards,
         truncated=config.truncated, num_pairs_per_prompt=config.num_pairs_per_prompt,
+        chat_format=config.chat_format,
     )
     out = Path(config.output_dir)
     write_jsonl(out / "pairs.jsonl", pairs)
@@ -66,6 +74,8 @@ def run(config: Config) -> dict:
     truncated = sum(is_truncated(c) for r in records for c in r.get("completions") or [])
     paired_truncated = sum((p["chosen_finish_reason"] == "length") + (p["rejected_finish_reason"] == "length")
                            for p in pairs)
-    summary = {"prompts": len(records), "pairs": len(pairs), "skipped": len(skips), "fallbacks": fallbacks,
-               "truncated_completions": truncated, "truncated_in_pairs": paired_truncated}
+    left_out = sum(len(s.get("left_out") or []) for s in skips)  # completions never paired for their text
+    summary = {"prompts": len(records), "pairs": len(pairs), "skipped": sum(not s.get("paired") for s in skips),
+               "fallbacks": fallbacks, "truncated_completions": truncated, "truncated_in_pairs": paired_truncated,
+               "special_token_text": left_out}
     return finish("pairs", config, out, summary, begun)
