@@ -278,10 +278,10 @@ def run_demo(config: DemoConfig) -> dict[str, Any]:
 
 
 def _reward() -> Any:
-    """The demo's reward: the verifiable answer check."""
+    """The demo's reward: the sorted digits exactly (``0123`` is not ``00123``), as the task says."""
     from rewards.verifiable import VerifiableReward
 
-    return VerifiableReward()
+    return VerifiableReward(match="exact")
 
 
 def _preference_config(config: DemoConfig, out: Path, loss_type: str) -> Any:
