@@ -147,6 +147,9 @@ class RewardProviderConfig(JudgeModelConfig, GeneratorConfig):
     empty_score: float | None = field(
         default=None, metadata={"help": "reward model: reward of an empty completion (None: the lowest score "
                                 "of the prompt's other completions)"})
+    max_batch_tokens: int | None = field(
+        default=None, metadata={"help": "reward model: padded tokens per forward (rows x longest row), at most; "
+                                "model_batch_size still caps the rows (None: no token budget)"})
 
     def __post_init__(self) -> None:
         if self.provider in ("reward_model", "judge", "classifier") and not self.model:
@@ -220,7 +223,7 @@ def build_reward_provider(config: RewardProviderConfig) -> Any:
 
         return RewardModel(config.model, batch_size=config.model_batch_size, max_length=config.max_length,
                            device=config.device, dtype=config.dtype, on_truncation=config.on_truncation,
-                           empty_score=config.empty_score)
+                           empty_score=config.empty_score, max_batch_tokens=config.max_batch_tokens)
     if config.provider == "judge":
         return build_judge(config, top_k_pairwise=config.top_k_pairwise)
     from rewards.classifier import ControversyClassifier

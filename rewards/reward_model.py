@@ -13,7 +13,11 @@ Choices made here:
   id, so the pad id must never occur in real text: a pad equal to EOS (or missing) is an
   error (see `check_padding`).
 - Batches are formed from inputs sorted by length (longest first), which removes most
-  padding; scores come back in input order and do not depend on the batching.
+  padding; scores come back in input order and do not depend on the batching. A batch
+  holds at most `batch_size` sequences and, with `max_batch_tokens`, at most that many
+  padded tokens (rows × its longest input): short inputs go many to a forward, long ones
+  few, so one budget fits a GPU whatever the lengths. An input longer than the budget is
+  scored alone.
 - Over-long inputs are flagged (`details["truncated"]`), never silently: by default
   (`on_truncation="skip"`) they get no reward, with the reason, because a score of the
   first `max_length` tokens is not a score of the answer; `on_truncation="score"` scores
@@ -37,7 +41,7 @@ import torch
 from tqdm.auto import tqdm
 
 from rewards.base import Conversation, RewardProvider, Score, checked, is_empty
-from rewards.text import encode_rendered, fixed_batches, plain_messages, sorted_batches
+from rewards.text import encode_rendered, plain_messages
 
 ON_TRUNCATION = ("skip", "score")
 
@@ -47,7 +51,10 @@ class RewardModelConfig:
     """Settings of a sequence-classifier reward model.
 
     model_name_or_path: hub id or local dir of a one-label AutoModelForSequenceClassification.
-    batch_size:   sequences per forward pass (default 8).
+    batch_size:   sequences per forward pass, at most (default 8).
+    max_batch_tokens: padded tokens per forward pass (rows × the longest row), at most;
+                  None (default): no token budget, `batch_size` alone decides. An input
+                  longer than the budget is scored alone.
     max_length:   token budget per rendered conversation; longer ones are truncated on the
                   right and flagged (default 16,384, the Skywork-Reward-V2 limit).
     device:       "cuda", "cpu", ...; None picks cuda when available.
@@ -68,10 +75,15 @@ class RewardModelConfig:
     sort_by_length: bool = True
     on_truncation: str = "skip"
     empty_score: float | None = None
+    max_batch_tokens: int | None = None
 
     def __post_init__(self) -> None:
         if self.batch_size < 1:
             raise ValueError(f"batch_size must be >= 1, got {self.batch_size}")
+        if self.max_batch_tokens is not None and (
+                isinstance(self.max_batch_tokens, bool) or not isinstance(self.max_batch_tokens, int)
+                or self.max_batch_tokens < 1):
+            raise ValueError(f"max_batch_tokens must be an integer >= 1 or None, got {self.max_batch_tokens!r}")
         if self.max_length < 2:
             raise ValueError(f"max_length must be >= 2, got {self.max_length}")
         if self.on_truncation not in ON_TRUNCATION:
@@ -81,6 +93,31 @@ class RewardModelConfig:
             or not math.isfinite(self.empty_score)
         ):
             raise ValueError(f"empty_score must be a finite number or None, got {self.empty_score!r}")
+
+
+def budget_batches(order: Sequence[int], lengths: Sequence[int], batch_size: int,
+                   max_batch_tokens: int | None) -> list[list[int]]:
+    """``order``'s indices cut into consecutive batches of at most ``batch_size`` sequences and
+    at most ``max_batch_tokens`` padded tokens (rows × the batch's longest length).
+
+    A batch is closed when the next index would break either cap; an index longer than the
+    budget on its own gets a batch of its own. With ``order`` sorted longest first, each
+    batch is as wide as its first index.
+    """
+    batches: list[list[int]] = []
+    batch: list[int] = []
+    width = 0
+    for index in order:
+        grown = max(width, lengths[index])
+        if batch and (len(batch) >= batch_size
+                      or (max_batch_tokens is not None and (len(batch) + 1) * grown > max_batch_tokens)):
+            batches.append(batch)
+            batch, grown = [], lengths[index]
+        batch.append(index)
+        width = grown
+    if batch:
+        batches.append(batch)
+    return batches
 
 
 def resolve_device(device: str | None) -> torch.device:
@@ -150,6 +187,7 @@ class RewardModel(RewardProvider):
         sort_by_length: bool = True,
         on_truncation: str = "skip",
         empty_score: float | None = None,
+        max_batch_tokens: int | None = None,
         model: Any = None,
         tokenizer: Any = None,
     ):
@@ -157,7 +195,7 @@ class RewardModel(RewardProvider):
         self.config = RewardModelConfig(
             str(model_name_or_path), batch_size, max_length, device,
             dtype if not isinstance(dtype, torch.dtype) else str(dtype).removeprefix("torch."),
-            sort_by_length, on_truncation, empty_score,
+            sort_by_length, on_truncation, empty_score, max_batch_tokens,
         )
         self.device = resolve_device(device)
         self.dtype = resolve_dtype(dtype, self.device)
@@ -272,10 +310,13 @@ class RewardModel(RewardProvider):
             scores[i] = Score(value, None, {"empty_completion": f"empty completion: given {rule}"})
 
     def _forward_all(self, sequences: list[list[int]]) -> list[float]:
-        """Raw scores for token sequences, batched by length (or in order), input order out."""
+        """Raw scores for token sequences, batched by length (or in order) under the sequence
+        and token caps, input order out."""
         lengths = [len(s) for s in sequences]
-        size = self.config.batch_size
-        batches = sorted_batches(lengths, size) if self.config.sort_by_length else fixed_batches(len(lengths), size)
+        order = range(len(lengths))
+        if self.config.sort_by_length:  # longest first, so memory errors show at once
+            order = sorted(order, key=lambda i: lengths[i], reverse=True)
+        batches = budget_batches(order, lengths, self.config.batch_size, self.config.max_batch_tokens)
         values: list[float] = [float("nan")] * len(sequences)
         for batch in tqdm(batches, desc="reward model", unit="batch", disable=len(batches) < 2, leave=False):
             for index, value in zip(batch, self._forward([sequences[i] for i in batch])):
