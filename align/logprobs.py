@@ -5,7 +5,10 @@ them once, offline, keeps the reference model out of training memory (prohibitiv
 the Apertus report computes them offline too). For each pair row the pass adds ``ref_chosen_logps``, ``ref_rejected_logps``,
 ``chosen_length`` and ``rejected_length`` (|y| in tokens, end-of-turn included); a
 single-completion row (field ``completion``) gets ``ref_completion_logps`` and
-``completion_length``. Each row is bound to what was scored: ``ref_<name>_token_hash``
+``completion_length``. A row whose prompt + completion exceeds ``max_length`` is not scored
+(``over_max_length="exclude"``, the default): it is written with ``ref_skip`` (the reason)
+and no log-probs, and the trainer excludes the same row; ``over_max_length="cut"`` scores
+the completion's head instead, without its end-of-turn token, and counts the rows cut. Each row is bound to what was scored: ``ref_<name>_token_hash``
 (a hash of the exact prompt + completion token ids), ``ref_model_fingerprint`` (the
 reference checkpoint, where it has a path) and ``ref_inputs`` (the settings the pass
 tokenized with: chat format, resolved chat date, tokenizer fingerprint..., and hashes of
@@ -54,7 +57,9 @@ from align.jobs import run_job
 from align.scoring import (
     PAIR_NAMES,
     SINGLE_NAMES,
+    OverMaxLengthError,
     SequenceCollator,
+    check_over_max_length_policy,
     check_truncated_policy,
     completion_logps,
     count_truncated,
@@ -74,6 +79,7 @@ CACHE_KEY_FIELDS = (
     "enable_thinking",
     "chat_date",
     "max_length",
+    "over_max_length",
     "dtype",
     "dataset_fingerprint",
 )
@@ -130,6 +136,8 @@ class LogprobsResult:
     num_shards: int
     num_processed: int
     num_already_done: int
+    num_over_max_length_skipped: int = 0  # rows of this call not scored: over max_length (``ref_skip``)
+    num_over_max_length_cut: int = 0      # rows of this call scored on a cut completion (over_max_length=cut)
 
 
 def _record_outputs(record: Mapping[str, Any], names: Sequence[str], logps: Sequence[float],
@@ -161,6 +169,7 @@ REF_INPUT_LABELS = {
     "chat_date": "chat_date",
     "enable_thinking": "enable_thinking",
     "max_length": "max_length",
+    "over_max_length": "over_max_length",
     "truncated": "truncated",
     "tokenizer_fingerprint": "the tokenizer",
 }
@@ -182,10 +191,11 @@ def row_text_hashes(record: Mapping[str, Any], names: Sequence[str]) -> dict[str
 
 
 def pass_settings(tokenizer: Any, *, chat_format: str, chat_date: Any, enable_thinking: bool,
-                  max_length: int | None, truncated: str, tokenizer_fp: str | None = None) -> dict[str, Any]:
+                  max_length: int | None, truncated: str, tokenizer_fp: str | None = None,
+                  over_max_length: str = "exclude") -> dict[str, Any]:
     """The settings that decide the token ids, as the pass records them (the date resolved: None is today)."""
     return {"chat_format": chat_format, "chat_date": date_text(chat_date), "enable_thinking": bool(enable_thinking),
-            "max_length": max_length, "truncated": truncated,
+            "max_length": max_length, "over_max_length": over_max_length, "truncated": truncated,
             "tokenizer_fingerprint": tokenizer_fp or tokenizer_fingerprint(tokenizer)}
 
 
@@ -249,17 +259,42 @@ class _BatchScorer:
         self.model, self.tokenizer, self.collator, self.encode_kwargs = model, tokenizer, collator, encode_kwargs
         self.binding = binding
         self.device = next(model.parameters()).device
+        self.num_skipped = self.num_cut = 0  # rows of this run over max_length: excluded / cut
 
-    def encode(self, record: Mapping[str, Any]) -> dict[str, list[int]]:
-        return encode_record(self.tokenizer, record, **self.encode_kwargs)
+    def encode(self, record: Mapping[str, Any], cut: list[str] | None = None) -> dict[str, list[int]] | str:
+        """The row's token ids, or the reason it is excluded (over ``max_length``)."""
+        try:
+            return encode_record(self.tokenizer, record, cut_names=cut, **self.encode_kwargs)
+        except OverMaxLengthError as error:
+            return error.reason
 
     def length(self, record: Mapping[str, Any]) -> int:
         """Sort key: the row's total tokens, longest first (an out-of-memory shows up at once)."""
         encoded = self.encode(record)
-        return -sum(len(v) for v in encoded.values())
+        return 0 if isinstance(encoded, str) else -sum(len(v) for v in encoded.values())
+
+    def _skipped(self, record: Mapping[str, Any], reason: str) -> dict[str, Any]:
+        """A row the pass does not score: written with its reason (``ref_skip``) and no log-probs."""
+        out = {**record, "ref_skip": reason}
+        if self.binding is not None:
+            out["ref_model_fingerprint"] = self.binding["model_fingerprint"]
+            out["ref_inputs"] = dict(self.binding["settings"])
+        return out
 
     def __call__(self, records: list[dict]) -> list[dict]:
-        encoded = [self.encode(r) for r in records]
+        cut_rows: list[list[str]] = [[] for _ in records]
+        all_encoded = [self.encode(r, c) for r, c in zip(records, cut_rows)]
+        skipped = {i: e for i, e in enumerate(all_encoded) if isinstance(e, str)}
+        self.num_skipped += len(skipped)
+        self.num_cut += sum(bool(c) for c in cut_rows)
+        kept = [i for i in range(len(records)) if i not in skipped]
+        results: dict[int, dict] = {i: self._skipped(records[i], reason) for i, reason in skipped.items()}
+        if kept:
+            for i, row in zip(kept, self._score([records[i] for i in kept], [all_encoded[i] for i in kept])):
+                results[i] = row
+        return [results[i] for i in range(len(records))]
+
+    def _score(self, records: list[dict], encoded: list[dict[str, list[int]]]) -> list[dict]:
         names = [[k[: -len("_ids")] for k in e if k != "prompt_ids"] for e in encoded]
         sequences = [(e["prompt_ids"], e[f"{n}_ids"]) for e, ns in zip(encoded, names) for n in ns]
         batch = {k: v.to(self.device) if isinstance(v, Tensor) else v
@@ -286,6 +321,7 @@ def cache_fields_for(
     chat_date: str | None = None,
     dtype: str | torch.dtype | None = None,
     model_fingerprint: str | None = None,
+    over_max_length: str = "exclude",
 ) -> dict[str, Any]:
     """The ``CACHE_KEY_FIELDS`` of a pass over ``records`` with this model and settings."""
     if dtype is None and isinstance(model, torch.nn.Module):
@@ -299,6 +335,7 @@ def cache_fields_for(
         "enable_thinking": bool(enable_thinking),
         "chat_date": chat_date,
         "max_length": max_length,
+        "over_max_length": over_max_length,
         "dtype": str(dtype).replace("torch.", ""),
         "dataset_fingerprint": dataset_fingerprint(records),
     }
@@ -322,6 +359,7 @@ def compute_ref_logprobs(
     model_fingerprint: str | None = None,
     cache_fields: Mapping[str, Any] | None = None,
     truncated: str = "exclude",
+    over_max_length: str = "exclude",
 ) -> LogprobsResult:
     """Score shard ``shard_index`` of ``num_shards`` of ``records`` into ``output_dir`` (resumable).
 
@@ -330,10 +368,14 @@ def compute_ref_logprobs(
     result with ``load_ref_logprobs(output_dir, records)``. ``cache_fields`` (from
     ``cache_fields_for``) saves recomputing the fingerprints when the caller has them.
     ``truncated``: as in ``encode_record`` (and the trainer's ``truncated``, which must match).
+    ``over_max_length``: a row over ``max_length`` is written unscored with ``ref_skip`` (its
+    reason; ``"exclude"``, default) or scored on the completion's head (``"cut"``, counted);
+    the trainer's setting must match.
     """
+    check_over_max_length_policy(over_max_length)
     fields = dict(cache_fields) if cache_fields is not None else cache_fields_for(
         records, model, tokenizer, chat_format=chat_format, max_length=max_length, enable_thinking=enable_thinking,
-        chat_date=chat_date, model_fingerprint=model_fingerprint)
+        chat_date=chat_date, model_fingerprint=model_fingerprint, over_max_length=over_max_length)
     key = ref_cache_key(fields)
     attn = getattr(unwrap_model(model).config, "_attn_implementation", None) or "eager"
     collator = SequenceCollator(
@@ -351,10 +393,11 @@ def compute_ref_logprobs(
     binding = {"model_fingerprint": reference_fingerprint(model),
                "settings": pass_settings(tokenizer, chat_format=chat_format, chat_date=chat_date,
                                          enable_thinking=enable_thinking, max_length=max_length, truncated=truncated,
-                                         tokenizer_fp=fields.get("tokenizer_fingerprint"))}
+                                         tokenizer_fp=fields.get("tokenizer_fingerprint"),
+                                         over_max_length=over_max_length)}
     scorer = _BatchScorer(model, tokenizer, collator, {
         "chat_format": chat_format, "max_length": max_length, "enable_thinking": enable_thinking, "chat_date": chat_date,
-        "truncated": truncated}, binding)
+        "truncated": truncated, "over_max_length": over_max_length}, binding)
     was_training = model.training
     model.eval()
     try:
@@ -363,8 +406,14 @@ def compute_ref_logprobs(
                       fingerprint={"cache_key": key, **fields})
     finally:
         model.train(was_training)
+    if scorer.num_skipped:
+        logger.warning("reference log-probs: %d rows exceed max_length=%s and are not scored (over_max_length="
+                       "exclude): written with ref_skip, the trainer excludes them too", scorer.num_skipped, max_length)
+    if scorer.num_cut:
+        logger.warning("reference log-probs: %d rows exceed max_length=%s and are scored on the completion's head, "
+                       "without its end-of-turn token (over_max_length=cut)", scorer.num_cut, max_length)
     return LogprobsResult(Path(output_dir), key, fields, shard_index, num_shards,
-                          job.num_processed, job.num_already_done)
+                          job.num_processed, job.num_already_done, scorer.num_skipped, scorer.num_cut)
 
 
 def _ids(records: Sequence[Mapping[str, Any]] | Any) -> list[str]:
@@ -382,7 +431,10 @@ def missing_ids(output_dir: str | Path, records: Sequence[Mapping[str, Any]] | A
 
 
 def load_ref_logprobs(output_dir: str | Path, records: Sequence[Mapping[str, Any]] | Any) -> list[dict]:
-    """The pass's rows for ``records``, in their order; raises listing missing ids or bad values."""
+    """The pass's rows for ``records``, in their order; raises listing missing ids or bad values.
+
+    Rows the pass skipped (``ref_skip``: over ``max_length``) come back as they are, without
+    log-probs; the trainer excludes them by the same rule."""
     missing = missing_ids(output_dir, records)
     if missing:
         raise ValueError(f"reference log-probs in {output_dir} are incomplete: {len(missing)} of "
@@ -391,6 +443,8 @@ def load_ref_logprobs(output_dir: str | Path, records: Sequence[Mapping[str, Any
     by_id = {row.get("id"): row for row in read_output(output_dir)}
     rows = [by_id[rid] for rid in _ids(records)]  # the output may hold more rows (e.g. other splits)
     for index, row in enumerate(rows):
+        if row.get("ref_skip"):  # not scored (over max_length): the trainer excludes it too
+            continue
         names = PAIR_NAMES if "chosen" in row else SINGLE_NAMES
         for name in names:
             for column in (f"ref_{name}_logps", f"{name}_length"):

@@ -143,7 +143,7 @@ def test_shards_merge_and_missing_ids_are_listed(rows, model, tiny_tokenizer, tm
 def test_single_completion_rows_and_truncation(model, tiny_tokenizer, tmp_path):
     row = {"id": "s0", "messages": [{"role": "user", "content": "hi"}], "completion": " ".join(["word"] * 40)}
     prompt = encode_record(tiny_tokenizer, row, max_length=None, chat_date=DATE)["prompt_ids"]
-    out = compute([row], model, tiny_tokenizer, tmp_path / "s", max_length=len(prompt) + 5)
+    out = compute([row], model, tiny_tokenizer, tmp_path / "s", max_length=len(prompt) + 5, over_max_length="cut")
     assert out[0]["completion_length"] == 5
     assert out[0]["ref_completion_logps"] < 0
 
@@ -164,7 +164,7 @@ def test_cache_key_changes_with_exactly_the_fields_that_change_logps(rows, model
     key = ref_cache_key(fields)
     changed = {"model": "other/model", "model_fingerprint": "x", "tokenizer_fingerprint": "y",
                "chat_format": "chatml", "enable_thinking": True, "chat_date": "2025-09-02", "max_length": 512,
-               "dtype": "bfloat16", "dataset_fingerprint": "z"}
+               "over_max_length": "cut", "dtype": "bfloat16", "dataset_fingerprint": "z"}
     assert set(changed) == set(CACHE_KEY_FIELDS)
     for name, value in changed.items():
         assert ref_cache_key({**fields, name: value}) != key, name
@@ -287,7 +287,9 @@ def test_each_key_setting_given_to_run_pass_reaches_the_key_and_the_directory(tw
     base_rows = load_ref_logprobs(base_dir, rows)
     directories = {"base": base_dir}
     for name, value in KEY_SETTINGS.items():
-        directory = run_pass(LogprobsConfig(**{**base.__dict__, name: value}))
+        # a shorter max_length changes the scores of rows it cuts (the default leaves them unscored)
+        cut = {"over_max_length": "cut"} if name == "max_length" else {}
+        directory = run_pass(LogprobsConfig(**{**base.__dict__, name: value, **cut}))
         stored = _stored(directory)
         assert stored.get(name) == value, f"{name}={value!r} given to run_pass, {stored.get(name)!r} in the key"
         assert stored["cache_key"] != _stored(base_dir)["cache_key"], name

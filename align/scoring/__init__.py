@@ -21,14 +21,18 @@ from align.scoring.collators import (
     model_inputs,
 )
 from align.scoring.encoding import (
+    OVER_MAX_LENGTH_POLICIES,
     PAIR_NAMES,
+    OverMaxLengthError,
     SINGLE_NAMES,
     TRUNCATED_POLICIES,
+    check_over_max_length_policy,
     check_truncated_policy,
     completion_names,
     count_truncated,
     encode_record,
     fit_to_max_length,
+    is_over_max_length,
     is_truncated_completion,
 )
 from align.scoring.logps import (
@@ -42,11 +46,14 @@ from align.scoring.logps import (
 
 __all__ = [
     "IGNORE_INDEX",
+    "OVER_MAX_LENGTH_POLICIES",
+    "OverMaxLengthError",
     "PAIR_NAMES",
     "SINGLE_NAMES",
     "TRUNCATED_POLICIES",
     "PreferenceCollator",
     "SequenceCollator",
+    "check_over_max_length_policy",
     "check_truncated_policy",
     "collate_padded",
     "collate_padding_free",
@@ -56,6 +63,7 @@ __all__ = [
     "encode_record",
     "fit_to_max_length",
     "is_flash_attention",
+    "is_over_max_length",
     "is_truncated_completion",
     "model_inputs",
     "model_logits",

@@ -27,7 +27,7 @@ from align.logprobs import (
     ref_cache_key,
     weights_fingerprint,
 )
-from align.scoring import check_truncated_policy
+from align.scoring import check_over_max_length_policy, check_truncated_policy
 from align.stages.common import (
     check_input_exists,
     check_model_path,
@@ -61,6 +61,11 @@ class LogprobsConfig:
     truncated: ``exclude`` (default): a row whose chosen/rejected was cut at the token budget
         (``*_finish_reason`` "length") is an error; ``train_without_end``: score it without
         an end-of-turn token. Must match the trainer's ``truncated``.
+    over_max_length: ``exclude`` (default): a row whose prompt + completion exceeds
+        ``max_length`` is not scored; it is written with ``ref_skip`` (the reason) and counted
+        in the stage summary (``over_max_length_skipped``), and the trainer excludes it too.
+        ``cut``: score the completion's first tokens, without its end-of-turn token (R_q and
+        β/|y| still describe the whole text). Must match the trainer's ``over_max_length``.
     overwrite: redo a finished or partial ``output_dir`` made from other settings or inputs
         (removes only what this stage wrote there). Keyed outputs under ``cache_dir`` are
         named by their cache key, so they never need it.
@@ -81,10 +86,12 @@ class LogprobsConfig:
     max_row_tokens: int | None = None
     device: str | None = None
     truncated: str = "exclude"
+    over_max_length: str = "exclude"
     overwrite: bool = False
 
     def __post_init__(self) -> None:
         check_truncated_policy(self.truncated)
+        check_over_max_length_policy(self.over_max_length)
         if self.output_dir is None and self.cache_dir is None:
             raise ValueError("set output_dir, or cache_dir to keep outputs under their cache key")
         if self.batch_size < 1:
@@ -120,7 +127,21 @@ def run(config: Config) -> dict:
     if missing:  # another shard (SLURM array task) has not finished yet
         print(f"[align logprobs] this shard is done; {len(missing)} rows wait for other shards in {output_dir}")
         return {"missing": len(missing)}
-    return finish("logprobs", config, output_dir, {"rows": len(records)}, begun)
+    skipped = over_max_length_skips(output_dir, records)
+    if skipped:
+        print(f"[align logprobs] {len(skipped)} of {len(records)} rows exceed max_length={config.max_length} and "
+              f"are not scored (over_max_length=exclude; column ref_skip), e.g. {skipped[:5]}; the trainer "
+              "excludes them too")
+    return finish("logprobs", config, output_dir, {"rows": len(records), "over_max_length_skipped": len(skipped)},
+                  begun)
+
+
+def over_max_length_skips(output_dir: str | Path, records) -> list[str]:
+    """Ids of the rows the pass wrote unscored (``ref_skip``), in input order."""
+    from align.io import read_output
+
+    wanted = {r["id"] for r in records}
+    return [row["id"] for row in read_output(output_dir) if row.get("ref_skip") and row.get("id") in wanted]
 
 
 # --------------------------------------------------------------------------- the pass over a dataset
@@ -157,7 +178,7 @@ def run_pass(config: LogprobsConfig) -> Path:
     fields = cache_fields_for(
         records, config.model_name_or_path, tokenizer, chat_format=config.chat_format, max_length=config.max_length,
         enable_thinking=config.enable_thinking, chat_date=config.chat_date, dtype=config.dtype,
-        model_fingerprint=weights_fingerprint(config.model_name_or_path))
+        model_fingerprint=weights_fingerprint(config.model_name_or_path), over_max_length=config.over_max_length)
     key = ref_cache_key(fields)
     output_dir = resolved_output_dir(config, key)
     if job_is_complete(output_dir, records, num_shards):
@@ -172,7 +193,7 @@ def run_pass(config: LogprobsConfig) -> Path:
             max_length=config.max_length, output_dir=output_dir, enable_thinking=config.enable_thinking,
             chat_date=config.chat_date, shard_index=shard_index, num_shards=num_shards,
             padding_free=config.padding_free, max_row_tokens=config.max_row_tokens, cache_fields=fields,
-            truncated=config.truncated)
+            truncated=config.truncated, over_max_length=config.over_max_length)
     _wait_for_other_shards()
     if shard_index == 0 or num_shards == 1:
         missing = missing_ids(output_dir, records)

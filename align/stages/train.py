@@ -64,5 +64,5 @@ def run(config: Config) -> dict:
     losses = [log["loss"] for log in trainer.state.log_history if "loss" in log]
     summary = {"loss_type": config.loss_type, "steps": trainer.state.global_step,
                "train_loss": losses[-1] if losses else None, "world_size": trainer.args.world_size,
-               "deepspeed": bool(trainer.is_deepspeed_enabled)}
+               "deepspeed": bool(trainer.is_deepspeed_enabled), **trainer.data_summary}
     return finish("train", config, config.output_dir, summary, begun)

@@ -20,6 +20,7 @@ the whole run.
 from __future__ import annotations
 
 import contextlib
+import logging
 import copy
 import dataclasses
 from dataclasses import dataclass, field
@@ -36,6 +37,7 @@ __all__ = [
     "check_lora_fields",
     "check_model_fields",
     "check_optimizer_fields",
+    "accumulation_from_global_batch",
     "create_optimizer",
     "deepspeed_reference",
     "is_peft_model",
@@ -196,6 +198,33 @@ def create_optimizer(trainer: Any, model: torch.nn.Module | None, fallback: Any)
 
 
 # --------------------------------------------------------------------------- model and adapter
+
+
+def accumulation_from_global_batch(args: Any, unit: str = "sequences") -> None:
+    """``gradient_accumulation_steps`` = ``global_batch_size`` / (per-device batch × world size), exactly.
+
+    Both trainers call it before building the accelerator, so a recipe's global batch holds
+    on any number of GPUs (the same file on 4 or 8 nodes). Nothing happens when
+    ``global_batch_size`` is None. An indivisible combination, or an accumulation that a
+    recipe also sets to something else, is an error naming the numbers.
+    """
+    global_batch = getattr(args, "global_batch_size", None)
+    if global_batch is None:
+        return
+    per_device, world_size = args.per_device_train_batch_size, args.world_size
+    steps, rest = divmod(global_batch, per_device * world_size)
+    if rest or steps < 1:
+        raise ValueError(
+            f"global_batch_size={global_batch} is not a multiple of per_device_train_batch_size={per_device} "
+            f"× world size {world_size} (= {per_device * world_size} {unit} per micro-step); change one of them")
+    if args.gradient_accumulation_steps not in (1, steps):
+        raise ValueError(
+            f"gradient_accumulation_steps={args.gradient_accumulation_steps} contradicts global_batch_size="
+            f"{global_batch} (which needs {steps} with per_device_train_batch_size={per_device} × world size "
+            f"{world_size}); set only one of them")
+    args.gradient_accumulation_steps = steps
+    logging.getLogger(__name__).info("global batch %d %s = %d per device × %d ranks × %d accumulation steps",
+                                     global_batch, unit, per_device, world_size, steps)
 
 
 def lora_config(config: Any) -> Any:

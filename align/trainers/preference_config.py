@@ -59,9 +59,16 @@ class PreferenceConfig(ModelFields, LoraFields, OptimizerFields, TrainingArgumen
         Chat format the rows are rendered with (`align.chat`); must be the one the reference
         log-probs were computed with.
     max_length (`int` or `None`, defaults to `4096`):
-        Tokens per prompt + completion. A longer completion is cut at the end (its
-        end-of-turn token is lost); the log-prob pass applies the same rule, so the two agree.
-        `None`: no limit.
+        Tokens per prompt + completion. A row with a completion that does not fit is
+        handled by `over_max_length`, as in the log-prob pass, so the two agree. `None`: no
+        limit. Set it at least to the sampler's `max_model_len` (the longest prompt +
+        completion the sampling stage writes) so that no completion is over it.
+    over_max_length (`str`, defaults to `"exclude"`):
+        `"exclude"`: a row whose prompt + completion exceeds `max_length` is left out of
+        training; the count and the first ids are logged as a warning, with the reason (the
+        log-prob pass writes such rows unscored, with `ref_skip`). `"cut"`: train on the
+        completion's first tokens, without its end-of-turn token, though R_q and β/|y|
+        describe the whole text (the count is logged). Must match the log-prob pass's.
     enable_thinking (`bool`, defaults to `False`):
         Render the developer block with deliberation enabled.
     chat_date (`str` or `None`, defaults to `None`):
@@ -94,6 +101,11 @@ class PreferenceConfig(ModelFields, LoraFields, OptimizerFields, TrainingArgumen
 
     > Parameters that control batching
 
+    global_batch_size (`int` or `None`, defaults to `None`):
+        Pairs per optimizer step over all ranks. When set, the trainer derives
+        `gradient_accumulation_steps` = global / (per-device batch × world size), so one
+        recipe keeps its global batch on any number of GPUs; a combination that does not
+        divide is an error naming the numbers (as in `SFTConfig`).
     padding_free (`bool`, defaults to `True`):
         Concatenate the batch's sequences into rows with restarting position ids and a
         block-diagonal mask chosen by attention implementation, instead of padding.
@@ -135,9 +147,11 @@ class PreferenceConfig(ModelFields, LoraFields, OptimizerFields, TrainingArgumen
     chat_date: str | None = field(default=None, metadata={"help": "date in the default system text"})
     num_ref_rewards: int | None = field(default=None, metadata={"help": "n reference rewards per prompt"})
     truncated: str = field(default="exclude", metadata={"help": "exclude | train_without_end (cut completions)"})
+    over_max_length: str = field(default="exclude", metadata={"help": "exclude | cut (rows over max_length)"})
     # Reference
     reference: str = field(default="precomputed", metadata={"help": "precomputed | model | adapter"})
     # Batching
+    global_batch_size: int | None = field(default=None, metadata={"help": "pairs per optimizer step over all ranks"})
     padding_free: bool = field(default=True, metadata={"help": "pack sequences instead of padding"})
     max_row_tokens: int | None = field(default=None, metadata={"help": "padding-free row budget (sdpa/eager)"})
     pad_to_multiple_of: int | None = field(default=None, metadata={"help": "round padded widths up"})
@@ -191,6 +205,11 @@ class PreferenceConfig(ModelFields, LoraFields, OptimizerFields, TrainingArgumen
             raise ValueError(f"pad_to_multiple_of={self.pad_to_multiple_of}: must be >= 1, or None")
         if self.truncated not in ("exclude", "train_without_end"):
             raise ValueError(f"truncated={self.truncated!r}: choose 'exclude' or 'train_without_end'")
+        if self.over_max_length not in ("exclude", "cut"):
+            raise ValueError(f"over_max_length={self.over_max_length!r}: choose 'exclude' or 'cut'")
+        if self.global_batch_size is not None and self.global_batch_size < 1:
+            raise ValueError(f"global_batch_size={self.global_batch_size}: must be a positive number of pairs, "
+                             "or None")
 
     def _check_reference(self) -> None:
         if self.reference not in REFERENCE_MODES:

@@ -7,6 +7,11 @@ completion cut at the sampling budget included, ``truncated``), checked against 
 scored (its lengths, its per-completion token hashes, its reference checkpoint), and given
 its quantile rewards (QRPO). The mirror of ``align.trainers.sft_data`` for pairs.
 
+A row whose prompt + completion exceeds ``max_length`` is excluded by default
+(``over_max_length="exclude"``): ``prepare_dataset`` leaves it out and logs how many, with
+the first ids and the reason, as the log-prob pass does (it writes such rows unscored, with
+``ref_skip``). ``over_max_length="cut"`` trains on the completion's head instead (counted).
+
 ``prepare_dataset`` runs it through ``datasets.map``. A file-backed dataset is prepared by
 the main process first and the other ranks find its cache; rows held in memory have no
 cache to share, so every rank prepares them at once (``preparation_order``).
@@ -27,7 +32,7 @@ from align.data.quantiles import quantile_rewards
 from align.data.records import RecordError, record_id, validate_pair
 from align.io import read_records, rows_to_dataset
 from align.logprobs import check_ref_tokens, pass_settings, reference_fingerprint
-from align.scoring import PAIR_NAMES, count_truncated, encode_record
+from align.scoring import PAIR_NAMES, OverMaxLengthError, count_truncated, encode_record
 from align.trainers.common import preparation_order
 
 __all__ = [
@@ -46,6 +51,8 @@ PREPARED_COLUMNS = ("id", "prompt_ids", "chosen_ids", "rejected_ids", "chosen_qu
 # A list of rows goes through `datasets.map` as one JSON column: Arrow would unify the rows'
 # nested structures (a None for every key some message lacks), changing what is rendered.
 _JSON_ROW = "_row_json"
+# Per prepared row: why it is left out (over max_length; "" when kept) and how many completions were cut.
+_SKIP, _CUT = "_over_max_length", "_num_cut"
 
 
 def _number(row: Mapping[str, Any], name: str, rid: str) -> float:
@@ -110,14 +117,25 @@ def _check_ref_lengths(row: Mapping[str, Any], encoded: Mapping[str, list[int]],
                               "chat_format, chat_date, max_length and tokenizer")
 
 
-def prepare_row(row: Mapping[str, Any], index: int, tokenizer: Any, config: Any) -> dict[str, Any]:
-    """One pair row → the trainer's columns (token ids, quantiles, reference log-probs)."""
+def prepare_row(row: Mapping[str, Any], index: int, tokenizer: Any, config: Any,
+                cut: list[str] | None = None) -> dict[str, Any]:
+    """One pair row → the trainer's columns (token ids, quantiles, reference log-probs).
+
+    A row over ``max_length`` raises ``OverMaxLengthError`` (``over_max_length="exclude"``;
+    ``prepare_dataset`` records it as skipped), or its completion is cut (``"cut"``: the
+    names of the cut completions are appended to ``cut``).
+    """
     need_ref = config.reference == "precomputed"
-    validate_pair(row, index, need_ref_logps=need_ref)
+    validate_pair(row, index)
     rid = record_id(row, index)
     encoded = encode_record(tokenizer, row, chat_format=config.chat_format, max_length=config.max_length,
                             enable_thinking=config.enable_thinking, chat_date=config.chat_date, index=index,
-                            truncated=config.truncated)
+                            truncated=config.truncated, over_max_length=config.over_max_length, cut_names=cut)
+    if need_ref and row.get("ref_skip"):
+        raise RecordError(rid, "ref_skip", f"the reference log-prob pass did not score this row ({row['ref_skip']}), "
+                          f"but the trainer fits it in max_length={config.max_length}: rerun `align logprobs` with "
+                          "the trainer's max_length and over_max_length")
+    validate_pair(row, index, need_ref_logps=need_ref)
     out: dict[str, Any] = {"id": rid, **encoded}
     if need_ref:
         check_ref_tokens(row, encoded, rid, lambda: pass_settings(
@@ -148,14 +166,32 @@ def check_ref_model(row: Mapping[str, Any], expected: str | None, rid: str) -> N
                           "checkpoint in ref_model_name_or_path")
 
 
-def _prepare_one(row: Mapping[str, Any], index: int, tokenizer: Any, config: Any, expected: str | None) -> dict[str, Any]:
+def _prepared_features(config: Any) -> datasets.Features:
+    """The prepared columns, typed, plus the skip reason and cut count (a skipped row has empty ids)."""
+    ids = datasets.List(datasets.Value("int64"))
+    features = {"id": datasets.Value("string"), "prompt_ids": ids, "chosen_ids": ids, "rejected_ids": ids}
+    if config.reference == "precomputed":
+        features |= {"ref_chosen_logps": datasets.Value("float64"), "ref_rejected_logps": datasets.Value("float64")}
+    if config.loss.uses_quantile_rewards:
+        features |= {"chosen_quantile": datasets.Value("float64"), "rejected_quantile": datasets.Value("float64")}
+    return datasets.Features({**features, _SKIP: datasets.Value("string"), _CUT: datasets.Value("int64")})
+
+
+def _prepare_one(row: Mapping[str, Any], index: int, tokenizer: Any, config: Any, expected: str | None,
+                 features: datasets.Features) -> dict[str, Any]:
     row = json.loads(row[_JSON_ROW]) if _JSON_ROW in row else dict(row)
     if config.reference == "precomputed":
         check_ref_model(row, expected, record_id(row, index))
-    return prepare_row(row, index, tokenizer, config)
+    cut: list[str] = []
+    try:
+        return {**prepare_row(row, index, tokenizer, config, cut), _SKIP: "", _CUT: len(cut)}
+    except OverMaxLengthError as error:
+        empty = {name: [] if isinstance(feature, datasets.List) else 0.0 for name, feature in features.items()}
+        return {**empty, "id": record_id(row, index), _SKIP: error.reason, _CUT: 0}
 
 
-def prepare_dataset(dataset: Any, tokenizer: Any, config: Any, model: Any = None) -> datasets.Dataset:
+def prepare_dataset(dataset: Any, tokenizer: Any, config: Any, model: Any = None,
+                    summary: dict[str, Any] | None = None) -> datasets.Dataset:
     """Pair rows (list, ``datasets.Dataset`` or a file path) → a dataset of trainer columns.
 
     A dataset that already has ``prompt_ids`` is taken as prepared and returned as is.
@@ -163,7 +199,9 @@ def prepare_dataset(dataset: Any, tokenizer: Any, config: Any, model: Any = None
     and its ``ref_model_fingerprint`` against the reference checkpoint (``model``: the policy,
     used when the config names no checkpoint path). Runs as ``datasets.map`` on the main
     process first when the dataset is file-backed, on all ranks at once otherwise
-    (``preparation_order``).
+    (``preparation_order``). ``summary``, when given, receives ``over_max_length_skipped``
+    (rows left out: over ``max_length``, ``over_max_length="exclude"``) and
+    ``over_max_length_cut`` (rows trained on a cut completion).
     """
     if isinstance(dataset, (str, Path)):
         dataset = read_records(dataset)
@@ -178,10 +216,30 @@ def prepare_dataset(dataset: Any, tokenizer: Any, config: Any, model: Any = None
     expected = expected_ref_fingerprint(config, model) if config.reference == "precomputed" else None
     if getattr(config, "process_index", 0) != 0:  # one set of `datasets` progress bars: the main process's
         datasets.disable_progress_bars()
+    features = _prepared_features(config)
     with preparation_order(config, dataset, "preference dataset preparation"):
         prepared = dataset.map(_prepare_one, with_indices=True, remove_columns=dataset.column_names,
-                               fn_kwargs={"tokenizer": tokenizer, "config": config, "expected": expected},
-                               desc="Tokenizing preference pairs")
+                               fn_kwargs={"tokenizer": tokenizer, "config": config, "expected": expected,
+                                          "features": features},
+                               features=features, desc="Tokenizing preference pairs")
+        skips = [(rid, reason) for rid, reason in zip(prepared["id"], prepared[_SKIP]) if reason]
+        num_cut = sum(n > 0 for n in prepared[_CUT])
+        if skips:
+            prepared = prepared.filter(lambda reason: not reason, input_columns=_SKIP,
+                                       desc="Leaving out pairs over max_length")
+    prepared = prepared.remove_columns([_SKIP, _CUT])
+    if summary is not None:
+        summary.update(over_max_length_skipped=len(skips), over_max_length_cut=num_cut)
+    if skips:
+        logger.warning("preference data: %d of %d rows exceed max_length=%s and are left out (over_max_length="
+                       "exclude), e.g. %s", len(skips), len(dataset), config.max_length,
+                       "; ".join(f"{rid}: {reason}" for rid, reason in skips[:3]))
+    if num_cut:
+        logger.warning("preference data: %d rows exceed max_length=%s and are trained on the completion's head, "
+                       "without its end-of-turn token (over_max_length=cut)", num_cut, config.max_length)
+    if len(prepared) == 0:
+        raise ValueError(f"every one of the {len(dataset)} preference rows exceeds max_length={config.max_length} "
+                         f"(e.g. {skips[0][0]}: {skips[0][1]}): raise max_length, or set over_max_length=cut")
     if config.truncated == "train_without_end":
         num_cut = _count_cut(dataset)
         if num_cut:

@@ -36,6 +36,7 @@ from align.losses import LossType, dpo_loss, qrpo_terms
 from align.scoring import PreferenceCollator, completion_logps, is_flash_attention, unwrap_model
 from align.trainers.callbacks import bind_callbacks
 from align.trainers.common import (
+    accumulation_from_global_batch,
     create_optimizer,
     deepspeed_reference,
     is_peft_model,
@@ -102,10 +103,12 @@ class PreferenceTrainer(Trainer):
         if is_peft_model(model) and args.gradient_checkpointing:
             model.enable_input_require_grads()
         self._check_reference(model, ref_model, args)
+        self.data_summary: dict[str, Any] = {}
         if train_dataset is not None:
-            train_dataset = prepare_dataset(train_dataset, processing_class, args, model)
+            train_dataset = prepare_dataset(train_dataset, processing_class, args, model, self.data_summary)
         if eval_dataset is not None:
             eval_dataset = prepare_dataset(eval_dataset, processing_class, args, model)
+        accumulation_from_global_batch(args, "pairs")
         super().__init__(
             model=model,
             args=args,

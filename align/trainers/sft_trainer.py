@@ -42,7 +42,14 @@ from trl import SFTTrainer as TRLSFTTrainer
 
 from align.chat import install_format
 from align.trainers.callbacks import bind_callbacks
-from align.trainers.common import create_optimizer, is_peft_model, load_causal_lm, lora_config, preparation_order
+from align.trainers.common import (
+    accumulation_from_global_batch,
+    create_optimizer,
+    is_peft_model,
+    load_causal_lm,
+    lora_config,
+    preparation_order,
+)
 from align.trainers.sft_config import SFTConfig
 from align.trainers.sft_data import IGNORE_INDEX, load_sft_dataset, prepare_sft_dataset
 
@@ -294,30 +301,7 @@ class SFTTrainer(TRLSFTTrainer):
 
 def _set_accumulation_from_global_batch(args: SFTConfig) -> None:
     """gradient_accumulation_steps = global batch / (per-device batch × world size), exactly."""
-    if args.global_batch_size is None:
-        return
-    per_step = args.per_device_train_batch_size * args.world_size
-    steps, rest = divmod(args.global_batch_size, per_step)
-    if rest or steps < 1:
-        raise ValueError(
-            f"global_batch_size={args.global_batch_size} is not a multiple of "
-            f"per_device_train_batch_size="
-            f"{args.per_device_train_batch_size} × world size {args.world_size}; change one of them"
-        )
-    if args.gradient_accumulation_steps not in (1, steps):
-        raise ValueError(
-            f"gradient_accumulation_steps={args.gradient_accumulation_steps} contradicts "
-            f"global_batch_size="
-            f"{args.global_batch_size} (which needs {steps}); set only one of them"
-        )
-    args.gradient_accumulation_steps = steps
-    logger.info(
-        "SFT: global batch %d = %d per device × %d ranks × %d accumulation steps",
-        args.global_batch_size,
-        args.per_device_train_batch_size,
-        args.world_size,
-        steps,
-    )
+    accumulation_from_global_batch(args, "sequences")
 
 
 def _load(config: SFTConfig, model: Any, tokenizer: Any) -> tuple[Any, Any]:

@@ -92,6 +92,7 @@ def test_tiny_pipeline_pins_one_date_everywhere():
                                                                           configs["evaluate"].sampler.chat_date}
     assert dates == {"2026-01-01"}
     assert configs["logprobs"].max_length == configs["train"].max_length
+    assert configs["logprobs"].over_max_length == configs["train"].over_max_length
     assert configs["pairs"].num_ref_rewards == configs["train"].num_ref_rewards == configs["sample"].n
     assert configs["sft"].use_cpu and configs["train"].use_cpu and not configs["train"].bf16
 
@@ -101,6 +102,13 @@ def load_recipe(size: str, name: str):
     stage = stage_of(f"{name}.yaml")
     config_cls = stage_module(stage).Config
     return load_config(config_cls, RECIPES / size / f"{name}.yaml", cpu_overrides(config_cls), section=stage)
+
+
+def longest_sampled_sequence(sample_config) -> int | None:
+    """The most prompt + completion tokens the sample stage can write: the sampler's
+    context length (a prompt that fills it is skipped; a long prompt's budget is cut to what
+    is left). None when the recipe leaves it to the model (unbounded here)."""
+    return sample_config.sampler.max_model_len
 
 
 @pytest.mark.parametrize("size", ["apertus-8b", "apertus-70b"])
@@ -127,6 +135,15 @@ def test_apertus_stage_recipes_agree_with_each_other(size):
     assert len(set(lengths.values())) == 1 and None not in lengths.values(), lengths
     truncated = {k: r[k].truncated for k in ("pairs", "logprobs", "qrpo", "dpo")}
     assert len(set(truncated.values())) == 1, truncated
+    over = {k: r[k].over_max_length for k in ("logprobs", "qrpo", "dpo")}
+    assert len(set(over.values())) == 1, over
+
+    # no completion a sampler writes is over max_length (it would be left out of training, or cut):
+    # the longest prompt + completion a sampler allows is its max_model_len (the budget of a long
+    # prompt is cut to what fits), which must be set and within max_length
+    for name in ("sample", "sample_offline"):
+        longest = longest_sampled_sequence(r[name])
+        assert longest is not None and longest <= lengths["logprobs"], (size, name, longest, lengths)
 
     # quantile rewards: as many references as were sampled per prompt
     assert r["pairs"].num_ref_rewards == r["qrpo"].num_ref_rewards == r["sample"].n, \
@@ -201,3 +218,20 @@ def test_the_one_chat_date_of_the_tiny_pipeline_gives_one_prompt_in_every_stage(
     other = load_config(stage_module("sample").Config, TINY_RECIPE, ["sampler.chat_date=2020-01-01"],
                         section="sample")
     assert build_sampler(replace(other.sampler, model=policy)).encoder.prompt_ids(messages) != prompt
+
+
+def test_tiny_pipeline_samples_nothing_over_the_trainers_max_length():
+    """The tiny recipe set: its longest prompt (rendered as the sampler renders it) plus the
+    token budget fits the log-prob pass's and the trainer's max_length, so no pair is left out."""
+    import json
+
+    from align.sampling.base import PromptEncoder
+    from align.stages.pipeline import Config
+    from align.testing.tiny import build_tokenizer
+
+    configs = dict(load_config(Config, TINY_RECIPE, section="pipeline").stage_configs())
+    sample = configs["sample"]
+    encoder = PromptEncoder(build_tokenizer(), sample.sampler.chat_format, chat_date=sample.sampler.chat_date)
+    prompts = [json.loads(line) for line in (RECIPES.parent / sample.prompts).read_text().splitlines() if line.strip()]
+    longest = max(len(encoder.prompt_ids(p["messages"], p.get("tools"))) for p in prompts)
+    assert longest + sample.max_tokens <= min(configs["logprobs"].max_length, configs["train"].max_length)

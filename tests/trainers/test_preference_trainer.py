@@ -342,7 +342,8 @@ def test_length_disagreement_with_the_pass_is_an_error(base, data, tiny_tokenize
 def test_a_different_max_length_than_the_pass_is_caught(base, data, tiny_tokenizer, tmp_path):
     row = max(data, key=lambda r: r["chosen_length"])
     prompt = encode_record(tiny_tokenizer, row, max_length=None, chat_date=DATE)["prompt_ids"]
-    shorter = config(tmp_path, max_length=len(prompt) + row["chosen_length"] - 1)
+    # cut rather than left out (the default), so the trainer trains other token ids than the pass scored
+    shorter = config(tmp_path, max_length=len(prompt) + row["chosen_length"] - 1, over_max_length="cut")
     with pytest.raises(RecordError, match=rf"record '{row['id']}': field 'ref_chosen_token_hash'.*"
                                           rf"max_length is {MAX_LENGTH} in the pass, {shorter.max_length} in the"):
         PreferenceTrainer(base, shorter, train_dataset=[row], processing_class=tiny_tokenizer)
