@@ -50,7 +50,8 @@ LOCK_FILE = ".align-stage.lock"
 # rerun switch itself. Everything else counts. (Secrets never count and are never written.)
 NEUTRAL_KEYS = frozenset({
     "output_dir", "overwrite", "shard_index", "num_shards", "resume_from_checkpoint",
-    "disable_tqdm", "report_to", "run_name", "project", "trackio_space_id",
+    "disable_tqdm", "progress", "report_to", "run_name", "project", "trackio_space_id",
+    "num_workers",  # decontamination's worker processes: the same result with any number (tested)
     "logging_dir", "logging_strategy", "logging_steps", "logging_first_step", "logging_nan_inf_filter",
     "log_level", "log_level_replica", "log_on_each_node",
     "save_strategy", "save_steps", "save_total_limit", "save_only_model", "save_safetensors",

@@ -156,7 +156,7 @@ def test_a_changed_upstream_row_stops_the_rerun(ws, stage, key, tmp_path):
     assert f"{stage}.{key} ({changed}): " in err
 
 
-@pytest.mark.parametrize("stage", ["sample", "annotate", "pairs", "logprobs", "train", "evaluate"])
+@pytest.mark.parametrize("stage", ["sft", "sample", "annotate", "pairs", "logprobs", "train", "evaluate"])
 def test_overwrite_redoes_the_stage_equal_to_a_fresh_run(ws, stage, tmp_path):
     """Changed setting + overwrite=true into the old directory == the same settings in a new one."""
     override = "batch_size=4" if stage == "annotate" else SETTING[stage][0]
@@ -177,12 +177,12 @@ def test_overwrite_redoes_the_stage_equal_to_a_fresh_run(ws, stage, tmp_path):
             assert key(read_records(target)) == key(read_records(fresh))
         elif stage == "pairs":
             assert read_records(target / "pairs.jsonl") == read_records(fresh / "pairs.jsonl")
-        elif stage == "train":
+        elif stage in ("sft", "train"):
             assert (target / "model.safetensors").read_bytes() == (fresh / "model.safetensors").read_bytes()
         else:
             assert json.loads((target / "report.json").read_text())["overall"] == \
                 json.loads((fresh / "report.json").read_text())["overall"]
-        if stage not in ("train", "evaluate"):  # their summaries hold the loss / the report's path
+        if stage not in ("sft", "train", "evaluate"):  # their summaries hold the loss / the report's path
             assert redone["summary"] == stage_completion_info(fresh)["summary"]
     finally:
         shutil.rmtree(target)
@@ -316,3 +316,25 @@ def test_the_tiny_judge_validate_recipe_runs_as_its_help_says(ws):
     assert rc == 0, err
     info = stage_completion_info(ws / "runs/tiny/judge_validate")
     assert info["summary"]["ladders"] == 6 and set(info["summary"]["qualified"]) == {"en", "de", "all"}
+
+
+def test_decontaminate_reruns(tmp_path):
+    """Same: skipped; a benchmark file changed: stopped naming it; overwrite: redone. The worker count
+    and the progress bar are not settings (the same result with any number of workers)."""
+    bench = tmp_path / "bench.jsonl"
+    bench.write_text(json.dumps({"question": "Name the largest planet of the solar system, please.", "key": "b0"})
+                     + "\n")
+    train = tmp_path / "train.jsonl"
+    train.write_text(json.dumps({"id": "a", "messages": [{"role": "user", "content": "Is 14 an even number?"},
+                                                         {"role": "assistant", "content": "yes"}]}) + "\n")
+    out = tmp_path / "decon"
+    args = ["decontaminate", f"input={train}", f"output_dir={out}", "num_workers=1", "progress=false",
+            f"benchmarks=[{{name: bench, path: {bench}, text_field: question, id_field: key}}]"]
+    assert cli(args)[0] == 0
+    rc, printed, _ = cli([*args[:3], "num_workers=2", "progress=true", args[-1]])
+    assert rc == 0 and "is already complete; skipping" in printed
+    bench.write_text(bench.read_text().replace("largest", "smallest"))
+    rc, _, err = cli(args)
+    assert rc == 2 and f"decontaminate.benchmarks[0].path ({bench}): content changed" in err
+    rc, printed, err = cli([*args, "overwrite=true"])
+    assert rc == 0 and "overwrite=true: removed" in printed, err
