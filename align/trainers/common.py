@@ -38,6 +38,7 @@ __all__ = [
     "check_model_fields",
     "check_optimizer_fields",
     "accumulation_from_global_batch",
+    "check_optimizer_offload",
     "create_optimizer",
     "deepspeed_reference",
     "is_peft_model",
@@ -45,6 +46,7 @@ __all__ = [
     "lora_config",
     "optimizer_kwargs",
     "preparation_order",
+    "trainer_deepspeed_config",
 ]
 
 MODEL_DTYPES = ("auto", "float32", "bfloat16", "float16")
@@ -177,6 +179,40 @@ def optimizer_kwargs(config: Any, total_steps: int | None) -> dict[str, Any]:
     return kwargs
 
 
+def trainer_deepspeed_config(trainer: Any) -> dict | None:
+    """The DeepSpeed config dict a trainer runs with (from ``accelerate launch --config_file`` or
+    ``deepspeed=`` in the trainer config), or None without DeepSpeed."""
+    accelerator = getattr(trainer, "accelerator", None)
+    plugin = getattr(getattr(accelerator, "state", None), "deepspeed_plugin", None)
+    if plugin is not None and isinstance(getattr(plugin, "deepspeed_config", None), dict):
+        return plugin.deepspeed_config
+    hf_config = getattr(getattr(trainer, "args", None), "hf_deepspeed_config", None)
+    return getattr(hf_config, "config", None)
+
+
+def check_optimizer_offload(ds_config: dict | None, optimizer: str | None) -> None:
+    """Refuse DeepSpeed optimizer offload with AdEMAMix: it would silently not be AdEMAMix.
+
+    With ``offload_optimizer.device`` "cpu" or "nvme", accelerate replaces any client optimizer
+    that is not DeepSpeed's by ``DeepSpeedCPUAdam`` (Adam, with only lr and weight decay
+    carried over) unless the DeepSpeed config sets ``zero_force_ds_cpu_optimizer: false``; so
+    the run would train with Adam and report AdEMAMix. (AdamW maps to the CPU AdamW, the same
+    update, and is allowed.)
+    """
+    if not ds_config or optimizer != "ademamix":
+        return
+    zero = ds_config.get("zero_optimization") or {}
+    device = str((zero.get("offload_optimizer") or {}).get("device", "none") or "none").lower()
+    if device == "none" or ds_config.get("zero_force_ds_cpu_optimizer", True) is False:
+        return
+    raise ValueError(
+        f"offload_optimizer_device={device!r} (DeepSpeed zero_optimization.offload_optimizer.device) with "
+        "optimizer='ademamix': accelerate would replace AdEMAMix by DeepSpeed's CPU Adam, silently. Set "
+        "offload_optimizer_device: none in the accelerate config (shard further instead: ZeRO-3, more GPUs), or "
+        "choose optimizer=adamw (offloaded as DeepSpeed's CPU AdamW), or set zero_force_ds_cpu_optimizer: false in "
+        "a DeepSpeed config file (deepspeed_config_file) to keep AdEMAMix, stepping on the CPU (slow)")
+
+
 def create_optimizer(trainer: Any, model: torch.nn.Module | None, fallback: Any) -> torch.optim.Optimizer:
     """``trainer.create_optimizer``: ``align.optim`` by ``args.optimizer``, else ``fallback(model)``
     (transformers' own ``create_optimizer``, which reads ``optim``).
@@ -186,6 +222,7 @@ def create_optimizer(trainer: Any, model: torch.nn.Module | None, fallback: Any)
     """
     if trainer.optimizer is not None or trainer.args.optimizer is None:
         return fallback(model)
+    check_optimizer_offload(trainer_deepspeed_config(trainer), trainer.args.optimizer)
     opt_model = trainer.model if model is None else model
     decay = set(trainer.get_decay_parameter_names(opt_model))
     params = [(n, p) for n, p in opt_model.named_parameters() if p.requires_grad]
