@@ -12,6 +12,12 @@ The model is any callable `generate(conversations) -> texts`, one chat conversat
 (list of {"role", "content"}) in, one answer text out; `rewards.generation` builds such
 callables for transformers and vLLM. Retries only help when generation samples
 (temperature > 0); greedy decoding repeats its answer.
+
+A callable that reports ``prompt_length`` and ``max_model_len`` (those of
+`rewards.generation` do) has every prompt measured first: one that leaves no room for the
+answer (``max_tokens``) is not sent, since it would make vLLM refuse the whole batch; it
+is recorded as failed with ``prompt_too_long: ...`` (the length and the limit), not asked
+again.
 """
 
 from __future__ import annotations
@@ -25,6 +31,7 @@ from typing import Any
 
 from align.data.records import RecordError, record_id, validate_prompt
 from rewards.charter import load_template
+from rewards.judge_backends.base import prompt_too_long
 from rewards.text import first_user_and_system
 
 Generate = Callable[[list[list[dict[str, str]]]], list[str]]
@@ -117,7 +124,12 @@ class ControversyClassifier:
         """Verdicts for prompt conversations; failed ones keep every raw answer and the last error."""
         conversations = [self.conversation(p) for p in prompts]
         verdicts = [Verdict(None, None, 0) for _ in prompts]
-        pending = list(range(len(prompts)))
+        pending = []
+        for i, conversation in enumerate(conversations):
+            if problem := self._too_long(conversation):  # this prompt only; the batch goes on
+                verdicts[i].error = problem
+            else:
+                pending.append(i)
         for _ in range(self.config.max_attempts):
             if not pending:
                 break
@@ -137,6 +149,16 @@ class ControversyClassifier:
                     still.append(i)
             pending = still
         return verdicts
+
+    def _too_long(self, conversation: list[dict[str, str]]) -> str | None:
+        """``prompt_too_long: ...`` when the prompt and the answer budget exceed the model's
+        context length (None: fits, or the generate callable cannot say)."""
+        limit = getattr(self.generate, "max_model_len", None)
+        measure = getattr(self.generate, "prompt_length", None)
+        if limit is None or measure is None:
+            return None
+        room = getattr(self.generate, "max_tokens", None) or 1
+        return prompt_too_long(measure(conversation), limit, room, f"max_tokens={room} answer tokens")
 
     def annotate_records(self, records: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
         """Records with controversy fields added (a batch function for `align.jobs.run_job`).

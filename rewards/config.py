@@ -53,17 +53,30 @@ class EngineFields:
                 "CPU; vllm its own choice, 'auto')"})
     device: str | None = field(default=None, metadata={"help": "cuda / cpu (default: cuda when available)"})
     engine_kwargs: dict = field(default_factory=dict, metadata={"help": "vllm: extra vllm.LLM arguments"})
+    max_model_len: int | None = field(default=None, metadata={
+        "help": "judge and generation (classifier, llm degrader): context length, prompt + answer; a longer "
+                "prompt is a recorded skip (prompt_too_long), never sent. vllm: the engine's (this key or "
+                "engine_kwargs.max_model_len, else the model's); transformers and openai: no limit unless set"})
 
 
 def _check_engine(config: Any) -> None:
     if "dtype" in config.engine_kwargs:
         raise ValueError("engine_kwargs.dtype: set the dtype key instead (one dtype for every backend; "
                          "docs/settings.md)")
+    if config.max_model_len is not None:
+        if config.max_model_len < 2:
+            raise ValueError(f"max_model_len: must be >= 2, got {config.max_model_len}")
+        given = config.engine_kwargs.get("max_model_len")
+        if given is not None and given != config.max_model_len:
+            raise ValueError(f"max_model_len={config.max_model_len} and engine_kwargs.max_model_len={given} "
+                             "disagree: set one")
 
 
 def vllm_engine_kwargs(config: EngineFields) -> dict[str, Any]:
-    """The ``vllm.LLM`` arguments of a config: ``engine_kwargs`` plus ``dtype`` when set."""
-    return {**config.engine_kwargs, **({"dtype": config.dtype} if config.dtype is not None else {})}
+    """The ``vllm.LLM`` arguments of a config: ``engine_kwargs`` plus ``dtype`` and
+    ``max_model_len`` when set."""
+    return {**config.engine_kwargs, **({"dtype": config.dtype} if config.dtype is not None else {}),
+            **({"max_model_len": config.max_model_len} if config.max_model_len is not None else {})}
 
 
 def _check_generation(config: Any) -> None:
@@ -154,6 +167,8 @@ class RewardProviderConfig(JudgeModelConfig, GeneratorConfig):
     def __post_init__(self) -> None:
         if self.provider in ("reward_model", "judge", "classifier") and not self.model:
             raise ValueError(f"model: provider {self.provider!r} needs a model path or name")
+        if self.provider == "reward_model" and self.max_model_len is not None:
+            raise ValueError("max_model_len: the reward model's input limit is max_length")
         _check_engine(self)
         _check_judge(self)
         _check_generation(self)
@@ -172,7 +187,7 @@ def build_generator(config: GeneratorConfig) -> Any:
         from vllm import LLM
 
         return vllm_generate(LLM(config.model, **vllm_engine_kwargs(config)), max_tokens=config.max_tokens,
-                             temperature=config.temperature)
+                             temperature=config.temperature)  # measures prompts against the engine's length
     if config.backend == "openai":
         raise ValueError("backend: generation runs on transformers or vllm")
     from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -183,7 +198,7 @@ def build_generator(config: GeneratorConfig) -> Any:
     model = AutoModelForCausalLM.from_pretrained(config.model, dtype=resolve_dtype(config.dtype, device))
     return transformers_generate(model.to(device).eval(), AutoTokenizer.from_pretrained(config.model),
                                  batch_size=config.model_batch_size, max_tokens=config.max_tokens,
-                                 temperature=config.temperature)
+                                 temperature=config.temperature, max_model_len=config.max_model_len)
 
 
 def build_judge_backend(config: JudgeModelConfig) -> Any:
@@ -196,11 +211,12 @@ def build_judge_backend(config: JudgeModelConfig) -> Any:
         from rewards.judge_backends.openai import OpenAIJudgeBackend
 
         return OpenAIJudgeBackend(config.base_url, config.model, config.tokenizer or config.model,
-                                  api_key_env=config.api_key_env, batch_size=config.model_batch_size)
+                                  api_key_env=config.api_key_env, batch_size=config.model_batch_size,
+                                  max_model_len=config.max_model_len)
     from rewards.judge_backends.hf import TransformersJudgeBackend
 
     return TransformersJudgeBackend(config.model, batch_size=config.model_batch_size,
-                                    device=config.device, dtype=config.dtype)
+                                    device=config.device, dtype=config.dtype, max_model_len=config.max_model_len)
 
 
 def build_judge(config: JudgeModelConfig, *, top_k_pairwise: int = 5) -> Any:

@@ -10,6 +10,11 @@ tokens at the first answer position,
 renormalised over the scale tokens the backend could see (all of them with full logits,
 those in the top-20 with vLLM/OpenAI). No scale token visible → a recorded skip.
 
+Every prompt is measured before it is sent: one longer than the backend's
+``max_model_len`` (with the answer token) would make vLLM or a server refuse the whole
+batch, so that rating is a recorded skip (``prompt_too_long: ...`` with the length and the
+limit), and that pairwise comparison is undecided (first_wins 0.5, its note saying why).
+
 Pairwise (optional, default top 5): the top-k completions of a prompt by pointwise score
 are sorted by odd–even transposition with comparisons asked in both orders and averaged
 (see `rewards.pairwise`). Empty completions never enter the top-k: they are ranked last,
@@ -36,7 +41,7 @@ from typing import Any
 
 from rewards.base import Conversation, RewardProvider, Score, checked, is_empty
 from rewards.charter import Charter, load_charter, load_template, template_fields
-from rewards.judge_backends.base import JudgeBackend, LabelLogprobs
+from rewards.judge_backends.base import PROMPT_TOO_LONG, JudgeBackend, LabelLogprobs
 from rewards.pairwise import (
     Comparison,
     GroupRanking,
@@ -179,14 +184,22 @@ class ConstitutionalJudge(RewardProvider):
         """
         if len(conversations) != len(completions):
             raise ValueError(f"{len(conversations)} conversations for {len(completions)} completions")
-        asked = [i for i, completion in enumerate(completions) if not is_empty(completion)]
-        prompts = [self.pointwise_prompt(conversations[i], completions[i]) for i in asked]
-        labels = self.config.labels
-        answers = self.backend.label_logprobs(prompts, labels, shared_prefix=self.shared_prefix("pointwise")) \
-            if prompts else []
         low = float(self.config.scale[0])
         scores = [Score(low, None, {"empty_completion": f"empty completion: given the scale minimum {low:g}"})
                   for _ in completions]  # replaced below for every completion the judge is asked about
+        asked, prompts = [], []
+        for i, completion in enumerate(completions):
+            if is_empty(completion):
+                continue
+            prompt = self.pointwise_prompt(conversations[i], completion)
+            if problem := self.backend.too_long(prompt):  # this rating only; the batch goes on
+                scores[i] = Score.skip(problem)
+                continue
+            asked.append(i)
+            prompts.append(prompt)
+        labels = self.config.labels
+        answers = self.backend.label_logprobs(prompts, labels, shared_prefix=self.shared_prefix("pointwise")) \
+            if prompts else []
         for i, logprobs in zip(asked, answers, strict=True):
             result = expected_score(logprobs, labels)
             if result is None:
@@ -224,7 +237,11 @@ class ConstitutionalJudge(RewardProvider):
             if is_empty(first) or is_empty(second):
                 results[i] = _empty_comparison(first, second)
                 continue
-            prompts += [self.pairwise_prompt(conversation, first, second), self.pairwise_prompt(conversation, second, first)]
+            both = [self.pairwise_prompt(conversation, first, second), self.pairwise_prompt(conversation, second, first)]
+            if problem := next(filter(None, map(self.backend.too_long, both)), None):
+                results[i] = Comparison(0.5, note=problem)  # undecided, this comparison only
+                continue
+            prompts += both
             asked.append(i)
         if prompts:
             label_a, label_b = self.config.pairwise_labels
@@ -311,5 +328,8 @@ def _apply_ranking(scores: list[Score], ranking: GroupRanking) -> list[Score]:
             "pairwise_single_order": sum(c.orders_used == 1 for c in mine),
             "pairwise_phases": ranking.phases,
         }
+        too_long = sum((c.note or "").startswith(PROMPT_TOO_LONG) for c in mine)
+        if too_long:
+            details["pairwise_prompt_too_long"] = too_long  # undecided comparisons, pointwise order kept
         out[index] = Score(value, None, details)
     return out

@@ -319,6 +319,9 @@ def _score_job(provider: Any, prompts: dict[str, dict], generations: list[dict],
             fingerprint={"stage": "eval_score", **provider.fingerprint()})
 
 
+PROMPT_TOO_LONG = "prompt_too_long"  # the judge's note on a comparison it could not ask (rewards.judge)
+
+
 def _pairwise_job(judge: Any, prompts: dict[str, dict], gens: list[dict], base: dict[str, dict], out: Path,
                   settings: EvalSettings, name: str) -> None:
     def pairs_of(gen: Mapping[str, Any]) -> list[tuple[str, str, str]]:
@@ -335,7 +338,9 @@ def _pairwise_job(judge: Any, prompts: dict[str, dict], gens: list[dict], base: 
         results = judge.compare_pairs([(prompts[rid]["messages"], mine, theirs) for rid, _, mine, theirs in asked])
         rows = {g["id"]: {"id": g["id"], "greedy": None, "samples": []} for g in batch}
         for (rid, kind, _, _), comparison in zip(asked, results):
-            entry = {"p_win": comparison.first_wins, "orders_agree": comparison.orders_agree,
+            # a prompt over the judge's max_model_len was not asked: no outcome, not a tie
+            unasked = (comparison.note or "").startswith(PROMPT_TOO_LONG)
+            entry = {"p_win": None if unasked else comparison.first_wins, "orders_agree": comparison.orders_agree,
                      "note": comparison.note}
             if kind == "greedy":
                 rows[rid]["greedy"] = entry

@@ -16,14 +16,48 @@ DEFAULT_CHAT_TEMPLATE_KWARGS: dict[str, Any] = {"enable_thinking": False}
 that do not know the variable ignore it."""
 
 
+PROMPT_TOO_LONG = "prompt_too_long"
+"""The reason a prompt was not sent: it does not fit the model's context length."""
+
+
+def prompt_too_long(num_tokens: int, max_model_len: int | None, room: int = 1, what: str = "one answer token") -> str | None:
+    """The skip reason when ``num_tokens`` prompt tokens plus ``room`` do not fit ``max_model_len``
+    (None: fits, or no limit is known)."""
+    if max_model_len is None or num_tokens + room <= max_model_len:
+        return None
+    return (f"{PROMPT_TOO_LONG}: the prompt has {num_tokens} tokens, max_model_len is {max_model_len} "
+            f"(the prompt and {what} must fit)")
+
+
 class JudgeBackend(ABC):
-    """Renders judge prompts with the judge model's chat template and reads label logprobs."""
+    """Renders judge prompts with the judge model's chat template and reads label logprobs.
+
+    ``max_model_len``: the judge model's context length (prompt and the one answer token);
+    a prompt over it is never sent (`too_long`), since one such prompt makes vLLM or a
+    server refuse the whole batch. None: no limit known, nothing is measured.
+    """
 
     name: str = "backend"
 
-    def __init__(self, tokenizer: Any, chat_template_kwargs: Mapping[str, Any] | None = None):
+    def __init__(self, tokenizer: Any, chat_template_kwargs: Mapping[str, Any] | None = None,
+                 max_model_len: int | None = None):
         self.tokenizer = tokenizer
         self.chat_template_kwargs = dict(DEFAULT_CHAT_TEMPLATE_KWARGS if chat_template_kwargs is None else chat_template_kwargs)
+        if max_model_len is not None and max_model_len < 2:
+            raise ValueError(f"max_model_len: must be >= 2, got {max_model_len}")
+        self.max_model_len = max_model_len
+
+    def prompt_length(self, prompt: str) -> int:
+        """Tokens of a rendered prompt, as the backend sends it (one BOS)."""
+        from rewards.text import encode_rendered
+
+        return len(encode_rendered(self.tokenizer, prompt))
+
+    def too_long(self, prompt: str) -> str | None:
+        """Why a rendered prompt cannot be sent (``prompt_too_long: ...``), or None."""
+        if self.max_model_len is None:
+            return None
+        return prompt_too_long(self.prompt_length(prompt), self.max_model_len)
 
     def render(self, user_message: str) -> str:
         """The full prompt text: one user turn, generation prompt added, thinking disabled."""

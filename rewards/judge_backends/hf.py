@@ -45,8 +45,11 @@ class TransformersJudgeBackend(JudgeBackend):
         reuse_prefix: bool = True,
         chat_template_kwargs: Mapping[str, Any] | None = None,
         show_progress: bool = True,
+        max_model_len: int | None = None,
     ):
-        """`model` is a path/hub id or a loaded model; `tokenizer` defaults to the model's."""
+        """`model` is a path/hub id or a loaded model; `tokenizer` defaults to the model's.
+        `max_model_len`: prompts longer than this (with the answer token) are skipped, not run
+        (default: no limit)."""
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
         if batch_size < 1:
@@ -58,7 +61,7 @@ class TransformersJudgeBackend(JudgeBackend):
             model = AutoModelForCausalLM.from_pretrained(str(model), dtype=self.dtype)
         if tokenizer is None:
             raise ValueError("pass the tokenizer along with a loaded model")
-        super().__init__(tokenizer, chat_template_kwargs)
+        super().__init__(tokenizer, chat_template_kwargs, max_model_len)
         self.model = model.to(device=self.device, dtype=self.dtype).eval()
         self.batch_size, self.reuse_prefix, self.show_progress = batch_size, reuse_prefix, show_progress
         self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0

@@ -41,6 +41,7 @@ class OpenAIJudgeBackend(JudgeBackend):
         timeout_s: float = 120.0,
         max_retries: int = 2,
         chat_template_kwargs: Mapping[str, Any] | None = None,
+        max_model_len: int | None = None,
     ):
         """`tokenizer`: the served model's tokenizer (object or path), for its chat template.
         `api_key`: sent as a bearer token; default from the environment (`api_key_env`, else
@@ -49,7 +50,7 @@ class OpenAIJudgeBackend(JudgeBackend):
             from transformers import AutoTokenizer
 
             tokenizer = AutoTokenizer.from_pretrained(tokenizer)
-        super().__init__(tokenizer, chat_template_kwargs)
+        super().__init__(tokenizer, chat_template_kwargs, max_model_len)  # the server's --max-model-len
         self.url = base_url.rstrip("/") + "/completions"
         self.model, self.api_key = model, api_key if api_key is not None else api_key_from_env(api_key_env)
         self.top_logprobs, self.batch_size = top_logprobs, batch_size

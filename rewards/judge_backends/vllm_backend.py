@@ -54,7 +54,9 @@ class VLLMJudgeBackend(JudgeBackend):
             )
         self.llm, self.model_name = llm, model
         self.top_logprobs, self.show_progress = top_logprobs, show_progress
-        super().__init__(llm.get_tokenizer(), chat_template_kwargs)
+        # the engine's context length (engine_kwargs.max_model_len, else the model's): longer
+        # prompts are skipped, since vLLM refuses a whole generate call for one of them
+        super().__init__(llm.get_tokenizer(), chat_template_kwargs, engine_max_model_len(llm))
 
     def describe(self) -> dict[str, Any]:
         return {"backend": self.name, "model": str(self.model_name), "top_logprobs": self.top_logprobs}
@@ -82,6 +84,17 @@ class VLLMJudgeBackend(JudgeBackend):
                     row[label] = logsumexp(seen)
             results.append(row)
         return results
+
+
+def engine_max_model_len(llm: Any) -> int | None:
+    """A vLLM engine's context length (None when the engine does not say)."""
+    engine = getattr(llm, "llm_engine", None)
+    for node in (getattr(llm, "model_config", None), getattr(engine, "model_config", None),
+                 getattr(getattr(engine, "vllm_config", None), "model_config", None)):
+        value = getattr(node, "max_model_len", None)
+        if isinstance(value, int):
+            return value
+    return None
 
 
 def prefix_caching_enabled(llm: Any) -> bool | None:
