@@ -20,9 +20,11 @@ Each stage is ``Dataset → Dataset`` (pure, so ``map`` fingerprints cache it).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 from collections.abc import Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
 from datasets import Dataset
@@ -39,6 +41,8 @@ __all__ = [
     "encode_sft_row",
     "labels_from_mask",
     "load_sft_dataset",
+    "sft_json_rows",
+    "sft_rows_file",
     "prepare_sft_dataset",
     "tokenize_sft_dataset",
     "truncate_sft_dataset",
@@ -258,10 +262,67 @@ def prepare_sft_dataset(
     return truncate_sft_dataset(dataset, max_length)
 
 
+# The columns SFT reads from a conversation row; ``messages`` and ``tools`` travel as JSON text.
+SFT_ROW_COLUMNS = ("id", "messages", "tools", "enable_thinking")
+_JSON_COLUMNS = ("messages", "tools")
+
+
+def sft_json_rows(rows: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """Conversation rows with ``messages`` and ``tools`` as JSON text (the other columns SFT
+    does not read are left out).
+
+    Arrow gives a column one type: message contents that are a string in one row and a
+    ``{"blocks": [...]}`` structure (thinking, tool calls) in another cannot share a struct
+    column ("cannot mix struct and non-struct"), and struct columns would add a None for
+    every key some message lacks, changing what is rendered. As JSON text every row keeps
+    exactly its own structure; ``encode_sft_row`` parses it back. Ids become text.
+    """
+    out = []
+    for row in rows:
+        item: dict[str, Any] = {}
+        for key in SFT_ROW_COLUMNS:
+            if key not in row:
+                continue
+            value = row[key]
+            if key in _JSON_COLUMNS and value is not None and not isinstance(value, str):
+                value = json.dumps(value, ensure_ascii=False)
+            elif key == "id" and value is not None:
+                value = str(value)
+            item[key] = value
+        out.append(item)
+    return out
+
+
+def sft_rows_file(rows: Sequence[Mapping[str, Any]], cache_dir: str | Path) -> Path:
+    """The JSON-encoded rows (``sft_json_rows``) as a JSONL file under ``cache_dir``, named by
+    their content: written once (atomically), found again by every rank and after a requeue."""
+    from align.io import write_jsonl
+    from align.io.fingerprint import json_digest
+
+    encoded = sft_json_rows(rows)
+    path = Path(cache_dir) / f"sft-rows-{json_digest(encoded)[:32]}.jsonl"
+    if not path.exists():
+        path.parent.mkdir(parents=True, exist_ok=True)
+        write_jsonl(path, encoded)
+    return path
+
+
 def load_sft_dataset(
-    source: Dataset | str | Sequence[Mapping[str, Any]], split: str = "train"
+    source: Dataset | str | Sequence[Mapping[str, Any]],
+    split: str = "train",
+    *,
+    cache_dir: str | Path | None = None,
+    main_process_first: Any = None,
 ) -> Dataset:
-    """A `Dataset` from a Dataset, a list of rows, or a JSONL / Parquet / JSON file path."""
+    """A `Dataset` from a Dataset, a list of rows, or a JSONL / Parquet / JSON file path.
+
+    Conversation rows given as a list are JSON-encoded (``sft_json_rows``). With
+    ``cache_dir`` they are written once to a content-named file there and loaded from it
+    (``main_process_first``: the context in which the main process goes first, e.g.
+    ``TrainingArguments.main_process_first``), so the dataset is file-backed: the main
+    process tokenizes it first and the other ranks, and a requeued run, reuse the
+    `datasets` cache. Without ``cache_dir`` the rows stay in memory.
+    """
     if isinstance(source, Dataset):
         return source
     if isinstance(source, str):
@@ -270,7 +331,16 @@ def load_sft_dataset(
         kind = "parquet" if source.endswith(".parquet") else "json"
         return load_dataset(kind, data_files=source, split=split)
     if isinstance(source, Sequence):
-        return rows_to_dataset(source)
+        rows = [dict(row) for row in source]
+        if not any("messages" in row for row in rows):  # pre-tokenized rows (input_ids + labels)
+            return rows_to_dataset(rows)
+        if cache_dir is None:
+            return rows_to_dataset(sft_json_rows(rows))
+        from datasets import load_dataset
+
+        with main_process_first if main_process_first is not None else contextlib.nullcontext():
+            path = sft_rows_file(rows, cache_dir)
+            return load_dataset("json", data_files=str(path), split="train")
     raise TypeError(
         f"SFT data must be a Dataset, a list of rows or a file path, got {type(source).__name__}"
     )

@@ -33,6 +33,7 @@ from __future__ import annotations
 import functools
 import logging
 import types
+from pathlib import Path
 from typing import Any
 
 import datasets
@@ -321,6 +322,12 @@ def _load(config: SFTConfig, model: Any, tokenizer: Any) -> tuple[Any, Any]:
     return model, tokenizer
 
 
+def sft_rows_cache_dir() -> Path:
+    """Where conversation rows handed over as a list are written, named by their content
+    (under the `datasets` cache, ``$HF_DATASETS_CACHE``)."""
+    return Path(datasets.config.HF_DATASETS_CACHE) / "align_sft_rows"
+
+
 def train_sft(
     config: SFTConfig,
     records: Dataset | str | list[dict[str, Any]],
@@ -344,7 +351,8 @@ def train_sft(
     trainer = SFTTrainer(
         model=model,
         args=config,
-        train_dataset=load_sft_dataset(records),
+        train_dataset=load_sft_dataset(records, cache_dir=sft_rows_cache_dir(),
+                                       main_process_first=config.main_process_first(desc="SFT rows to a file")),
         processing_class=tokenizer,
         eval_dataset=eval_records,
         peft_config=peft_config if peft_config is not None else lora_config(config),
