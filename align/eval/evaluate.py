@@ -33,7 +33,7 @@ from align.eval import stats
 from align.eval.summary import BREAKDOWN_COLUMNS, build_report
 from align.io import job_is_complete, read_output
 from align.jobs import run_job
-from align.sampling.base import Sampler, derive_seed
+from align.sampling.base import SampleRequest, Sampler, derive_seed
 
 
 @dataclass
@@ -129,7 +129,14 @@ class EvalSettings:
         (default: the baseline); needs temperature 1 and top_p 1.
     tie_margin: judge preferences within this distance of 0.5 count as ties.
     resamples / confidence: the bootstrap.
-    batch_size: prompts per job batch; kl_batch_size: sequences per forward pass.
+    batch_size: prompts per job batch, in every step; kl_batch_size: sequences per forward
+        pass. A generation job batch is one ``sample_many`` call: the greedy and the sampled
+        requests together, batch_size x (1 + n) sequences, which on vLLM is one ``generate``
+        call. The default, 256 prompts (1,280 sequences at n = 4), fills a vLLM engine's
+        running batch (``max_num_seqs``, 256 to 1,024 by default) from the start of each job
+        batch, and a killed job loses at most one batch. The transformers backend splits a
+        job batch into its own ``sampler.batch_size`` calls, so there it only sets how often
+        the job appends its output.
     shard_index / num_shards: this task's share of the prompts (SLURM arrays, ranks); the
         task that finishes last writes the report.
     """
@@ -151,7 +158,8 @@ class EvalSettings:
     resamples: int = field(default=stats.DEFAULT_RESAMPLES, metadata={"help": "bootstrap resamples"})
     confidence: float = field(default=stats.DEFAULT_CONFIDENCE, metadata={"help": "confidence level of every "
                                                                           "interval"})
-    batch_size: int = field(default=16, metadata={"help": "prompts per job batch"})
+    batch_size: int = field(default=256, metadata={"help": "prompts per job batch (each step; generation sends "
+                                                   "batch_size x (1 + n) sequences to the engine at once)"})
     kl_batch_size: int = field(default=32, metadata={"help": "KL: sequences per forward pass"})
     plots: bool = field(default=True, metadata={"help": "write the PNG plots"})
     shard_index: int = field(default=0, metadata={"help": "this task's shard of the prompts"})
@@ -277,11 +285,19 @@ def _generate_job(policy: EvalPolicy, prompts: list[dict], out: Path, settings: 
     def process(batch: list[dict]) -> list[dict]:
         convs, tools = [r["messages"] for r in batch], [r.get("tools") for r in batch]
         seeds = [derive_seed(settings.seed, r["id"]) for r in batch]
-        greedy = sampler.sample(convs, 1, temperature=0.0, max_tokens=settings.max_tokens, seed=seeds,
-                                tools=tools) if settings.greedy else [[None]] * len(batch)
-        samples = sampler.sample(convs, settings.n, temperature=settings.temperature, top_p=settings.top_p,
-                                 max_tokens=settings.max_tokens, seed=seeds, tools=tools) if settings.n else \
-            [[] for _ in batch]
+        # the greedy and the sampled requests go to the sampler together: a vLLM engine
+        # schedules them in one generate call (docs/environment.md, "Evaluation generation
+        # on vLLM"); each keeps its own seeds, so the completions are those of two calls
+        requests = []
+        if settings.greedy:
+            requests.append(SampleRequest(convs, 1, temperature=0.0, max_tokens=settings.max_tokens, seed=seeds,
+                                          tools=tools))
+        if settings.n:
+            requests.append(SampleRequest(convs, settings.n, temperature=settings.temperature, top_p=settings.top_p,
+                                          max_tokens=settings.max_tokens, seed=seeds, tools=tools))
+        results = sampler.sample_many(requests)
+        greedy = results.pop(0) if settings.greedy else [[None]] * len(batch)
+        samples = results.pop(0) if settings.n else [[] for _ in batch]
         return [{"id": r["id"], "prompt_ids": sampler.encoder.prompt_ids(r["messages"], r.get("tools")),
                  "greedy": None if g[0] is None else _generated(g[0]),
                  "samples": [_generated(c) for c in s]}

@@ -210,6 +210,23 @@ def engine_completion(encoder: PromptEncoder, ids: Sequence[int], engine_reason:
     return completion
 
 
+@dataclass(frozen=True)
+class SampleRequest:
+    """One group of a `Sampler.sample_many` call: the arguments of one `Sampler.sample` call.
+
+    The evaluation sends two per job batch (its greedy and its sampled completions), so an
+    engine that batches continuously schedules them together.
+    """
+
+    conversations: Sequence[Conversation]
+    n: int
+    temperature: float = 1.0
+    top_p: float = 1.0
+    max_tokens: int = 4096
+    seed: int | Sequence[int] = 0
+    tools: Sequence[Sequence[Any] | None] | None = None
+
+
 def _unique(ids: Sequence[int]) -> list[int]:
     return list(dict.fromkeys(ids))
 
@@ -244,6 +261,19 @@ class Sampler(abc.ABC):
         the float noise of batched kernels). Raises `PromptTooLongError` for a prompt
         that fills the context; the budget of a long prompt is cut to what fits.
         """
+
+    def sample_many(self, requests: Sequence[SampleRequest]) -> list[list[list[Completion]]]:
+        """Several `sample` calls at once: one result per request, each as `sample` returns it.
+
+        Every completion is what ``sample`` with the request's arguments gives (the same
+        seeds per conversation), so grouping changes no output. This default calls
+        ``sample`` per request, one after the other (the transformers and OpenAI-compatible
+        backends); the vLLM backend overrides it to submit every request of every group in
+        one ``generate`` call, so the engine schedules them together and no group waits for
+        the longest completion of the one before.
+        """
+        return [self.sample(r.conversations, r.n, temperature=r.temperature, top_p=r.top_p,
+                            max_tokens=r.max_tokens, seed=r.seed, tools=r.tools) for r in requests]
 
     def prompt_length(self, conversation: Conversation, tools: Sequence[Any] | None = None) -> int:
         """Tokens of the rendered prompt (to skip prompts that do not fit, before sampling)."""

@@ -17,6 +17,7 @@ from align.sampling.base import (
     Completion,
     Conversation,
     PromptEncoder,
+    SampleRequest,
     Sampler,
     engine_completion,
     stream_seed,
@@ -107,28 +108,47 @@ class VLLMSampler(Sampler):
         seed: int | Sequence[int] = 0,
         tools: Sequence[Sequence[Any] | None] | None = None,
     ) -> list[list[Completion]]:
+        request = SampleRequest(conversations, n, temperature, top_p, max_tokens, seed, tools)
+        return self.sample_many([request])[0]
+
+    def sample_many(self, requests: Sequence[SampleRequest]) -> list[list[list[Completion]]]:
+        """Every conversation of every request in one ``llm.generate`` call.
+
+        Each conversation keeps its own `SamplingParams` (its ``n``, temperature, top_p,
+        budget and `stream_seed`), exactly as a ``sample`` call of its request would build
+        them, so the completions are the same; the engine schedules all of them together
+        (continuous batching), instead of finishing one request's longest completion
+        before the next request starts.
+        """
         from vllm import SamplingParams
         from vllm.inputs import TokensPrompt
 
-        prompts, budgets, seeds = self._prepare(conversations, n, temperature, top_p, max_tokens, seed, tools)
-        params = [
-            SamplingParams(
-                n=n, temperature=temperature, top_p=top_p, max_tokens=budget,
-                seed=stream_seed(s, p), stop_token_ids=self.encoder.stop_ids,
-                skip_special_tokens=False, detokenize=False,
-            )
-            for s, p, budget in zip(seeds, prompts, budgets)
-        ]
-        outputs = self.llm.generate(
-            [TokensPrompt(prompt_token_ids=p) for p in prompts], params, use_tqdm=self.use_tqdm
-        )
-        results = []
-        for output, conv_seed in zip(outputs, seeds):
-            record_params = self.params(temperature, top_p, max_tokens, conv_seed)
-            results.append([
-                self._completion(list(c.token_ids), c.finish_reason, record_params)
-                for c in sorted(output.outputs, key=lambda c: c.index)
-            ])
+        inputs, params, groups = [], [], []
+        for r in requests:
+            prompts, budgets, seeds = self._prepare(r.conversations, r.n, r.temperature, r.top_p, r.max_tokens,
+                                                    r.seed, r.tools)
+            for p, s, budget in zip(prompts, seeds, budgets):
+                inputs.append(TokensPrompt(prompt_token_ids=p))
+                params.append(SamplingParams(
+                    n=r.n, temperature=r.temperature, top_p=r.top_p, max_tokens=budget,
+                    seed=stream_seed(s, p), stop_token_ids=self.encoder.stop_ids,
+                    skip_special_tokens=False, detokenize=False,
+                ))
+            groups.append((r, seeds))
+        outputs = list(self.llm.generate(inputs, params, use_tqdm=self.use_tqdm)) if inputs else []
+        if len(outputs) != len(inputs):
+            raise RuntimeError(f"vLLM returned {len(outputs)} outputs for {len(inputs)} prompts")
+        results, at = [], 0
+        for r, seeds in groups:
+            group = []
+            for output, conv_seed in zip(outputs[at:at + len(seeds)], seeds):
+                record_params = self.params(r.temperature, r.top_p, r.max_tokens, conv_seed)
+                group.append([
+                    self._completion(list(c.token_ids), c.finish_reason, record_params)
+                    for c in sorted(output.outputs, key=lambda c: c.index)
+                ])
+            results.append(group)
+            at += len(seeds)
         return results
 
     def _completion(self, ids: list[int], finish_reason: str | None, params: dict) -> Completion:
