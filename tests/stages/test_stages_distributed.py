@@ -31,6 +31,7 @@ def test_accelerate_launch_of_the_train_stage_runs_two_deepspeed_ranks(tmp_path,
         f"chat_date={DATE}", "max_length=256", "bf16=false", "use_cpu=false", "ddp_backend=gloo",
         "activation_checkpointing=false", "per_device_train_batch_size=2", "gradient_accumulation_steps=1",
         "num_ref_rewards=4", "max_steps=2", "logging_steps=1", "save_steps=1000",  # the tiny data has n = 4
+        "attn_implementation=sdpa", "global_batch_size=null",  # no FlashAttention on CPU; accumulation set above
     ]
     done = subprocess.run(command, capture_output=True, text=True, cwd=REPO, timeout=600,
                           env={**subprocess_env(), "DS_ACCELERATOR": "cpu"})
