@@ -6,6 +6,8 @@ the global batch (and halve the steps) on 8. World sizes are faked: no process g
 
 from __future__ import annotations
 
+import copy
+
 from pathlib import Path
 
 import pytest
@@ -54,8 +56,9 @@ def test_the_trainer_derives_it(tiny_model, tiny_tokenizer, tmp_path):
              "chosen_quantile": 1.0, "rejected_quantile": 0.0} for i in range(4)]
     args = PreferenceConfig(output_dir=str(tmp_path), use_cpu=True, report_to="none", chat_date="2025-09-01",
                             reference="model", global_batch_size=4, per_device_train_batch_size=2, max_steps=1)
-    trainer = PreferenceTrainer(tiny_model, args, train_dataset=rows, processing_class=tiny_tokenizer,
-                                ref_model=tiny_model)
+    # copies: the session's tiny model is shared, and a reference model is frozen in place
+    trainer = PreferenceTrainer(copy.deepcopy(tiny_model), args, train_dataset=rows, processing_class=tiny_tokenizer,
+                                ref_model=copy.deepcopy(tiny_model))
     assert trainer.args.gradient_accumulation_steps == 2
 
 
