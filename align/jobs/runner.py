@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import time
+import uuid
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -177,6 +178,7 @@ def run_job(
         mark_shard_done(
             output_dir, shard_index, num_shards,
             {"shard_index": shard_index, "num_shards": num_shards, "num_records": len(mine),
-             "finished_at": time.strftime("%Y-%m-%dT%H:%M:%S%z")},
+             "finished_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+             "run_id": uuid.uuid4().hex},  # the stage's output id is drawn from these: a re-made shard is new
         )
     return JobResult(output_dir, path, shard_index, num_shards, len(mine), already, processed)

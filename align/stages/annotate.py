@@ -86,4 +86,4 @@ def run(config: Config) -> dict:
         summary["empty_completions"] = sum("empty_completion" in d for d in details)
         if config.provider == "reward_model":
             summary["truncated_inputs"] = sum(d.get("truncated") is True for d in details)
-    return finish("annotate", config, config.output_dir, summary, begun)
+    return finish("annotate", config, config.output_dir, summary, begun, job=True)

@@ -121,15 +121,27 @@ def is_main_process() -> bool:
 
 
 def finish(stage: str, config: Any, output_dir: str | Path, summary: dict[str, Any],
-           begun: Begun | None = None) -> dict[str, Any]:
+           begun: Begun | None = None, *, job: bool = False) -> dict[str, Any]:
     """Mark the output complete with the config (secrets removed), its manifest and the summary.
 
-    Only the main process writes; the others return the summary unmarked.
+    A trainer's ranks all finish the same run: only the main process writes. A sharded job
+    (``job``: sample, annotate, evaluate) is complete when its last shard lands, on whichever
+    rank or array task that is: that one writes, with an output id drawn from the shards'
+    done markers, so two processes finishing together write the same id.
     """
-    if not is_main_process():
+    if not (job or is_main_process()):
         return summary
+    output_id = None
+    if job:
+        from align.io.fingerprint import json_digest
+
+        markers = sorted(Path(output_dir).rglob("shard-*.done.json"))
+        output_id = json_digest([[str(p.relative_to(output_dir)), p.read_text()] for p in markers])[:32]
+    fields = completion_fields(begun)
+    if output_id and fields:
+        fields["output_id"] = output_id
     mark_stage_complete(output_dir, stage=stage, config=redact(to_dict(config)), summary=redact(summary),
-                        **completion_fields(begun))
+                        **fields)
     print(f"[align {stage}] wrote {output_dir}")
     print(f"[align {stage}] " + json.dumps(summary, default=str))
     return summary

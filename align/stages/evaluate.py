@@ -152,4 +152,4 @@ def run(config: Config) -> dict:
                "verdicts": [v for c in report["overall"]["comparisons"].values() for v in c["verdicts"]]}
     for verdict in summary["verdicts"]:
         print(f"[align evaluate] {verdict}")
-    return finish("evaluate", config, config.output_dir, summary, begun)
+    return finish("evaluate", config, config.output_dir, summary, begun, job=True)

@@ -27,11 +27,13 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import fcntl
+import itertools
 import json
 import os
 import re
 import shutil
 import time
+import uuid
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -39,7 +41,13 @@ from typing import Any
 
 from align.config import to_dict
 from align.io import read_records, stage_completion_info, write_json
-from align.io.fingerprint import file_digest, files_fingerprint, json_digest, weight_files
+from align.io.fingerprint import (
+    WEIGHT_SUFFIXES,
+    file_digest,
+    files_fingerprint,
+    json_digest,
+    weight_files,
+)
 
 MANIFEST_FILE = "_manifest.json"
 ROWS_FILE = "_manifest_rows.json"
@@ -60,14 +68,39 @@ NEUTRAL_KEYS = frozenset({
     "local_rank", "ddp_timeout", "skip_memory_metrics",
     "dataloader_num_workers", "dataloader_pin_memory", "dataloader_persistent_workers",
     "dataloader_prefetch_factor",
+    "api_key_env",  # names the variable holding a key; never the key, never a result
+    "concurrency",  # requests in flight to an OpenAI-compatible server
 })
 
-# A key is secret when one of its words (split at ``_``, ``-``, ``.``) is one of these.
-SECRET_WORDS = frozenset({"token", "key", "apikey", "password", "passwd", "secret", "credential",
-                          "credentials", "auth"})
+# Per stage: keys that group work without changing any result. The job batch of sample,
+# annotate, evaluate and judge-validate is how many records one append holds (each record
+# is computed on its own; model batches have their own keys); the log-prob pass's batch
+# size and layout are documented not to change its numbers (tests compare them).
+STAGE_NEUTRAL_KEYS = {
+    "sample": frozenset({"batch_size"}),
+    "annotate": frozenset({"batch_size"}),
+    "evaluate": frozenset({"batch_size"}),
+    "judge-validate": frozenset({"batch_size"}),
+    "logprobs": frozenset({"batch_size", "padding_free", "max_row_tokens"}),
+}
+
+# The settings whose value is a path to read (or a hub name): their content counts, not their
+# spelling. A leaf key is one of these, or ends in ``_path``, ``_file`` or ``_dir``.
+PATH_KEYS = frozenset({"input", "prompts", "model", "model_name_or_path", "tokenizer", "completions", "path",
+                       "personas_file", "deepspeed", "charter", "kl_reference_model", "template"})
+# A key is secret when one of its words (split at ``_``, ``-``, ``.`` and camelCase) is one
+# of SECRET_WORDS, when two of its words in a row are one of SECRET_PAIRS, or when it is
+# ``token`` / ``auth`` itself. ``eos_token``, ``pad_token`` or ``max_tokens`` are settings,
+# not secrets; ``api_key_env`` names a variable (and is neutral).
+SECRET_WORDS = frozenset({"password", "passwd", "secret", "credential", "credentials", "authorization",
+                          "apikey", "passphrase"})
+SECRET_PAIRS = frozenset({("api", "key"), ("access", "key"), ("private", "key"), ("secret", "key"),
+                          ("hub", "token"), ("access", "token"), ("auth", "token"), ("api", "token"),
+                          ("bearer", "token"), ("refresh", "token"), ("id", "token"), ("session", "token")})
 _URL_USERINFO = re.compile(r"(?P<scheme>[a-zA-Z][a-zA-Z0-9+.-]*://)[^/@\s]*@")
-_URL_SECRET_QUERY = re.compile(r"(?P<name>[?&][^=&#]*(?:token|key|password|secret|auth)[^=&#]*=)[^&#]*",
-                               re.IGNORECASE)
+_URL_SECRET_QUERY = re.compile(
+    r"(?P<name>[?&][^=&#]*(?:token|key|password|secret|auth|sig|signature|credential)[^=&#]*=)[^&#]*",
+    re.IGNORECASE)
 
 
 class StaleOutputError(ValueError):
@@ -77,9 +110,20 @@ class StaleOutputError(ValueError):
 # --------------------------------------------------------------------------- secrets
 
 
+def _words(name: str) -> list[str]:
+    spaced = re.sub(r"(?<=[a-z0-9])(?=[A-Z])", "_", str(name))
+    return [w for w in re.split(r"[_\-.\s]+", spaced.lower()) if w]
+
+
 def is_secret_key(name: str) -> bool:
-    """Named like a token, key, password or secret (``hub_token``, ``api_key``, ``password``)."""
-    return any(word in SECRET_WORDS for word in re.split(r"[_\-.\s]+", str(name).lower()))
+    """Named like a credential (``hub_token``, ``api_key``, ``password``, ``Authorization``,
+    ``clientSecret``), not like a setting that merely mentions tokens (``eos_token``)."""
+    words = _words(name)
+    if words and words[-1] == "env":
+        return False  # api_key_env: the name of a variable
+    if words in (["token"], ["auth"], ["key"]):
+        return True
+    return any(w in SECRET_WORDS for w in words) or any(pair in SECRET_PAIRS for pair in itertools.pairwise(words))
 
 
 def redact(value: Any) -> Any:
@@ -107,26 +151,42 @@ def _relative_fingerprint(directory: Path, files: Sequence[Path]) -> str:
     return json_digest([[str(p.relative_to(directory)), p.stat().st_size, file_digest(p)] for p in files])
 
 
-def fingerprint_input(value: str, overrides: Mapping[str, tuple[str, str]] | None = None) -> dict[str, Any]:
+def dir_key(path: str | Path) -> str:
+    """One spelling per directory (relative, absolute, through a symlink): how outputs are matched."""
+    return os.path.realpath(os.path.expanduser(str(path)))
+
+
+def fingerprint_input(value: str, overrides: Mapping[str, tuple[str, str, str | None]] | None = None,
+                      *, key: str = "") -> dict[str, Any]:
     """The content fingerprint of one input path: a stage output, a model, a data file or directory.
 
-    ``overrides`` maps a stage output directory to (stage, the manifest fingerprint it will
-    have): ``align status`` passes what an earlier stage of the same pipeline would produce.
+    Another stage's output is bound by its manifest fingerprint and its output id (a new id
+    each time the output is made: a re-made earlier output, even from the same settings, is
+    other bytes). ``overrides`` maps a stage output directory (``dir_key``) to (stage, the
+    manifest fingerprint, the output id) it will have: ``align status`` passes what an
+    earlier stage of the same pipeline would produce (id None: it is to be made).
     """
     path = Path(value).expanduser()
     entry: dict[str, Any] = {"path": str(value)}
+    for stage_dir in (path, path.parent):  # the output itself, or a file in it (pairs.jsonl)
+        if overrides and dir_key(stage_dir) in overrides:
+            stage, fingerprint, output_id = overrides[dir_key(stage_dir)]
+            entry.update(kind="stage", stage=stage, fingerprint=fingerprint, output_id=output_id)
+            if stage_dir != path:
+                entry["file"] = path.name
+            return entry
     stage_dir = path if path.is_dir() else path.parent
-    key = os.path.normpath(str(stage_dir))
-    if overrides and key in overrides:
-        entry.update(kind="stage", stage=overrides[key][0], fingerprint=overrides[key][1])
+    info = stage_completion_info(stage_dir) if stage_dir.is_dir() else None
+    if info and info.get("manifest_fingerprint"):
+        entry.update(kind="stage", stage=info.get("stage"), fingerprint=info["manifest_fingerprint"],
+                     output_id=info.get("output_id"))
         if stage_dir != path:
             entry["file"] = path.name
         return entry
-    info = stage_completion_info(stage_dir) if stage_dir.is_dir() else None
-    if info and info.get("manifest_fingerprint"):
-        entry.update(kind="stage", stage=info.get("stage"), fingerprint=info["manifest_fingerprint"])
-        if stage_dir != path:
-            entry["file"] = path.name
+    if key.rsplit(".", 1)[-1] == "tokenizer" and path.is_dir():  # its own files, not a model's weights
+        files = [p for p in sorted(path.iterdir()) if p.is_file() and p.suffix not in WEIGHT_SUFFIXES
+                 and not p.name.startswith(".")]
+        entry.update(kind="tokenizer", fingerprint=files_fingerprint(files))
         return entry
     if path.is_file():
         entry.update(kind="file", fingerprint=file_digest(path))
@@ -174,11 +234,16 @@ def _init_settings(config: Any) -> dict[str, Any]:
     return to_dict(dict(config))
 
 
-def _looks_like_path(key: str, value: Any) -> bool:
-    if not isinstance(value, str) or not value or "\n" in value or len(value) > 4096:
+def is_path_key(key: str) -> bool:
+    """A setting that names something to read (``PATH_KEYS``, or ``*_path``, ``*_file``, ``*_dir``)."""
+    leaf = re.sub(r"\[\d+\]$", "", key.rsplit(".", 1)[-1])
+    if leaf in NEUTRAL_KEYS or leaf in ("cache_dir", "output_dir", "logging_dir"):
         return False
-    leaf = key.rsplit(".", 1)[-1]
-    if leaf in NEUTRAL_KEYS or leaf == "cache_dir":
+    return leaf in PATH_KEYS or leaf.endswith(("_path", "_file", "_dir"))
+
+
+def _looks_like_path(key: str, value: Any) -> bool:
+    if not isinstance(value, str) or not value or "\n" in value or len(value) > 4096 or not is_path_key(key):
         return False
     try:
         return Path(value).expanduser().exists()
@@ -186,9 +251,36 @@ def _looks_like_path(key: str, value: Any) -> bool:
         return False
 
 
+def field_defaults(config: Any, prefix: str = "") -> dict[str, Any]:
+    """Each setting's declared default, by the dotted key ``build_manifest`` uses."""
+    out: dict[str, Any] = {}
+    if not (dataclasses.is_dataclass(config) and not isinstance(config, type)):
+        return out
+    for f in dataclasses.fields(config):
+        if not f.init:
+            continue
+        if f.default is not dataclasses.MISSING:
+            default = f.default
+        elif f.default_factory is not dataclasses.MISSING:  # type: ignore[misc]
+            default = f.default_factory()  # type: ignore[misc]
+        else:
+            continue
+        value = getattr(config, f.name)
+        if dataclasses.is_dataclass(value) and not isinstance(value, type):
+            out.update(field_defaults(value, f"{prefix}{f.name}."))
+            continue
+        out[f"{prefix}{f.name}"] = to_dict(default)
+    return out
+
+
 @dataclass
 class Manifest:
-    """What one stage output is made from (``fingerprint`` is the digest of the rest)."""
+    """What one stage output is made from (``fingerprint`` is the digest of the rest).
+
+    The fingerprint covers the settings that differ from their declared defaults (``defaults``),
+    so a new version that adds a setting, at a default that keeps the old behaviour, leaves
+    finished outputs current; every setting is still recorded.
+    """
 
     stage: str
     settings: dict[str, Any]
@@ -196,11 +288,14 @@ class Manifest:
     library: str = ""
     fingerprint: str = ""
     rows: dict[str, dict[str, str]] = field(default_factory=dict)  # input key -> id -> row digest
+    defaults: dict[str, Any] = field(default_factory=dict, repr=False)
 
     def __post_init__(self) -> None:
         if not self.library:
             self.library = _library_version()
-        self.fingerprint = json_digest({"stage": self.stage, "settings": self.settings,
+        chosen = {k: v for k, v in self.settings.items()
+                  if k not in self.defaults or json_digest(v) != json_digest(self.defaults[k])}
+        self.fingerprint = json_digest({"stage": self.stage, "settings": chosen,
                                         "inputs": {k: {n: v for n, v in e.items() if n != "path"}
                                                    for k, e in self.inputs.items()}})
 
@@ -218,31 +313,48 @@ def _library_version() -> str:
         return "unknown"
 
 
-def build_manifest(stage: str, config: Any, *, overrides: Mapping[str, tuple[str, str]] | None = None) -> Manifest:
+def build_manifest(stage: str, config: Any, *,
+                   overrides: Mapping[str, tuple[str, str, str | None]] | None = None) -> Manifest:
     """The manifest this config would give its output: settings plus input fingerprints.
 
-    Every setting whose value names an existing local path is an input (its content, not its
-    name, is compared: moving a file does not make an output stale). ``charter`` is resolved
-    as the judge resolves it (a bundled name or a path) and hashed.
+    Every path setting (``is_path_key``) that names an existing local path is an input (its
+    content, not its name, is compared: moving a file does not make an output stale).
+    ``charter`` is resolved as the judge resolves it (a bundled name or a path) and hashed.
+    ``chat_date: null`` is recorded as the date it renders today (a job resumed after
+    midnight would render another system prompt). ``resume_from_checkpoint`` outside the
+    output directory is an input: the run continues from another run's weights.
     """
+    from align.chat.apertus import date_text
+
     settings = redact(_init_settings(config))
     flat = _flatten(settings)
+    neutral = NEUTRAL_KEYS | STAGE_NEUTRAL_KEYS.get(stage, frozenset())
+    output_dir = getattr(config, "output_dir", None)
     inputs: dict[str, dict[str, Any]] = {}
     kept: dict[str, Any] = {}
     for key, value in flat.items():
         leaf = re.sub(r"\[\d+\]$", "", key.rsplit(".", 1)[-1])
+        if leaf == "resume_from_checkpoint" and isinstance(value, str) and value and output_dir and \
+                not dir_key(value).startswith(dir_key(output_dir) + os.sep):
+            inputs[key] = fingerprint_input(value, overrides, key=key)
+            continue
+        if leaf in neutral and "." not in key:
+            continue
         if leaf in NEUTRAL_KEYS:
             continue
         if leaf == "charter" and _uses_charter(flat, key):
             inputs[key] = _charter_input(value)
         elif _looks_like_path(key, value):
-            inputs[key] = fingerprint_input(value, overrides)
-        elif overrides and isinstance(value, str) and value and \
-                {os.path.normpath(value), os.path.normpath(os.path.dirname(value) or ".")} & overrides.keys():
-            inputs[key] = fingerprint_input(value, overrides)  # an earlier stage's output, not written yet
+            inputs[key] = fingerprint_input(value, overrides, key=key)
+        elif overrides and isinstance(value, str) and value and is_path_key(key) and \
+                {dir_key(value), dir_key(os.path.dirname(value) or ".")} & overrides.keys():
+            inputs[key] = fingerprint_input(value, overrides, key=key)  # an earlier stage's output, not written yet
+        elif leaf == "chat_date" and value is None:
+            kept[key] = date_text(None)
         else:
             kept[key] = value
-    return Manifest(stage=stage, settings=kept, inputs=inputs)
+    defaults = {k: v for k, v in field_defaults(config).items() if k in kept}
+    return Manifest(stage=stage, settings=kept, inputs=inputs, defaults=defaults)
 
 
 def _uses_charter(flat: Mapping[str, Any], key: str) -> bool:
@@ -287,6 +399,11 @@ def differences(stage: str, old: Mapping[str, Any], new: Manifest, old_rows: Map
         return [f"the directory holds the {old.get('stage')} stage's output, not {stage}'s"]
     old_settings = old.get("settings") or {}
     for key in sorted(old_settings.keys() | new.settings.keys()):
+        if key not in old_settings and key in new.defaults and \
+                json_digest(new.settings[key]) == json_digest(new.defaults[key]):
+            continue  # a setting added since, at the default that keeps the old behaviour
+        if key not in new.settings:
+            continue  # a setting this version no longer has cannot change what it writes
         before, after = old_settings.get(key, "(unset)"), new.settings.get(key, "(unset)")
         if json_digest(before) != json_digest(after):
             lines.append(f"{stage}.{key}: {_show(before)} → {_show(after)}")
@@ -297,12 +414,16 @@ def differences(stage: str, old: Mapping[str, Any], new: Manifest, old_rows: Map
             lines.append(f"{stage}.{key}: {'(not an input)' if before is None else before.get('path')} → "
                          f"{'(not an input)' if after is None else after.get('path')}")
             continue
-        if before.get("fingerprint") == after.get("fingerprint") and before.get("file") == after.get("file"):
+        if {k: v for k, v in before.items() if k != "path"} == {k: v for k, v in after.items() if k != "path"}:
             continue
         name = f"{stage}.{key} ({after.get('path')})"
         if after.get("kind") == "stage" or before.get("kind") == "stage":
-            lines.append(f"{name}: made from other settings or inputs (the {after.get('stage') or 'earlier'} "
-                         "stage's manifest changed)")
+            if before.get("fingerprint") == after.get("fingerprint"):
+                lines.append(f"{name}: made again since (the {after.get('stage') or 'earlier'} stage's output is "
+                             "new, though made from the same settings and inputs)")
+            else:
+                lines.append(f"{name}: made from other settings or inputs (the {after.get('stage') or 'earlier'} "
+                             "stage's manifest changed)")
         elif old_rows and new_rows and key in old_rows and key in new_rows:
             lines.append(f"{name}: {_rows_change(old_rows[key], new_rows[key])}")
         elif after.get("kind") in ("model", "charter"):
@@ -405,13 +526,15 @@ class Begun:
     manifest: Manifest
     output_dir: Path
     resumed: bool = False
+    overwrite: bool = False  # remove an output of other settings in ``start``, once the inputs are checked
 
 
 def begin(stage: str, config: Any, output_dir: str | Path, *, overwrite: bool = False) -> Begun:
     """Apply the rerun rules to ``output_dir`` before a stage reads its inputs (see the module doc).
 
-    Skips, stops with the differences, or (``overwrite``) removes what the stage wrote; the
-    manifest itself is recorded by ``start`` once the inputs have been read and checked.
+    Skips, or stops with the differences; under ``overwrite`` it lets the stage go on, and
+    ``start`` removes what the stage wrote once the inputs have been read and checked (a
+    mistyped input path never costs a finished output), then records the manifest.
     """
     output_dir = Path(output_dir)
     manifest = build_manifest(stage, config)
@@ -434,14 +557,7 @@ def begin(stage: str, config: Any, output_dir: str | Path, *, overwrite: bool = 
         what = "an output" if state == "complete" else "a partial output"
         raise StaleOutputError(f"{stage}: {output_dir} holds {what} made from other settings or inputs: "
                                + "; ".join(problem) + f". {_forward(output_dir)}")
-    if is_writer():
-        with _locked(output_dir):
-            state, recorded = recorded_manifest(output_dir)  # another task may have cleaned it already
-            if state != "empty" and (recorded or {}).get("fingerprint") != manifest.fingerprint:
-                removed = _remove_stage_output(output_dir, _read_json(output_dir / MANIFEST_FILE))
-                print(f"[align {stage}] overwrite=true: removed {len(removed)} entries the stage wrote in "
-                      f"{output_dir}")
-    return Begun(False, manifest, output_dir)
+    return Begun(False, manifest, output_dir, overwrite=True)
 
 
 def start(begun: Begun, rows_by_key: Mapping[str, Sequence[Mapping[str, Any]]] | None = None) -> None:
@@ -457,7 +573,19 @@ def start(begun: Begun, rows_by_key: Mapping[str, Sequence[Mapping[str, Any]]] |
         _wait_for_manifest(output_dir, manifest)
         return
     with _locked(output_dir):
+        state, recorded = recorded_manifest(output_dir)  # again, under the lock: others may have started
         found = _read_json(output_dir / MANIFEST_FILE)
+        if state != "empty" and (recorded or {}).get("fingerprint") != manifest.fingerprint:
+            if not begun.overwrite:  # another run started here since `begin` looked
+                raise StaleOutputError(f"{manifest.stage}: {output_dir} now holds work of another run with other "
+                                       f"settings or inputs (started while this one was reading its inputs). "
+                                       f"{_forward(output_dir)}")
+            removed = _remove_stage_output(output_dir, found)
+            print(f"[align {manifest.stage}] overwrite=true: removed {len(removed)} entries the stage wrote in "
+                  f"{output_dir}")
+            # without an earlier manifest, whatever is left was the stage's too (files of an older version)
+            found = found if found is not None else {"preexisting": []}
+            found = {**found, "fingerprint": None}
         if found is None or found.get("fingerprint") != manifest.fingerprint:
             preexisting = list(found.get("preexisting") or []) if found else \
                 sorted(p.name for p in output_dir.iterdir() if p.name not in (LOCK_FILE, ROWS_FILE))
@@ -485,10 +613,20 @@ def _wait_for_manifest(output_dir: Path, manifest: Manifest, timeout: float = 18
 
 
 def completion_fields(begun: Begun | None) -> dict[str, Any]:
-    """What ``_COMPLETE.json`` adds for the manifest."""
+    """What ``_COMPLETE.json`` adds: the manifest, and a new output id (a re-made output is new bytes).
+
+    Refuses to mark an output whose recorded manifest is no longer this run's (another run
+    with other settings took the directory over while this one worked).
+    """
     if begun is None:
         return {}
-    return {"manifest": begun.manifest.as_json(), "manifest_fingerprint": begun.manifest.fingerprint}
+    found = _read_json(begun.output_dir / MANIFEST_FILE)
+    if found is not None and found.get("fingerprint") != begun.manifest.fingerprint:
+        raise StaleOutputError(f"{begun.manifest.stage}: {begun.output_dir} was taken over by a run with other "
+                               "settings or inputs while this one worked; it is not marked complete. "
+                               f"{_forward(begun.output_dir)}")
+    return {"manifest": begun.manifest.as_json(), "manifest_fingerprint": begun.manifest.fingerprint,
+            "output_id": uuid.uuid4().hex}
 
 
 __all__ = [

@@ -84,4 +84,4 @@ def run(config: Config) -> dict:
     if not job_is_complete(config.output_dir, records, count):
         print(f"[align sample] shard {index} of {count} written to {config.output_dir}; other shards still to run")
         return summary
-    return finish("sample", config, config.output_dir, summary, begun)
+    return finish("sample", config, config.output_dir, summary, begun, job=True)

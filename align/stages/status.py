@@ -3,7 +3,7 @@
 For each stage section, in pipeline order, one line: ``done`` (complete and made from the
 recipe's current settings and inputs), ``stale`` (complete, but made from something else:
 each difference is named), ``partial`` (started: k of n job shards done, with the
-``sbatch --array=`` list of the missing ones, or the trainer's last checkpoint), or ``not
+shard options that rerun the missing ones, or the trainer's last checkpoint), or ``not
 started``. A change in an early stage makes every later stage that reads its output stale
 too: each stage is compared with what the stages before it would produce now, not with
 what is on disk. No model loads; input files and weights are hashed (see
@@ -15,13 +15,13 @@ overrides included: ``align status recipes/tiny/pipeline.yaml train.beta=3``).
 
 from __future__ import annotations
 
-import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from align.stages.manifest import build_manifest, explain, recorded_manifest
+from align.io import stage_completion_info
+from align.stages.manifest import build_manifest, dir_key, explain, recorded_manifest
 from align.stages.pipeline import Config as PipelineConfig
 
 _SHARD = re.compile(r"^shard-(\d{5})-of-(\d{5})\.jsonl$")
@@ -34,7 +34,7 @@ class Config(PipelineConfig):
 
 
 def _ranges(indices: list[int]) -> str:
-    """``[0, 1, 2, 5]`` -> ``0-2,5`` (the form ``sbatch --array=`` takes)."""
+    """``[0, 1, 2, 5]`` -> ``0-2,5``."""
     parts, start = [], None
     for i, value in enumerate(indices):
         if start is None:
@@ -53,23 +53,28 @@ def _progress(output_dir: Path, config: Any) -> str:
         total = max(counts)
         done = sorted({int(m.group(1)) for n in names if (m := _DONE.match(n)) and int(m.group(2)) == total})
         missing = [i for i in range(total) if i not in done]
-        return (f"{len(done)} of {total} shards done; resubmit the missing ones with "
-                f"--array={_ranges(missing)}") if missing else f"all {total} shards done, not yet marked complete"
-    checkpoints = sorted((int(n.split("-")[1]) for n in names if re.fullmatch(r"checkpoint-\d+", n)))
+        return (f"{len(done)} of {total} shards done; shards {_ranges(missing)} are missing: rerun each with "
+                f"shard_index=K num_shards={total} (a job per shard, or an array whose task sets shard_index)"
+                ) if missing else f"all {total} shards done, not yet marked complete"
+    checkpoints = sorted(int(n.split("-")[1]) for n in names if re.fullmatch(r"checkpoint-\d+", n))
     if checkpoints:
         return f"last checkpoint: checkpoint-{checkpoints[-1]} (the stage resumes from it)"
     return "started, nothing finished yet"
 
 
-def stage_status(name: str, config: Any, overrides: dict[str, tuple[str, str]]) -> tuple[str, list[str]]:
+def stage_status(name: str, config: Any,
+                 overrides: dict[str, tuple[str, str, str | None]]) -> tuple[str, list[str]]:
     """(state, reasons) of one stage; records the fingerprint it will have in ``overrides``."""
     output_dir = getattr(config, "output_dir", None)
     if output_dir is None:
         return "keyed", ["output under cache_dir, named by its cache key (checked when the stage runs)"]
     output_dir = Path(output_dir)
     manifest = build_manifest(name, config, overrides=overrides)
-    overrides[os.path.normpath(str(output_dir))] = (name, manifest.fingerprint)
     state, recorded = recorded_manifest(output_dir)
+    current = state == "complete" and recorded is not None and recorded.get("fingerprint") == manifest.fingerprint
+    # a current output keeps its id; any other will be made anew (a new id: what reads it is stale)
+    output_id = (stage_completion_info(output_dir) or {}).get("output_id") if current else None
+    overrides[dir_key(output_dir)] = (name, manifest.fingerprint, output_id)
     if state == "empty":
         return "not started", []
     same = recorded is not None and recorded.get("fingerprint") == manifest.fingerprint
@@ -87,7 +92,7 @@ def stage_status(name: str, config: Any, overrides: dict[str, tuple[str, str]]) 
 
 def run(config: Config) -> dict[str, Any]:
     """Print one line per stage (and a line per reason); return {stage: {state, reasons}}."""
-    overrides: dict[str, tuple[str, str]] = {}
+    overrides: dict[str, tuple[str, str, str | None]] = {}
     report = {}
     for name, stage_config in config.stage_configs():
         state, reasons = stage_status(name, stage_config, overrides)

@@ -69,9 +69,10 @@ def test_every_output_records_its_manifest(ws):
     inputs = stage_completion_info(ws / "runs/tiny/sample")["manifest"]["inputs"]
     assert inputs["prompts"]["kind"] == "file"
     # an earlier stage's output is bound by its manifest fingerprint, not rehashed
+    sft = stage_completion_info(ws / "runs/tiny/sft")
     assert inputs["sampler.model"] == {
-        "path": "runs/tiny/sft", "kind": "stage", "stage": "sft",
-        "fingerprint": stage_completion_info(ws / "runs/tiny/sft")["manifest_fingerprint"]}
+        "path": "runs/tiny/sft", "kind": "stage", "stage": "sft", "fingerprint": sft["manifest_fingerprint"],
+        "output_id": sft["output_id"]}
     assert stage_completion_info(ws / "runs/tiny/sft")["manifest"]["inputs"]["model_name_or_path"]["kind"] == "model"
     train = stage_completion_info(ws / "runs/tiny/qrpo")["manifest"]["settings"]
     assert train["loss_type"] == "qrpo" and "logging_steps" not in train and "report_to" not in train
@@ -159,7 +160,7 @@ def test_a_changed_upstream_row_stops_the_rerun(ws, stage, key, tmp_path):
 @pytest.mark.parametrize("stage", ["sft", "sample", "annotate", "pairs", "logprobs", "train", "evaluate"])
 def test_overwrite_redoes_the_stage_equal_to_a_fresh_run(ws, stage, tmp_path):
     """Changed setting + overwrite=true into the old directory == the same settings in a new one."""
-    override = "batch_size=4" if stage == "annotate" else SETTING[stage][0]
+    override = "model_batch_size=4" if stage == "annotate" else SETTING[stage][0]
     target = ws / "runs" / "tiny" / OUT[stage]
     saved = tmp_path / "saved"
     shutil.copytree(target, saved, symlinks=True)
@@ -215,7 +216,7 @@ def test_a_partial_output_from_other_settings_is_never_resumed(ws, tmp_path):
     assert shard.read_text() == "".join(lines[:5])
     # the same settings resume it; status said so first
     rc, out_text, _ = cli(["status", RECIPE, f"annotate.output_dir={out}", "stop_after=annotate"])
-    assert rc == 0 and "0 of 1 shards done; resubmit the missing ones with --array=0" in out_text
+    assert rc == 0 and "0 of 1 shards done; shards 0 are missing: rerun each with shard_index=K num_shards=1" in out_text
     assert cli(["annotate", RECIPE, f"output_dir={out}"])[0] == 0
     assert sorted(r["id"] for r in read_records(out)) == sorted(r["id"] for r in read_records(ws / "runs/tiny/annotate"))
 
@@ -338,3 +339,78 @@ def test_decontaminate_reruns(tmp_path):
     assert rc == 2 and f"decontaminate.benchmarks[0].path ({bench}): content changed" in err
     rc, printed, err = cli([*args, "overwrite=true"])
     assert rc == 0 and "overwrite=true: removed" in printed, err
+
+
+# --------------------------------------------------------------------------- found in review
+
+
+def test_a_new_setting_at_its_default_leaves_finished_outputs_current(ws, monkeypatch):
+    """An upgrade that adds a key (at the default that keeps the old behaviour) redoes nothing."""
+    import dataclasses
+
+    import align.stages.pairs as pairs_stage
+
+    @dataclasses.dataclass
+    class Upgraded(pairs_stage.Config):
+        new_knob: int = 7
+
+    monkeypatch.setattr(pairs_stage, "Config", Upgraded)
+    rc, out, err = cli(["pairs", RECIPE])
+    assert rc == 0 and "is already complete; skipping" in out, err
+    rc, _, err = cli(["pairs", RECIPE, "new_knob=8"])
+    assert rc == 2 and "pairs.new_knob: '(unset)' → 8" in err
+
+
+def test_overwrite_with_a_mistyped_input_keeps_the_finished_output(ws):
+    before = tree(ws / "runs/tiny/pairs")
+    rc, _, err = cli(["pairs", RECIPE, "input=runs/tiny/annotat", "overwrite=true"])
+    assert rc == 2 and "does not exist" in err
+    assert tree(ws / "runs/tiny/pairs") == before
+
+
+def test_a_remade_earlier_output_makes_what_read_it_stale(ws, tmp_path):
+    """Same settings, made again (a purge, another node): new bytes, so a new output id."""
+    upstream, pairs = tmp_path / "annotate", tmp_path / "pairs"
+    assert cli(["annotate", RECIPE, f"output_dir={upstream}"])[0] == 0
+    assert cli(["pairs", RECIPE, f"input={upstream}", f"output_dir={pairs}"])[0] == 0
+    shutil.rmtree(upstream)
+    assert cli(["annotate", RECIPE, f"output_dir={upstream}"])[0] == 0
+    rc, _, err = cli(["pairs", RECIPE, f"input={upstream}", f"output_dir={pairs}"])
+    assert rc == 2 and f"pairs.input ({upstream}): made again since" in err, err
+
+
+def test_a_second_run_cannot_take_over_a_started_directory(ws, tmp_path):
+    from align.config import load_config
+    from align.stages import stage_module
+    from align.stages.manifest import StaleOutputError, begin, start
+
+    out = tmp_path / "pairs"
+    first = begin("pairs", load_config(stage_module("pairs").Config, RECIPE, [f"output_dir={out}"], section="pairs"),
+                  out)
+    second_config = load_config(stage_module("pairs").Config, RECIPE, [f"output_dir={out}", "seed=1"],
+                                section="pairs")
+    second = begin("pairs", second_config, out)
+    start(second)
+    (out / "pairs.jsonl").write_text("{}\n")  # the second run's work
+    with pytest.raises(StaleOutputError, match="now holds work of another run"):
+        start(first)
+
+
+def test_a_sharded_job_finished_on_another_rank_is_marked_complete(ws, tmp_path, monkeypatch):
+    out = tmp_path / "annotate"
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    monkeypatch.setenv("RANK", "0")
+    assert cli(["annotate", RECIPE, f"output_dir={out}"])[0] == 0
+    assert not (out / STAGE_COMPLETE_MARKER).exists()  # shard 1 of 2 still to come
+    monkeypatch.setenv("RANK", "1")
+    rc, printed, err = cli(["annotate", RECIPE, f"output_dir={out}"])
+    assert rc == 0, err
+    assert stage_completion_info(out)["manifest"]["stage"] == "annotate" and "wrote" in printed
+
+
+def test_special_token_settings_are_not_secrets():
+    for name in ("eos_token", "pad_token", "max_tokens", "max_new_tokens", "tokenizer", "api_key_env", "key_field"):
+        assert not is_secret_key(name), name
+    for name in ("Authorization", "accessToken", "clientSecret", "hub_token", "aws_secret_access_key", "token"):
+        assert is_secret_key(name), name
+    assert redact({"url": "https://h/x?X-Amz-Signature=abc&sig=def&n=1"}) == {"url": "https://h/x?X-Amz-Signature=&sig=&n=1"}
