@@ -65,7 +65,8 @@ def plot_training(state: Any) -> Path:
     return plot_panels(panels, state.out / "training.png", title=f"align demo, seed {config.seed}")
 
 
-def _count_reasons(items: Any) -> dict[str, int]:
+def count_reasons(items: Any) -> dict[str, int]:
+    """How many skips of each reason (the text before its first colon)."""
     counts: dict[str, int] = {}
     for item in items:
         key = str(item).split(":")[0]
@@ -99,7 +100,7 @@ def build_report(state: Any, *, total_seconds: float) -> dict[str, Any]:
         "mean_chosen_quantile": mean([p["chosen_quantile"] for p in pairs]),
         "mean_rejected_quantile": mean([p["rejected_quantile"] for p in pairs]),
         "skipped_prompts": len(state.skips),
-        "skip_reasons": _count_reasons(s["reason"] for s in state.skips),
+        "skip_reasons": count_reasons(s["reason"] for s in state.skips),
         "steps": {name: trainer.state.global_step for name, (trainer, _) in state.trained.items()},
         "during_training": {name: cb.history for name, (_, cb) in state.trained.items()},
         "judge": state.judge_summary,

@@ -187,7 +187,9 @@ def select_pairs(state: DemoState) -> None:
     write_jsonl(state.out / "pairs" / "pairs.jsonl", state.pairs)
     write_jsonl(state.out / "pairs" / "skipped.jsonl", state.skips)
     if not state.pairs:
-        reasons = _count(s["reason"] for s in state.skips)
+        from align.demo.report import count_reasons
+
+        reasons = count_reasons(s["reason"] for s in state.skips)
         raise RuntimeError(
             f"no prompt gave a pair ({reasons}): after {state.sft.state.global_step} SFT steps every prompt's "
             "samples are all right or all wrong. Raise sft_max_steps or lower sft_stop_accuracy."
@@ -319,11 +321,3 @@ def _encodable(pairs: list[dict], tokenizer: Any, skips: list[dict]) -> list[dic
             continue
         kept.append(pair)
     return kept
-
-
-def _count(items: Any) -> dict[str, int]:
-    counts: dict[str, int] = {}
-    for item in items:
-        key = str(item).split(":")[0]
-        counts[key] = counts.get(key, 0) + 1
-    return counts
