@@ -58,6 +58,8 @@ WORKER = textwrap.dedent(
     """
 )
 
+GLOO_ABORT = "terminate called without an active exception"
+
 ACCELERATE_DEEPSPEED = textwrap.dedent(
     """
     compute_environment: LOCAL_MACHINE
@@ -116,6 +118,12 @@ def run_worker(root, name: str, reference: str, launcher: list[str], backend: st
     out = root / f"{name}.json"
     command = launcher + [str(root / "worker.py"), str(root / "data.jsonl"), str(out), reference, backend]
     done = subprocess.run(command, env=_env(), cwd=root, timeout=600, capture_output=True, text=True, check=False)
+    if done.returncode != 0 and GLOO_ABORT in done.stderr:
+        # a gloo transport thread aborting the process on CPU (docs/environment.md, "Plain DDP on
+        # CPU"): not an error of the code under test; the run is repeated once, and must pass
+        print(f"[test] {name}: gloo aborted the launch; repeating it once")
+        done = subprocess.run(command, env=_env(), cwd=root, timeout=600, capture_output=True, text=True,
+                              check=False)
     assert done.returncode == 0, _failure(done.stdout + done.stderr)
     return json.loads(out.read_text())
 
