@@ -103,8 +103,3 @@ def sorted_batches(lengths: Sequence[int], batch_size: int, *, descending: bool 
     """Index batches of similar length (longest first, so memory errors show at once)."""
     order = sorted(range(len(lengths)), key=lambda i: lengths[i], reverse=descending)
     return [order[start : start + batch_size] for start in range(0, len(order), batch_size)]
-
-
-def fixed_batches(count: int, batch_size: int) -> list[list[int]]:
-    """Index batches in input order (the baseline the sorted batching is measured against)."""
-    return [list(range(start, min(start + batch_size, count))) for start in range(0, count, batch_size)]
