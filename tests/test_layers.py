@@ -39,6 +39,7 @@ LAYERS: dict[str, int] = {
     "align.config": 1,
     "align.bootstrap": 1,
     "align.testing": 1,
+    "align.errors": 1,
     # 2: scoring, losses, optimizers, samplers, reward providers
     "align.scoring": 2,
     "align.losses": 2,
