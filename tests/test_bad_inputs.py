@@ -756,7 +756,7 @@ def _partial_annotate_other_rows(ws: Workspace) -> list:
 def _fake_done(stage: str, config, out: Path) -> None:
     """A completion marker with the manifest this config gives (as a finished run leaves it)."""
     from align.io import mark_stage_complete
-    from align.stages.manifest import build_manifest
+    from align.manifests import build_manifest
 
     manifest = build_manifest(stage, config)
     out.mkdir(parents=True, exist_ok=True)

@@ -46,8 +46,9 @@ LAYERS: dict[str, int] = {
     "align.optim": 2,
     "align.sampling": 2,
     "rewards": 2,
-    # 3: the offline reference log-prob pass and its cache key
+    # 3: the offline reference log-prob pass and its cache key; stage manifests and rerun rules
     "align.logprobs": 3,
+    "align.manifests": 3,
     # 4: trainers and evaluation
     "align.trainers": 4,
     "align.eval": 4,
@@ -62,7 +63,7 @@ LAYERS: dict[str, int] = {
 PEER_LAYERS = {2, 3, 4}
 # Stages talk through datasets on disk: a stage module imports no other stage module, only
 # these shared helpers (the package itself: ``stage_module``, the stage table).
-STAGE_HELPERS = {"align.stages", "align.stages.common", "align.stages.manifest"}
+STAGE_HELPERS = {"align.stages", "align.stages.common"}
 # Modules that drive other stages through ``align.stages.stage_module``, and what else of
 # align.stages each may import (``align status`` reads a pipeline recipe as the pipeline does).
 STAGE_DRIVERS = {"align.stages.pipeline": set(), "align.stages.status": {"align.stages.pipeline"}}
@@ -228,7 +229,7 @@ def test_a_stage_importing_another_stage_is_caught(module, source):
 
 
 @pytest.mark.parametrize(("module", "source"), [
-    ("align.stages.annotate", "from align.stages.common import finish\nfrom align.stages.manifest import begin\n"),
+    ("align.stages.annotate", "from align.stages.common import finish\nfrom align.manifests import begin\n"),
     ("align.stages.pipeline", "from align.stages import stage_module\n"),
     ("align.stages.status", "from align.stages.pipeline import Config\n"),
     ("align.stages.annotate", "from rewards.config import build_reward_provider\n"),

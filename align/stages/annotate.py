@@ -27,8 +27,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from align.manifests import begin, start
 from align.stages.common import check_model_path, check_output_dir, finish, read_input
-from align.stages.manifest import begin, start
 from rewards.config import RewardProviderConfig, build_reward_provider
 
 

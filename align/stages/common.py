@@ -9,7 +9,7 @@ from typing import Any
 from align.config import to_dict
 from align.io import STAGE_COMPLETE_MARKER, mark_stage_complete, stage_completion_info
 from align.io.records import looks_local
-from align.stages.manifest import Begun, completion_fields, redact
+from align.manifests import Begun, completion_fields, redact
 
 # Stage outputs that hold more than one kind of row: reading the whole directory would mix
 # them (skipped prompts into pairs, contaminated rows into the training set).

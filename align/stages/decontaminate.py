@@ -25,8 +25,8 @@ from align.data.decontaminate_report import summary_lines
 from align.data.records import RecordError
 from align.io import iter_jsonl, read_records, write_json, write_jsonl
 from align.io.records import data_suffix
+from align.manifests import begin, start
 from align.stages.common import finish
-from align.stages.manifest import begin, start
 
 __all__ = ["BenchmarkSpec", "Config", "DecontaminationConfig", "decontaminate_files", "load_benchmark", "run"]
 

@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from align.eval.evaluate import EvalSettings
+from align.manifests import begin, start
 from align.sampling.config import SamplerConfig
 from align.stages.common import (
     check_output_dir,
@@ -28,7 +29,6 @@ from align.stages.common import (
     finish,
     read_input,
 )
-from align.stages.manifest import begin, start
 from rewards.config import RewardProviderConfig, build_reward_provider
 
 

@@ -27,6 +27,7 @@ from align.logprobs import (
     ref_cache_key,
     weights_fingerprint,
 )
+from align.manifests import begin, start
 from align.scoring import check_over_max_length_policy, check_truncated_policy
 from align.stages.common import (
     check_input_exists,
@@ -35,7 +36,6 @@ from align.stages.common import (
     check_stage_input,
     finish,
 )
-from align.stages.manifest import begin, start
 
 __all__ = ["Config", "LogprobsConfig", "resolved_output_dir", "run", "run_pass"]
 

@@ -17,8 +17,8 @@ from pathlib import Path
 from typing import Literal
 
 from align.io import write_jsonl
+from align.manifests import begin, start
 from align.stages.common import check_output_dir, finish, read_input
-from align.stages.manifest import begin, start
 
 
 @dataclass

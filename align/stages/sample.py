@@ -16,9 +16,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Literal
 
+from align.manifests import begin, start
 from align.sampling.config import SamplerConfig
 from align.stages.common import check_model_path, check_output_dir, finish, read_input
-from align.stages.manifest import begin, start
 
 
 @dataclass

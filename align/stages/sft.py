@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from align.manifests import begin, start
 from align.stages.common import (
     check_model_path,
     check_output_dir,
@@ -22,7 +23,6 @@ from align.stages.common import (
     keep_hub_token_out_of_outputs,
     read_input,
 )
-from align.stages.manifest import begin, start
 from align.trainers.sft_config import SFTConfig
 
 

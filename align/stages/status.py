@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from align.io import stage_completion_info
-from align.stages.manifest import build_manifest, dir_key, explain, recorded_manifest
+from align.manifests import build_manifest, dir_key, explain, recorded_manifest
 from align.stages.pipeline import Config as PipelineConfig
 
 _SHARD = re.compile(r"^shard-(\d{5})-of-(\d{5})\.jsonl$")

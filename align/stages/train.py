@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from align.manifests import begin, start
 from align.stages.common import (
     check_model_path,
     check_output_dir,
@@ -20,7 +21,6 @@ from align.stages.common import (
     keep_hub_token_out_of_outputs,
     read_input,
 )
-from align.stages.manifest import begin, start
 from align.trainers.preference_config import PreferenceConfig
 
 

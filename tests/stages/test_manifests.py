@@ -22,7 +22,7 @@ from stage_helpers import make_workspace, run_cli
 
 from align.cli import main
 from align.io import STAGE_COMPLETE_MARKER, read_records, stage_completion_info
-from align.stages.manifest import MANIFEST_FILE, is_secret_key, redact
+from align.manifests import MANIFEST_FILE, is_secret_key, redact
 
 RECIPE = "recipes/tiny/pipeline.yaml"
 OUT = {"sft": "sft", "sample": "sample", "annotate": "annotate", "pairs": "pairs", "logprobs": "logprobs",
@@ -382,7 +382,7 @@ def test_a_remade_earlier_output_makes_what_read_it_stale(ws, tmp_path):
 def test_a_second_run_cannot_take_over_a_started_directory(ws, tmp_path):
     from align.config import load_config
     from align.stages import stage_module
-    from align.stages.manifest import StaleOutputError, begin, start
+    from align.manifests import StaleOutputError, begin, start
 
     out = tmp_path / "pairs"
     first = begin("pairs", load_config(stage_module("pairs").Config, RECIPE, [f"output_dir={out}"], section="pairs"),

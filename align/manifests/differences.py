@@ -1,0 +1,93 @@
+"""The differences between a recorded manifest and this run's, one line each, as the rerun
+refusal names them."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from align.io import read_records
+from align.io.fingerprint import json_digest
+from align.manifests.inputs import row_digests
+from align.manifests.manifest import Manifest
+from align.manifests.state import ROWS_FILE, read_json
+
+
+def _show(value: Any) -> str:
+    text = json.dumps(value, default=str) if not isinstance(value, str) else repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def _rows_change(old: Mapping[str, str], new: Mapping[str, str]) -> str:
+    differ = sum(1 for k in old.keys() & new.keys() if old[k] != new[k])
+    added, removed = len(new.keys() - old.keys()), len(old.keys() - new.keys())
+    parts = ([f"{differ} row{'s differ' if differ != 1 else ' differs'}"] if differ else []) + \
+        ([f"{added} added"] if added else []) + ([f"{removed} removed"] if removed else [])
+    if not parts:
+        return "content changed (the same rows, in another order or layout)"
+    return f"content changed ({', '.join(parts)})"
+
+
+def differences(stage: str, old: Mapping[str, Any], new: Manifest, old_rows: Mapping[str, Any] | None = None,
+                new_rows: Mapping[str, Mapping[str, str]] | None = None) -> list[str]:
+    """One line per difference between a recorded manifest and this run's."""
+    lines: list[str] = []
+    if old.get("stage") not in (None, stage):
+        return [f"the directory holds the {old.get('stage')} stage's output, not {stage}'s"]
+    old_settings = old.get("settings") or {}
+    for key in sorted(old_settings.keys() | new.settings.keys()):
+        if key not in old_settings and key in new.defaults and \
+                json_digest(new.settings[key]) == json_digest(new.defaults[key]):
+            continue  # a setting added since, at the default that keeps the old behaviour
+        if key not in new.settings:
+            continue  # a setting this version no longer has cannot change what it writes
+        before, after = old_settings.get(key, "(unset)"), new.settings.get(key, "(unset)")
+        if json_digest(before) != json_digest(after):
+            lines.append(f"{stage}.{key}: {_show(before)} → {_show(after)}")
+    old_inputs = old.get("inputs") or {}
+    for key in sorted(old_inputs.keys() | new.inputs.keys()):
+        before, after = old_inputs.get(key), new.inputs.get(key)
+        if before is None or after is None:
+            lines.append(f"{stage}.{key}: {'(not an input)' if before is None else before.get('path')} → "
+                         f"{'(not an input)' if after is None else after.get('path')}")
+            continue
+        if {k: v for k, v in before.items() if k != "path"} == {k: v for k, v in after.items() if k != "path"}:
+            continue
+        name = f"{stage}.{key} ({after.get('path')})"
+        if after.get("kind") == "stage" or before.get("kind") == "stage":
+            if before.get("fingerprint") == after.get("fingerprint"):
+                lines.append(f"{name}: made again since (the {after.get('stage') or 'earlier'} stage's output is "
+                             "new, though made from the same settings and inputs)")
+            else:
+                lines.append(f"{name}: made from other settings or inputs (the {after.get('stage') or 'earlier'} "
+                             "stage's manifest changed)")
+        elif old_rows and new_rows and key in old_rows and key in new_rows:
+            lines.append(f"{name}: {_rows_change(old_rows[key], new_rows[key])}")
+        elif after.get("kind") in ("model", "charter"):
+            lines.append(f"{name}: other {'weights' if after['kind'] == 'model' else 'charter text'}")
+        else:
+            lines.append(f"{name}: content changed")
+    return lines
+
+
+def _new_rows_for(old_rows: Mapping[str, Any], new: Manifest, old: Mapping[str, Any]) -> dict[str, dict[str, str]]:
+    """Row digests of the changed record inputs (read only when a changed input had its rows recorded)."""
+    out = {}
+    for key, entry in new.inputs.items():
+        before = (old.get("inputs") or {}).get(key) or {}
+        if key in old_rows and entry.get("kind") in ("file", "directory") and \
+                before.get("fingerprint") != entry.get("fingerprint"):
+            try:
+                out[key] = row_digests(read_records(entry["path"]))
+            except (ValueError, OSError):
+                continue
+    return out
+
+
+def explain(stage: str, output_dir: Path, recorded: Mapping[str, Any], new: Manifest) -> list[str]:
+    """The differences, with row counts for changed record inputs."""
+    old_rows = read_json(output_dir / ROWS_FILE) or {}
+    return differences(stage, recorded, new, old_rows, _new_rows_for(old_rows, new, recorded)) or \
+        ["the recorded manifest differs (no setting or input differs by name: written by another version?)"]

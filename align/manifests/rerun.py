@@ -1,0 +1,155 @@
+"""The rerun rules every stage applies to its output directory.
+
+* complete, same manifest: skip, said in one line;
+* complete or partial, different manifest: stop, naming each difference
+  (``train.loss_type: 'qrpo' → 'dpo'``, ``prompts (prompts.jsonl): content changed (3 rows
+  differ, 1 added)``) and the two ways forward: another ``output_dir``, or ``overwrite=true``;
+* partial, same manifest: resume (job shards skip finished ids, trainers resume from their
+  last checkpoint);
+* ``overwrite=true`` over a different output: remove what that stage wrote (everything in
+  the directory except what was there before the stage first started), then start afresh.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+import uuid
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from align.io import write_json
+from align.manifests.differences import explain
+from align.manifests.inputs import row_digests
+from align.manifests.manifest import Manifest, build_manifest
+from align.manifests.state import (
+    LOCK_FILE,
+    MANIFEST_FILE,
+    ROWS_FILE,
+    locked,
+    read_json,
+    recorded_manifest,
+    remove_stage_output,
+)
+
+
+class StaleOutputError(ValueError):
+    """An output directory holds work made from other settings or inputs than this run's."""
+
+
+def _forward(output_dir: Path) -> str:
+    return (f"use another output_dir, or overwrite=true to remove what the stage wrote in {output_dir} "
+            "and redo it")
+
+
+@dataclass
+class Begun:
+    """What ``begin`` decided: ``skip`` (done, same manifest), else the manifest to finish with."""
+
+    skip: bool
+    manifest: Manifest
+    output_dir: Path
+    resumed: bool = False
+    overwrite: bool = False  # remove an output of other settings in ``start``, once the inputs are checked
+
+
+def begin(stage: str, config: Any, output_dir: str | Path, *, overwrite: bool = False) -> Begun:
+    """Apply the rerun rules to ``output_dir`` before a stage reads its inputs (see the module doc).
+
+    Skips, or stops with the differences; under ``overwrite`` it lets the stage go on, and
+    ``start`` removes what the stage wrote once the inputs have been read and checked (a
+    mistyped input path never costs a finished output), then records the manifest.
+    """
+    output_dir = Path(output_dir)
+    manifest = build_manifest(stage, config)
+    state, recorded = recorded_manifest(output_dir)
+    same = recorded is not None and recorded.get("fingerprint") == manifest.fingerprint
+    if state == "complete" and same:
+        print(f"[align {stage}] {output_dir} is already complete; skipping (made from the same settings and inputs)")
+        return Begun(True, manifest, output_dir)
+    if state == "empty" or same:
+        return Begun(False, manifest, output_dir, resumed=state == "partial")
+    if recorded is not None and recorded.get("stage") not in (None, stage):
+        raise StaleOutputError(f"{stage}: {output_dir} holds the {recorded.get('stage')} stage's output; choose "
+                               "another output_dir (overwrite=true never removes another stage's output)")
+    if not overwrite:
+        if recorded is None:
+            problem = ["it was written without a manifest (by an earlier version of align), so what it was "
+                       + "made from is unknown"]
+        else:
+            problem = explain(stage, output_dir, recorded, manifest)
+        what = "an output" if state == "complete" else "a partial output"
+        raise StaleOutputError(f"{stage}: {output_dir} holds {what} made from other settings or inputs: "
+                               + "; ".join(problem) + f". {_forward(output_dir)}")
+    return Begun(False, manifest, output_dir, overwrite=True)
+
+
+def start(begun: Begun, rows_by_key: Mapping[str, Sequence[Mapping[str, Any]]] | None = None) -> None:
+    """Record the manifest (and a digest per input row) before the stage's first write.
+
+    SLURM array tasks and the ranks of a launch share one directory: the first records it,
+    the others find the same manifest; ranks other than 0 wait for rank 0's.
+    """
+    if begun.skip:
+        return
+    output_dir, manifest = begun.output_dir, begun.manifest
+    if not is_writer():
+        _wait_for_manifest(output_dir, manifest)
+        return
+    with locked(output_dir):
+        state, recorded = recorded_manifest(output_dir)  # again, under the lock: others may have started
+        found = read_json(output_dir / MANIFEST_FILE)
+        if state != "empty" and (recorded or {}).get("fingerprint") != manifest.fingerprint:
+            if not begun.overwrite:  # another run started here since `begin` looked
+                raise StaleOutputError(f"{manifest.stage}: {output_dir} now holds work of another run with other "
+                                       f"settings or inputs (started while this one was reading its inputs). "
+                                       f"{_forward(output_dir)}")
+            removed = remove_stage_output(output_dir, found)
+            print(f"[align {manifest.stage}] overwrite=true: removed {len(removed)} entries the stage wrote in "
+                  f"{output_dir}")
+            # without an earlier manifest, whatever is left was the stage's too (files of an older version)
+            found = found if found is not None else {"preexisting": []}
+            found = {**found, "fingerprint": None}
+        if found is None or found.get("fingerprint") != manifest.fingerprint:
+            preexisting = list(found.get("preexisting") or []) if found else \
+                sorted(p.name for p in output_dir.iterdir() if p.name not in (LOCK_FILE, ROWS_FILE))
+            write_json(output_dir / MANIFEST_FILE, {**manifest.as_json(), "preexisting": preexisting,
+                                                    "started_at": time.time()})
+        wanted = {key: row_digests(rows) for key, rows in (rows_by_key or {}).items() if key in manifest.inputs}
+        if wanted and wanted != read_json(output_dir / ROWS_FILE):
+            write_json(output_dir / ROWS_FILE, wanted)
+
+
+def is_writer() -> bool:
+    """Rank 0 of a distributed launch (or a plain process, or a SLURM array task)."""
+    return int(os.environ.get("RANK", "0")) == 0
+
+
+def _wait_for_manifest(output_dir: Path, manifest: Manifest, timeout: float = 1800.0) -> None:
+    """Ranks other than 0 start once rank 0 has cleaned (if asked) and recorded this manifest."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        found = read_json(output_dir / MANIFEST_FILE)
+        if found and found.get("fingerprint") == manifest.fingerprint:
+            return
+        time.sleep(0.2)
+    raise TimeoutError(f"rank 0 did not record the manifest in {output_dir} within {timeout:.0f} s")
+
+
+def completion_fields(begun: Begun | None) -> dict[str, Any]:
+    """What ``_COMPLETE.json`` adds: the manifest, and a new output id (a re-made output is new bytes).
+
+    Refuses to mark an output whose recorded manifest is no longer this run's (another run
+    with other settings took the directory over while this one worked).
+    """
+    if begun is None:
+        return {}
+    found = read_json(begun.output_dir / MANIFEST_FILE)
+    if found is not None and found.get("fingerprint") != begun.manifest.fingerprint:
+        raise StaleOutputError(f"{begun.manifest.stage}: {begun.output_dir} was taken over by a run with other "
+                               "settings or inputs while this one worked; it is not marked complete. "
+                               f"{_forward(begun.output_dir)}")
+    return {"manifest": begun.manifest.as_json(), "manifest_fingerprint": begun.manifest.fingerprint,
+            "output_id": uuid.uuid4().hex}
