@@ -1,0 +1,94 @@
+"""A policy's samples joined to π_ref's reference samples, prompt by prompt: what a round of
+``align pipeline`` with ``reference: initial`` annotates (docs/rounds.md).
+
+``input`` holds the prompt records with the n reference completions drawn from π_ref (a
+``sample`` output, ``mode: reference``); ``completions`` holds the same prompts with the
+completions drawn from the policy being trained (another ``sample`` output). Each output
+record is the input record with the policy's completions appended, marked
+``is_reference: false`` (each keeps its ``source``, which names the model that drew it).
+So the pairs stage takes quantile rewards against π_ref's completions alone, and picks
+chosen and rejected among every scored completion of the prompt, the policy's and the
+references (docs/method.md, Quantile rewards and Pair selection). Both outputs must hold
+the same prompts: the same ids, each with the same messages. The annotate stage then scores
+the references and the policy's completions of a prompt together, as one group (the
+judge's pairwise ranking and the empty-completion rule compare within a prompt's group).
+Writes ``output_dir/records.jsonl``.
+
+Example: ``align join input=runs/round-1/sample completions=runs/round-2/sample output_dir=runs/round-2/join``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from align.errors import ConfigError, InputError, RecordError
+from align.io import write_jsonl
+from align.manifests import begin, start
+from align.stages.common import check_output_dir, finish, read_input
+
+OUTPUT_FILE = "records.jsonl"
+
+
+@dataclass
+class Config:
+    input: str = field(default="", metadata={"help": "prompt records with π_ref's reference completions (a sample "
+                                             "stage output, mode reference)"})
+    completions: str = field(default="", metadata={"help": "the same prompts with the policy's completions (a sample "
+                                                   "stage output): appended as candidates, is_reference false"})
+    output_dir: str = field(default="runs/join", metadata={"help": "where records.jsonl goes"})
+    overwrite: bool = field(default=False, metadata={"help": "redo a finished or partial output made from other "
+                                                     "settings or inputs (removes only what this stage wrote there)"})
+
+
+def _ids_agree(references: Sequence[Mapping[str, Any]], candidates: Sequence[Mapping[str, Any]]) -> None:
+    """The same prompt ids on both sides, or an error naming the first few that differ."""
+    ref_ids, cand_ids = [r["id"] for r in references], {r["id"] for r in candidates}
+    missing = [i for i in ref_ids if i not in cand_ids]
+    extra = sorted(cand_ids - set(ref_ids))
+    if missing or extra:
+        raise InputError(f"join: input and completions hold other prompts: {len(missing)} ids only in input "
+                         f"{missing[:5]}, {len(extra)} only in completions {extra[:5]} (both must be sampled from "
+                         "the same prompts)")
+
+
+def join_records(references: Sequence[Mapping[str, Any]],
+                 candidates: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """Each reference record with the other policy's completions appended as non-references."""
+    _ids_agree(references, candidates)
+    by_id = {r["id"]: r for r in candidates}
+    out = []
+    for ref in references:
+        other = by_id[ref["id"]]
+        if other.get("messages") != ref.get("messages"):
+            raise RecordError(ref["id"], "messages", "differ between input and completions (the same id names "
+                              "two prompts)")
+        added = [{**c, "is_reference": False} for c in other.get("completions") or []]
+        row = {**ref, "completions": [*(ref.get("completions") or []), *added],
+               "num_overlong": (ref.get("num_overlong") or 0) + (other.get("num_overlong") or 0)}
+        if "skip_reason" in other and "skip_reason" not in ref:
+            row["skip_reason"] = other["skip_reason"]
+        out.append(row)
+    return out
+
+
+def run(config: Config) -> dict[str, Any]:
+    """Join the two sample outputs; mark the output complete."""
+    if not config.input or not config.completions:
+        raise ConfigError("join: set input (π_ref's reference samples) and completions (the policy's samples)")
+    check_output_dir(config.output_dir, "join")
+    begun = begin("join", config, config.output_dir, overwrite=config.overwrite)
+    if begun.skip:
+        return {}
+    references = read_input(config.input, "join", "input")
+    candidates = read_input(config.completions, "join", "completions")
+    start(begun, {"input": references, "completions": candidates})
+    rows = join_records(references, candidates)
+    write_jsonl(Path(config.output_dir) / OUTPUT_FILE, rows)
+    summary = {"prompts": len(rows),
+               "reference_completions": sum(bool(c.get("is_reference")) for r in references
+                                            for c in r.get("completions") or []),
+               "added_completions": sum(len(r.get("completions") or []) for r in candidates)}
+    return finish("join", config, config.output_dir, summary, begun)
