@@ -28,12 +28,11 @@ _LAZY = {
     "OpenAIJudgeBackend": "rewards.judge_backends",
     "ControversyClassifier": "rewards.classifier",
     "classify_records": "rewards.classifier",
-    "transformers_generate": "rewards.generation",
+    "Generator": "rewards.generation",
     "validate_judge": "rewards.validation",
     "build_ladders": "rewards.degrade",
     "RuleDegrader": "rewards.degrade",
     "LLMDegrader": "rewards.degrade",
-    "vllm_generate": "rewards.generation",
     "GeneratorConfig": "rewards.config",
     "JudgeModelConfig": "rewards.config",
     "RewardProviderConfig": "rewards.config",
@@ -52,6 +51,7 @@ __all__ = [
     "CharterError",
     "ConstitutionalJudge",
     "ControversyClassifier",
+    "Generator",
     "GeneratorConfig",
     "JudgeConfig",
     "JudgeModelConfig",
@@ -77,8 +77,6 @@ __all__ = [
     "normalize_answer",
     "parse_charter",
     "score_records",
-    "transformers_generate",
-    "vllm_generate",
 ]
 
 

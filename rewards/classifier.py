@@ -8,13 +8,14 @@ answer is recorded as failed together with its raw answers, never guessed. The l
 which a prompt counts as controversial is not given in the report: it is a setting
 (default 2, "values could shape the framing").
 
-The model is any callable `generate(conversations) -> texts`, one chat conversation
-(list of {"role", "content"}) in, one answer text out; `rewards.generation` builds such
-callables for transformers and vLLM. Retries only help when generation samples
+The model is any callable `generate(conversations, seed=...) -> texts`, one chat
+conversation (list of {"role", "content"}) in, one answer text out;
+`rewards.generation.Generator` is one on any sampler (`rewards.config.build_generator`).
+Attempt k is asked with ``seed=k``, so a retry draws a new answer when generation samples
 (temperature > 0); greedy decoding repeats its answer.
 
-A callable that reports ``prompt_length`` and ``max_model_len`` (those of
-`rewards.generation` do) has every prompt measured first: one that leaves no room for the
+A callable that reports ``prompt_length`` and ``max_model_len`` (a `Generator` does) has
+every prompt measured first: one that leaves no room for the
 answer (``max_tokens``) is not sent, since it would make vLLM refuse the whole batch; it
 is recorded as failed with ``prompt_too_long: ...`` (the length and the limit), not asked
 again.
@@ -24,17 +25,17 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from align.data.records import RecordError, record_id, validate_prompt
 from rewards.charter import load_template
+from rewards.generation import Generate
 from rewards.judge_backends.base import prompt_too_long
 from rewards.text import first_user_and_system
 
-Generate = Callable[[list[list[dict[str, str]]]], list[str]]
 LABELS = ("0", "1", "2", "3")
 _FENCE = re.compile(r"^```(?:json)?\s*(?P<body>.*?)\s*```$", re.DOTALL)
 
@@ -130,10 +131,10 @@ class ControversyClassifier:
                 verdicts[i].error = problem
             else:
                 pending.append(i)
-        for _ in range(self.config.max_attempts):
+        for attempt in range(self.config.max_attempts):
             if not pending:
                 break
-            answers = self.generate([conversations[i] for i in pending])
+            answers = self.generate([conversations[i] for i in pending], seed=attempt)
             if len(answers) != len(pending):
                 raise RuntimeError(f"generate returned {len(answers)} answers for {len(pending)} prompts")
             still = []

@@ -4,8 +4,9 @@ One definition, one default and one help text per setting; every stage that need
 composes its config (as a base class, so the keys stay flat, or as a nested section) and
 builds it with the builder here, as samplers are built by `align.sampling.config`:
 
-* ``GeneratorConfig`` → ``build_generator``: a ``generate(conversations) -> texts``
-  callable on transformers or vLLM (the controversy classifier, the LLM degrader).
+* ``GeneratorConfig`` → ``build_generator``: ``generate(conversations, seed=...) -> texts``
+  (`rewards.generation.Generator`) on a sampler of `align.sampling` (transformers or vLLM;
+  the model's own chat template, thinking off): the controversy classifier, the LLM degrader.
 * ``JudgeModelConfig`` → ``build_judge_backend`` (where the judge's next-token
   probabilities come from: transformers, vLLM or an OpenAI-compatible server) and
   ``build_judge`` (the constitutional judge on that backend, with its charter and scale).
@@ -23,9 +24,14 @@ backend a config names.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
+from align.errors import ConfigError
 from align.io.http import check_api_key_env
+from align.sampling.config import SamplerConfig, build_sampler
+
+if TYPE_CHECKING:
+    from rewards.generation import Generator
 
 __all__ = [
     "EngineFields",
@@ -36,6 +42,7 @@ __all__ = [
     "build_judge",
     "build_judge_backend",
     "build_reward_provider",
+    "generator_sampler_config",
 ]
 
 
@@ -55,8 +62,9 @@ class EngineFields:
     engine_kwargs: dict = field(default_factory=dict, metadata={"help": "vllm: extra vllm.LLM arguments"})
     max_model_len: int | None = field(default=None, metadata={
         "help": "judge and generation (classifier, llm degrader): context length, prompt + answer; a longer "
-                "prompt is a recorded skip (prompt_too_long), never sent. vllm: the engine's (this key or "
-                "engine_kwargs.max_model_len, else the model's); transformers and openai: no limit unless set"})
+                "judge or classifier prompt is a recorded skip (prompt_too_long), never sent. vllm: the engine's "
+                "(this key or engine_kwargs.max_model_len, else the model's); transformers: generation the "
+                "model's max_position_embeddings, the judge no limit unless set; openai: no limit unless set"})
 
 
 def _check_engine(config: Any) -> None:
@@ -179,26 +187,38 @@ class RewardProviderConfig(JudgeModelConfig, GeneratorConfig):
 # --------------------------------------------------------------------------- builders
 
 
-def build_generator(config: GeneratorConfig) -> Any:
-    """A ``generate(conversations) -> texts`` callable on the config's model and backend."""
-    from rewards.generation import transformers_generate, vllm_generate
+def generator_sampler_config(config: GeneratorConfig) -> SamplerConfig:
+    """The sampler a generator runs on: the config's model, rendered with its own chat
+    template (``chat_format: tokenizer``), thinking off; transformers: on ``device`` (default
+    cuda when available) in ``dtype`` (default bf16 on GPU, fp32 on CPU); vllm: ``dtype`` and
+    ``max_model_len`` as set, the `SamplerConfig` fields named in ``engine_kwargs`` to their
+    keys and the rest to ``vllm.LLM``."""
+    engine = dict(config.engine_kwargs)
+    engine_max_len = engine.pop("max_model_len", None)  # _check_engine: equal to max_model_len when both set
+    sampler_fields = {key: engine.pop(key) for key in ("tensor_parallel_size", "enable_prefix_caching",
+                                                       "gpu_memory_utilization") if key in engine}
+    dtype, device = config.dtype, config.device
+    if config.backend == "transformers":
+        from rewards.reward_model import resolve_device, resolve_dtype
 
-    if config.backend == "vllm":
-        from vllm import LLM
+        resolved = resolve_device(config.device)
+        device, dtype = str(resolved), str(resolve_dtype(config.dtype, resolved)).removeprefix("torch.")
+    return SamplerConfig(
+        backend=config.backend, model=config.model, chat_format="tokenizer", enable_thinking=False,
+        max_model_len=config.max_model_len or engine_max_len, dtype=dtype, device=device,
+        batch_size=config.model_batch_size, engine_kwargs=engine, **sampler_fields,
+    )
 
-        return vllm_generate(LLM(config.model, **vllm_engine_kwargs(config)), max_tokens=config.max_tokens,
-                             temperature=config.temperature)  # measures prompts against the engine's length
-    if config.backend == "openai":
-        raise ValueError("backend: generation runs on transformers or vllm")
-    from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from rewards.reward_model import resolve_device, resolve_dtype
+def build_generator(config: GeneratorConfig) -> Generator:
+    """``generate(conversations, seed=...) -> texts`` (`rewards.generation.Generator`) on the
+    sampler of the config's model and backend (`generator_sampler_config`)."""
+    from rewards.generation import Generator
 
-    device = resolve_device(config.device)
-    model = AutoModelForCausalLM.from_pretrained(config.model, dtype=resolve_dtype(config.dtype, device))
-    return transformers_generate(model.to(device).eval(), AutoTokenizer.from_pretrained(config.model),
-                                 batch_size=config.model_batch_size, max_tokens=config.max_tokens,
-                                 temperature=config.temperature, max_model_len=config.max_model_len)
+    if config.backend not in ("transformers", "vllm"):
+        raise ConfigError(f"backend: generation runs on transformers or vllm, got {config.backend!r}")
+    return Generator(build_sampler(generator_sampler_config(config)), max_tokens=config.max_tokens,
+                     temperature=config.temperature)
 
 
 def build_judge_backend(config: JudgeModelConfig) -> Any:

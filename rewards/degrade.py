@@ -13,9 +13,10 @@ degrader is given. Two degraders build the steps:
   It cannot imitate factual errors, skipped instructions or faulty reasoning (they need
   to understand the content), and says so in `RuleDegrader.cannot`. Its inserted
   phrases are English.
-- `LLMDegrader`: any `generate(conversations) -> texts` callable (transformers or vLLM,
-  see `rewards.generation`) rewrites the response with the prompt template
-  `charter/degrade.txt`; it can be asked for any of the eleven kinds.
+- `LLMDegrader`: any `generate(conversations, seed=...) -> texts` callable (a
+  `rewards.generation.Generator` on a sampler) rewrites the response with the prompt
+  template `charter/degrade.txt`, each with its item's seed; it can be asked for any of
+  the eleven kinds.
 
 Both answer `degrade(items)` for a batch of (question, text, kind, seed) and return the
 degraded text, or None where the flaw cannot be applied to that text (a transform that
@@ -33,6 +34,7 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 from rewards.base import Conversation
+from rewards.generation import Generate
 from rewards.text import transcript
 
 FLAW_KINDS: dict[str, str] = {
@@ -252,7 +254,7 @@ class RuleDegrader(Degrader):
 
 
 class LLMDegrader(Degrader):
-    """Flaws written by a model: `generate(conversations) -> texts` rewrites the response.
+    """Flaws written by a model: `generate(conversations, seed=...) -> texts` rewrites the response.
 
     The prompt (template `degrade`, in the `charter/` folder: $question, $response, $flaw,
     $flaw_description) asks for the same response with one more flaw of the named kind,
@@ -264,8 +266,7 @@ class LLMDegrader(Degrader):
     kinds = tuple(FLAW_KINDS)
     cannot: Mapping[str, str] = {}
 
-    def __init__(self, generate: Callable[[list[list[dict[str, str]]]], list[str]], *,
-                 template: str | Path = "degrade", model: str = ""):
+    def __init__(self, generate: Generate, *, template: str | Path = "degrade", model: str = ""):
         from rewards.charter import load_template, template_fields
 
         self.generate, self.model = generate, model
@@ -282,7 +283,7 @@ class LLMDegrader(Degrader):
         if not items:
             return []
         conversations = [[{"role": "user", "content": self.prompt(q, text, kind)}] for q, text, kind, _ in items]
-        replies = self.generate(conversations)
+        replies = self.generate(conversations, seed=[seed for *_, seed in items])
         if len(replies) != len(items):
             raise RuntimeError(f"generate returned {len(replies)} texts for {len(items)} prompts")
         out: list[str | None] = []

@@ -1,96 +1,82 @@
-"""`generate(conversations) -> texts` callables for the classifier, on transformers or vLLM.
+"""Chat in, text out, on a sampler: what the controversy classifier and the LLM degrader generate with.
 
-The classifier only needs "chat in, text out"; these adapters give it that on a local
-transformers model (anywhere, CI) or on a vLLM engine (GPU nodes), with the model's own
-chat template, the generation prompt added and thinking disabled.
+`Generator` puts a `align.sampling.Sampler` (transformers, vLLM or an OpenAI-compatible
+server; built from a recipe by `rewards.config.build_generator`) behind the one call those
+two need, ``generate(conversations, seed=...) -> texts``: one text per conversation, greedy
+at temperature 0 and sampled otherwise. The sampler seeds each conversation's draw from its
+seed and its prompt, so an answer does not depend on the batch it came in, and a resumed
+job draws it again; the classifier passes its attempt number (so a retry draws anew), the
+degrader its ladder step's seed.
 
-Each callable also carries ``prompt_length(conversation)`` (the rendered prompt's tokens,
-exactly the ids generated from) and ``max_model_len`` (the context length, None when
-unknown), so a caller can leave out a prompt that leaves no room for ``max_tokens``
-instead of losing the batch (`rewards.classifier`).
+A text is the generated tokens decoded without special tokens (no end-of-turn token, no
+marker a model emits): what the classifier parses as JSON and what the degrader keeps as
+the rewritten response.
+
+``prompt_length(conversation)`` (the tokens of the prompt exactly as the sampler sends it)
+and ``max_model_len`` (its context length) come from the sampler, so a caller can leave out
+a prompt that leaves no room for ``max_tokens`` instead of losing the batch
+(`rewards.classifier`).
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from typing import Any
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Protocol
 
-import torch
+from align.errors import ConfigError
 
-from rewards.judge_backends.base import DEFAULT_CHAT_TEMPLATE_KWARGS
-from rewards.text import encode_rendered
+if TYPE_CHECKING:
+    from align.sampling.base import Completion, Sampler
 
-Conversations = list[list[dict[str, str]]]
-
-
-def transformers_generate(
-    model: Any,
-    tokenizer: Any,
-    *,
-    max_tokens: int = 256,
-    temperature: float = 0.0,
-    batch_size: int = 8,
-    chat_template_kwargs: Mapping[str, Any] | None = None,
-    max_model_len: int | None = None,
-) -> Any:
-    """A generate callable over a local causal LM (left-padded batches, greedy when T=0);
-    ``max_model_len``: the context length its ``max_model_len`` reports (default: none)."""
-    kwargs = dict(DEFAULT_CHAT_TEMPLATE_KWARGS if chat_template_kwargs is None else chat_template_kwargs)
-    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
-
-    def prompt_length(conversation: list[dict[str, str]]) -> int:
-        rendered = tokenizer.apply_chat_template(conversation, tokenize=False, add_generation_prompt=True, **kwargs)
-        return len(encode_rendered(tokenizer, rendered))
-
-    @torch.inference_mode()
-    def generate(conversations: Conversations) -> list[str]:
-        texts: list[str] = []
-        for start in range(0, len(conversations), batch_size):
-            chunk = conversations[start : start + batch_size]
-            rendered = [tokenizer.apply_chat_template(c, tokenize=False, add_generation_prompt=True, **kwargs) for c in chunk]
-            ids = [encode_rendered(tokenizer, r) for r in rendered]
-            width = max(len(i) for i in ids)
-            input_ids = torch.full((len(ids), width), pad_id, dtype=torch.long)
-            mask = torch.zeros_like(input_ids)
-            for row, seq in enumerate(ids):  # left padding: generation continues every row's end
-                input_ids[row, width - len(seq) :] = torch.tensor(seq)
-                mask[row, width - len(seq) :] = 1
-            sampling = {"do_sample": True, "temperature": temperature} if temperature > 0 else {"do_sample": False}
-            out = model.generate(
-                input_ids=input_ids.to(model.device), attention_mask=mask.to(model.device),
-                max_new_tokens=max_tokens, pad_token_id=pad_id, **sampling,
-            )
-            texts += tokenizer.batch_decode(out[:, width:], skip_special_tokens=True)
-        return texts
-
-    generate.prompt_length, generate.max_model_len = prompt_length, max_model_len  # type: ignore[attr-defined]
-    generate.max_tokens = max_tokens  # type: ignore[attr-defined]
-    return generate
+Conversation = Sequence[Mapping[str, Any]]
 
 
-def vllm_generate(
-    llm: Any, *, max_tokens: int = 256, temperature: float = 0.0, chat_template_kwargs: Mapping[str, Any] | None = None
-) -> Any:
-    """A generate callable over a vLLM engine: prompts rendered with the engine's tokenizer and
-    its chat template, sent as token ids (so their measured length is what vLLM receives)."""
-    from vllm import SamplingParams
+class Generate(Protocol):
+    """What the classifier and the degrader call: one text per conversation."""
 
-    from rewards.judge_backends.vllm_backend import engine_max_model_len
+    def __call__(self, conversations: Sequence[Conversation], *, seed: int | Sequence[int] = 0) -> list[str]: ...
 
-    params = SamplingParams(max_tokens=max_tokens, temperature=temperature)
-    kwargs = dict(DEFAULT_CHAT_TEMPLATE_KWARGS if chat_template_kwargs is None else chat_template_kwargs)
-    tokenizer = llm.get_tokenizer()
 
-    def prompt_ids(conversation: list[dict[str, str]]) -> list[int]:
-        rendered = tokenizer.apply_chat_template(conversation, tokenize=False, add_generation_prompt=True, **kwargs)
-        return encode_rendered(tokenizer, rendered)
+class Generator:
+    """``generate(conversations, seed=...) -> texts`` on a sampler.
 
-    def generate(conversations: Conversations) -> list[str]:
-        inputs = [{"prompt_token_ids": prompt_ids(c)} for c in conversations]
-        outputs = llm.generate(inputs, params, use_tqdm=False)
-        return [o.outputs[0].text for o in outputs]
+    Args:
+        sampler: any `align.sampling.Sampler`; its chat format renders the prompts
+            (`build_generator`: the model's own chat template, thinking off).
+        max_tokens: answer length budget in tokens (cut to what the context leaves).
+        temperature: 0 is greedy; above 0 samples (top_p 1).
+    """
 
-    generate.prompt_length = lambda conversation: len(prompt_ids(conversation))  # type: ignore[attr-defined]
-    generate.max_model_len = engine_max_model_len(llm)  # type: ignore[attr-defined]
-    generate.max_tokens = max_tokens  # type: ignore[attr-defined]
-    return generate
+    def __init__(self, sampler: Sampler, *, max_tokens: int = 256, temperature: float = 0.0):
+        if max_tokens < 1:
+            raise ConfigError(f"max_tokens: must be >= 1, got {max_tokens}")
+        if temperature < 0:
+            raise ConfigError(f"temperature: must be >= 0, got {temperature}")
+        self.sampler, self.max_tokens, self.temperature = sampler, max_tokens, temperature
+
+    def __call__(self, conversations: Sequence[Conversation], *, seed: int | Sequence[int] = 0) -> list[str]:
+        """One text per conversation; ``seed``: one int for all, or one per conversation."""
+        if not conversations:
+            return []
+        rows = self.sampler.sample(conversations, n=1, temperature=self.temperature,
+                                   max_tokens=self.max_tokens, seed=seed)
+        return [self.text(row[0]) for row in rows]
+
+    def text(self, completion: Completion) -> str:
+        """A completion's generated tokens as plain text (special tokens left out)."""
+        return self.sampler.encoder.tokenizer.decode(list(completion.token_ids), skip_special_tokens=True)
+
+    def prompt_length(self, conversation: Conversation) -> int:
+        """Tokens of the prompt the sampler sends for one conversation."""
+        return self.sampler.prompt_length(conversation)
+
+    @property
+    def max_model_len(self) -> int:
+        """The sampler's context length: prompt plus answer."""
+        return self.sampler.max_model_len
+
+    def close(self) -> None:
+        """Release the sampler's engine where it has one (vLLM), so another can start."""
+        close = getattr(self.sampler, "close", None)
+        if close is not None:
+            close()

@@ -40,13 +40,15 @@ LAYERS: dict[str, int] = {
     "align.bootstrap": 1,
     "align.testing": 1,
     "align.errors": 1,
-    # 2: scoring, losses, optimizers, samplers, reward providers
+    "rewards.charter": 1,  # charters and prompt templates: the judge and the manifests read them
+    # 2: scoring, losses, optimizers, samplers
     "align.scoring": 2,
     "align.losses": 2,
     "align.optim": 2,
     "align.sampling": 2,
-    "rewards": 2,
-    # 3: the offline reference log-prob pass and its cache key; stage manifests and rerun rules
+    # 3: the offline reference log-prob pass and its cache key; stage manifests and rerun rules;
+    # reward providers (their generators are samplers)
+    "rewards": 3,
     "align.logprobs": 3,
     "align.manifests": 3,
     # 4: trainers and evaluation
@@ -305,7 +307,7 @@ def test_an_upward_import_in_scoring_is_caught_at_module_or_function_level(sourc
 
 @pytest.mark.parametrize(("module", "source"), [
     ("align.eval.example", "def f():\n    from align.trainers.callbacks import bind_callbacks\n"),
-    ("rewards.example", "from align.sampling.base import Completion\n"),
+    ("rewards.example", "from align.logprobs import ref_cache_key\n"),
     ("align.scoring.example", "from align.losses import dpo_loss\n"),
 ])
 def test_a_peer_import_is_caught(module, source):

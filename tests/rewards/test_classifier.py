@@ -9,7 +9,7 @@ from reward_cases import prompt
 
 from align.data.records import RecordError
 from rewards.classifier import ControversyClassifier, classify_records, parse_answer
-from rewards.generation import transformers_generate
+from rewards.generation import Generator
 
 
 def answer(label, reasoning="Values shape the answer.") -> str:
@@ -20,11 +20,13 @@ def scripted(*rounds):
     """A generator that answers round by round (each round: one answer per pending prompt)."""
     seen: list[list] = []
 
-    def generate(conversations):
+    def generate(conversations, seed=0):
         seen.append(conversations)
+        generate.seeds.append(seed)
         replies = rounds[len(seen) - 1]
         return [replies(c) if callable(replies) else replies for c in conversations]
 
+    generate.seeds = []
     return generate, seen
 
 
@@ -63,7 +65,7 @@ def test_invalid_then_valid_answer_is_retried():
     verdict = ControversyClassifier(generate).classify([prompt("Should taxes be higher?")])[0]
     assert (verdict.label, verdict.attempts, verdict.error) == (2, 2, None)
     assert verdict.raw == ["not json", answer("2")]
-    assert len(seen) == 2
+    assert len(seen) == 2 and generate.seeds == [0, 1]  # attempt k is asked with seed k: a sampled retry draws anew
 
 
 def test_only_failed_prompts_are_asked_again():
@@ -116,7 +118,10 @@ def test_bad_records_are_named():
 
 
 def test_real_tiny_model_answers_are_recorded_failures(judge_lm, chat_tokenizer):
-    generate = transformers_generate(judge_lm, chat_tokenizer, max_tokens=12, batch_size=2)
+    from align.sampling.hf import TransformersSampler
+
+    sampler = TransformersSampler(judge_lm, chat_tokenizer, chat_format="tokenizer", batch_size=2)
+    generate = Generator(sampler, max_tokens=12)
     classifier = ControversyClassifier(generate, max_attempts=2)
     records = [{"id": "a", "messages": prompt("What is 2+2?")}, {"id": "b", "messages": prompt("Is war ever just?")}]
     out = classifier.annotate_records(records)

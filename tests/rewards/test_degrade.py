@@ -117,10 +117,11 @@ def test_ladders_add_one_new_flaw_per_step():
 
 
 def test_llm_degrader_prompts_and_failures():
-    seen = []
+    seen, seeds = [], []
 
-    def generate(conversations):
+    def generate(conversations, seed=0):
         seen.extend(conversations)
+        seeds.append(seed)
         out = []
         for c in conversations:
             text = c[0]["content"]
@@ -133,15 +134,16 @@ def test_llm_degrader_prompts_and_failures():
         return out
 
     degrader = LLMDegrader(generate, model="fake")
-    got = degrader.degrade([(Q, PROSE, "off_task", 0), (Q, PROSE, "wrong_answer", 0), (Q, PROSE, "faulty_reasoning", 0)])
+    got = degrader.degrade([(Q, PROSE, "off_task", 7), (Q, PROSE, "wrong_answer", 8), (Q, PROSE, "faulty_reasoning", 9)])
     assert got == [PROSE + " Also, cats sleep a lot.", None, None]
+    assert seeds == [[7, 8, 9]]  # each rewrite is drawn with its item's seed
     prompt = seen[0][0]["content"]
     assert "Tell me about Paris." in prompt and PROSE in prompt and FLAW_KINDS["off_task"] in prompt
     assert set(degrader.kinds) == set(FLAW_KINDS) and not degrader.cannot
 
 
 def test_llm_ladders_try_another_kind_when_a_rewrite_fails():
-    def generate(conversations):
+    def generate(conversations, seed=0):
         out = []
         for c in conversations:
             text = c[0]["content"]
@@ -193,6 +195,6 @@ def test_build_ladders_is_pure():
         assert a is not b and a.texts is not b.texts and a.flaws is not b.flaws
         assert a.texts[0] == {i: t for i, _, t, _ in items}[a.id]
     llm_items = [("p", Q, PROSE, None)]
-    ladders, _ = build_ladders(llm_items, LLMDegrader(lambda convs: [f"rewrite {n}" for n in range(len(convs))]),
+    ladders, _ = build_ladders(llm_items, LLMDegrader(lambda convs, seed=0: [f"rewrite {n}" for n in range(len(convs))]),
                                steps=1, seed=0)
     assert llm_items == [("p", Q, PROSE, None)] and ladders[0].texts[0] == PROSE

@@ -15,9 +15,10 @@ from types import SimpleNamespace
 
 import pytest
 
+from align.sampling.hf import TransformersSampler
 from rewards.classifier import ControversyClassifier
 from rewards.config import RewardProviderConfig, build_judge_backend
-from rewards.generation import transformers_generate
+from rewards.generation import Generator
 from rewards.judge import ConstitutionalJudge
 from rewards.judge_backends.hf import TransformersJudgeBackend
 from rewards.judge_backends.vllm_backend import VLLMJudgeBackend
@@ -81,24 +82,29 @@ def test_the_vllm_backend_reads_the_engine_length(chat_tokenizer):
 
 
 def test_a_classifier_prompt_over_the_limit_is_a_recorded_failure_not_asked(judge_lm, chat_tokenizer):
-    generate = transformers_generate(judge_lm, chat_tokenizer, max_tokens=8, max_model_len=10_000)
-    classifier = ControversyClassifier(generate, max_attempts=1)
+    def generator(max_model_len):
+        sampler = TransformersSampler(judge_lm, chat_tokenizer, chat_format="tokenizer", max_model_len=max_model_len)
+        return Generator(sampler, max_tokens=8)
+
+    probe = generator(10_000)
+    classifier = ControversyClassifier(probe, max_attempts=1)
     short = classifier.conversation(CONV)
     long_prompt = [{"role": "user", "content": "Is this fine? " * 200}]
-    short_len, long_len = generate.prompt_length(short), generate.prompt_length(classifier.conversation(long_prompt))
-    generate.max_model_len = (short_len + long_len) // 2
-    asked = []
-    inner = classifier.generate
+    short_len, long_len = probe.prompt_length(short), probe.prompt_length(classifier.conversation(long_prompt))
+    limit = (short_len + long_len) // 2
+    inner, asked = generator(limit), []
 
-    def counting(conversations):
-        asked.append(len(conversations))
-        return inner(conversations)
+    class Counting:  # the generator, counting the prompts sent
+        prompt_length, max_model_len, max_tokens = inner.prompt_length, inner.max_model_len, inner.max_tokens
 
-    counting.prompt_length, counting.max_model_len, counting.max_tokens = inner.prompt_length, inner.max_model_len, 8
-    classifier.generate = counting
+        def __call__(self, conversations, seed=0):
+            asked.append(len(conversations))
+            return inner(conversations, seed=seed)
+
+    classifier.generate = Counting()
     verdicts = classifier.classify([CONV, long_prompt])
     assert asked == [1]  # only the prompt that fits was sent
     assert verdicts[1].label is None and verdicts[1].attempts == 0 and verdicts[1].raw == []
     assert verdicts[1].error == (f"prompt_too_long: the prompt has {long_len} tokens, max_model_len is "
-                                 f"{generate.max_model_len} (the prompt and max_tokens=8 answer tokens must fit)")
+                                 f"{limit} (the prompt and max_tokens=8 answer tokens must fit)")
     assert verdicts[0].attempts == 1
