@@ -40,6 +40,7 @@ LAYERS: dict[str, int] = {
     "align.bootstrap": 1,
     "align.testing": 1,
     "align.errors": 1,
+    "align.slurm": 1,
     "rewards.charter": 1,  # charters and prompt templates: the judge and the manifests read them
     # 2: scoring, losses, optimizers, samplers
     "align.scoring": 2,
@@ -68,7 +69,8 @@ PEER_LAYERS = {2, 3, 4}
 STAGE_HELPERS = {"align.stages", "align.stages.common"}
 # Modules that drive other stages through ``align.stages.stage_module``, and what else of
 # align.stages each may import (``align status`` reads a pipeline recipe as the pipeline does).
-STAGE_DRIVERS = {"align.stages.pipeline": set(), "align.stages.status": {"align.stages.pipeline"}}
+STAGE_DRIVERS = {"align.stages.pipeline": set(), "align.stages.status": {"align.stages.pipeline"},
+                 "align.stages.submit": {"align.stages.pipeline", "align.stages.status"}}
 
 
 def module_files() -> dict[str, Path]:

@@ -479,10 +479,15 @@ def evaluate(
         print(f"[align evaluate] shard {settings.shard_index} of {settings.num_shards} done; waiting for other "
               f"shards of {', '.join(unfinished)}")
         return {"complete": False, "unfinished": unfinished}
-    generations = {k: _in_order(v, ids, out / "generations" / k) for k, v in generations.items()}
-    scores = {k: _in_order(v, ids, out / "scores" / k) for k, v in scores.items()}
-    pairwise = {k: _in_order(v, ids, out / "pairwise" / k) for k, v in pairwise.items()}
-    kl = {k: _in_order(v, ids, out / "kl" / k) for k, v in kl.items()}
+
+    def now(rows: list[dict], path: Path) -> list[dict]:
+        # read again: another array task may have finished its shard of this job since it was read above
+        return _in_order(read_output(path) if path in jobs else rows, ids, path)
+
+    generations = {k: now(v, out / "generations" / k) for k, v in generations.items()}
+    scores = {k: now(v, out / "scores" / k) for k, v in scores.items()}
+    pairwise = {k: now(v, out / "pairwise" / k) for k, v in pairwise.items()}
+    kl = {k: now(v, out / "kl" / k) for k, v in kl.items()}
 
     rows = assemble_rows(prompts, policies, generations, scores, pairwise, kl)
     report = build_report(rows, [p.name for p in policies], baseline, settings, provider_name=provider_name,

@@ -12,6 +12,8 @@ import hashlib
 import os
 from collections.abc import Mapping
 
+from align.errors import ConfigError
+
 
 def shard_of(record_id: str, num_shards: int) -> int:
     """The shard (0..num_shards-1) of an id: blake2b of its UTF-8 bytes, mod N."""
@@ -62,9 +64,35 @@ def shard_from_env(env: Mapping[str, str] | None = None) -> tuple[int, int]:
     return index, count
 
 
-def resolve_shard(shard_index: int | None, num_shards: int | None) -> tuple[int, int]:
-    """A stage's shard: the configured one (either value set; the other defaults to 0 or 1),
-    else the one the environment gives (``shard_from_env``: SLURM array, ranks)."""
+def shard_index_from_env(num_shards: int, env: Mapping[str, str] | None = None) -> int:
+    """This process's shard when the shard count is given: SLURM_ARRAY_TASK_ID as it is
+    (not counted from SLURM_ARRAY_TASK_MIN), else RANK, else 0.
+
+    A resubmitted array task (``sbatch --array=2``) sees SLURM_ARRAY_TASK_COUNT=1 and
+    SLURM_ARRAY_TASK_MIN=2: only an explicit count keeps task 2 on shard 2 of N.
+    """
+    env = os.environ if env is None else env
+    for name in ("SLURM_ARRAY_TASK_ID", "RANK"):
+        if name in env:
+            index = _int_env(env, name)
+            if not 0 <= index < num_shards:
+                raise ConfigError(f"{name}={index} is not a shard of num_shards={num_shards} (shards 0.."
+                                  f"{num_shards - 1}; a SLURM array for it is --array=0-{num_shards - 1})")
+            return index
+    return 0
+
+
+def resolve_shard(shard_index: int | None, num_shards: int | None,
+                  env: Mapping[str, str] | None = None) -> tuple[int, int]:
+    """A stage's shard: the configured one, else what the environment gives.
+
+    Neither set: ``shard_from_env`` (SLURM array: task id and count; ranks). Only
+    ``num_shards`` set: that count, and the shard from ``shard_index_from_env`` (the array
+    task id or the rank). Only ``shard_index`` set: that shard of 1 (an error unless 0).
+    """
     if shard_index is None and num_shards is None:
-        return shard_from_env()
-    return shard_index or 0, num_shards or 1
+        return shard_from_env(env)
+    if shard_index is None:
+        check_shard(0, num_shards)
+        return shard_index_from_env(num_shards, env), num_shards
+    return shard_index, num_shards or 1

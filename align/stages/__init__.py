@@ -23,6 +23,7 @@ STAGES: dict[str, tuple[str, str]] = {
     "judge-validate": ("align.stages.judge_validate", "qualify a judge on degradation ladders (rank correlation, bias)"),
     "pipeline": ("align.stages.pipeline", "every stage from one recipe, skipping those whose output is current"),
     "status": ("align.stages.status", "each stage of a pipeline recipe: done, stale (why), partial or not started"),
+    "submit": ("align.stages.submit", "a pipeline recipe's stages as SLURM jobs, each after the one before"),
     "demo": ("align.stages.demo", "the whole method on a tiny model on CPU, in minutes"),
 }
 

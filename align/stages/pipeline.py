@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from align.config import ConfigError, apply_defaults, default_keys, from_dict, renamed_key_hint
+from align.slurm import SlurmConfig
 from align.stages import stage_module
 
 ORDER = ("decontaminate", "sft", "sample", "annotate", "pairs", "logprobs", "train", "evaluate")
@@ -50,6 +51,8 @@ class Config:
     overwrite: bool = field(default=False, metadata={
         "help": "redo every stage whose output was made from other settings or inputs (each removes only "
                 "what it wrote); stages whose output is current are still skipped"})
+    slurm: SlurmConfig = field(default_factory=SlurmConfig, metadata={
+        "help": "`align submit`'s SLURM job settings (docs/slurm.md); the pipeline itself ignores them"})
 
     def __post_init__(self) -> None:
         if self.stop_after is not None and self.stop_after not in ORDER:

@@ -45,16 +45,28 @@ def _ranges(indices: list[int]) -> str:
     return ",".join(parts)
 
 
-def _progress(output_dir: Path, config: Any) -> str:
+def missing_shards(output_dir: Path) -> tuple[int, list[int]] | None:
+    """(shard count, shards not done) of a started job output; None if it holds no shards."""
+    names = [p.name for p in output_dir.iterdir()] if output_dir.is_dir() else []
+    counts = {int(m.group(2)) for n in names if (m := _SHARD.match(n) or _DONE.match(n))}
+    if not counts:
+        return None
+    total = max(counts)
+    done = {int(m.group(1)) for n in names if (m := _DONE.match(n)) and int(m.group(2)) == total}
+    return total, [i for i in range(total) if i not in done]
+
+
+def _progress(output_dir: Path, config: Any, name: str = "") -> str:
     """How far a started stage got: job shards done, or the trainer's checkpoints."""
     names = [p.name for p in output_dir.iterdir()]
-    counts = {int(m.group(2)) for n in names if (m := _SHARD.match(n) or _DONE.match(n))}
-    if counts:
-        total = max(counts)
-        done = sorted({int(m.group(1)) for n in names if (m := _DONE.match(n)) and int(m.group(2)) == total})
-        missing = [i for i in range(total) if i not in done]
-        return (f"{len(done)} of {total} shards done; shards {_ranges(missing)} are missing: rerun each with "
-                f"shard_index=K num_shards={total} (a job per shard, or an array whose task sets shard_index)"
+    shards = missing_shards(output_dir)
+    if shards:
+        total, missing = shards
+        # a SLURM array of the missing shards; NUM_SHARDS, since a resubmitted array alone cannot tell the count
+        array = (f"; as a SLURM array: NUM_SHARDS={total} STAGE={name} sbatch --array={_ranges(missing)} "
+                 "recipes/slurm/annotate_array.sbatch RECIPE") if name in ("sample", "annotate", "evaluate") else ""
+        return (f"{total - len(missing)} of {total} shards done; shards {_ranges(missing)} are missing: rerun each "
+                f"with shard_index=K num_shards={total} (a job per shard){array}"
                 ) if missing else f"all {total} shards done, not yet marked complete"
     checkpoints = sorted(int(n.split("-")[1]) for n in names if re.fullmatch(r"checkpoint-\d+", n))
     if checkpoints:
@@ -84,7 +96,7 @@ def stage_status(name: str, config: Any,
         reasons = [] if same else explain(name, output_dir, recorded, manifest)
     if state == "complete":
         return ("done", []) if same else ("stale", reasons)
-    progress = _progress(output_dir, config)
+    progress = _progress(output_dir, config, name)
     if same:
         return "partial", [progress]
     return "partial, from other settings", [progress, *reasons]

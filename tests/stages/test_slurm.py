@@ -14,7 +14,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from stage_helpers import RECIPES, TINY_RECIPE, run_cli, subprocess_env
+from stage_helpers import RECIPES, TINY_RECIPE, make_workspace, run_cli, subprocess_env
 
 from align.io import STAGE_COMPLETE_MARKER, stage_completion_info, read_records
 
@@ -95,13 +95,14 @@ def _stub(path: Path, body: str) -> None:
 def test_multinode_script_launches_one_accelerate_per_node_with_its_rank(tmp_path):
     bin_dir, record = tmp_path / "bin", tmp_path / "launches.txt"
     bin_dir.mkdir()
-    # srun: drop its options, then run the command once per node, as SLURM would
+    # srun: drop its options, then run the command once per task (one per node), as SLURM would
     _stub(bin_dir / "srun", 'while [[ "$1" == --* ]]; do shift; done\n'
-                            'for node in $(seq 0 $((SLURM_JOB_NUM_NODES - 1))); do SLURM_NODEID=$node "$@" || exit; done\n')
+                            'for task in $(seq 0 $((SLURM_NTASKS - 1))); do SLURM_PROCID=$task "$@" || exit; done\n')
     _stub(bin_dir / "scontrol", '[[ "$1 $2" == "show hostnames" ]] && printf "gpu-a17\\ngpu-b03\\n"\n')
     _stub(bin_dir / "accelerate", f'printf "%s\\n" "$@" >> {record}; echo ---- >> {record}\n')
     env = subprocess_env()
-    env.update(PATH=f"{bin_dir}{os.pathsep}{env['PATH']}", SLURM_JOB_NUM_NODES="2", SLURM_JOB_NODELIST="gpu-[a17,b03]",
+    env.update(PATH=f"{bin_dir}{os.pathsep}{env['PATH']}", SLURM_JOB_NUM_NODES="2", SLURM_NTASKS="2",
+               SLURM_JOB_NODELIST="gpu-[a17,b03]",
                SLURM_GPUS_ON_NODE="4", MAIN_PROCESS_PORT="29511")
     done = subprocess.run(["bash", str(MULTINODE), "recipes/apertus-70b/qrpo.yaml", "learning_rate=1e-7",
                            "run_name=a b"], capture_output=True, text=True, env=env, check=False)
@@ -118,3 +119,96 @@ def test_multinode_script_launches_one_accelerate_per_node_with_its_rank(tmp_pat
                            "--main_process_port": "29511", "--rdzv_backend": "static"}
         assert argv[-7:] == ["--same_network", "-m", "align", "train", "recipes/apertus-70b/qrpo.yaml",
                              "learning_rate=1e-7", "run_name=a b"]
+
+
+# --------------------------------------------------------------------------- the shard count of a resubmission
+
+
+def test_an_explicit_shard_count_takes_the_array_task_id_as_it_is():
+    from align.jobs.sharding import resolve_shard
+
+    resubmitted = {"SLURM_ARRAY_TASK_ID": "2", "SLURM_ARRAY_TASK_MIN": "2", "SLURM_ARRAY_TASK_COUNT": "1"}
+    assert resolve_shard(None, None, resubmitted) == (0, 1)  # what the array alone says: wrong for a resubmission
+    assert resolve_shard(None, 4, resubmitted) == (2, 4)
+    assert resolve_shard(None, 4, {"RANK": "3", "WORLD_SIZE": "8"}) == (3, 4)
+    assert resolve_shard(None, 4, {}) == (0, 4)
+    assert resolve_shard(1, 4, resubmitted) == (1, 4)  # a configured shard wins over the environment
+    with pytest.raises(ValueError, match=r"SLURM_ARRAY_TASK_ID=4 is not a shard of num_shards=4 .*--array=0-3"):
+        resolve_shard(None, 4, {"SLURM_ARRAY_TASK_ID": "4", "SLURM_ARRAY_TASK_COUNT": "4", "SLURM_ARRAY_TASK_MIN": "1"})
+
+
+def test_the_array_script_passes_num_shards_before_the_callers_keys(tmp_path):
+    """NUM_SHARDS reaches the stage as num_shards=N; a num_shards=... of the caller comes later and wins."""
+    record = tmp_path / "argv.txt"
+    python = tmp_path / "python"
+    _stub(python, f'printf "%s\\n" "$@" > {record}\n')
+    env = {k: v for k, v in subprocess_env().items() if not k.startswith("SLURM_")}
+    env.update(SLURM_ARRAY_TASK_ID="2", SLURM_ARRAY_TASK_MIN="2", SLURM_ARRAY_TASK_COUNT="1", NUM_SHARDS="4",
+               PYTHON=str(python))
+    done = subprocess.run(["bash", str(ARRAY), "r.yaml", "batch_size=2"], capture_output=True, text=True, env=env,
+                          check=False)
+    assert done.returncode == 0, done.stderr
+    assert "task 2 (min 2) of 1, shards 4" in done.stdout
+    assert record.read_text().split("\n")[:-1] == ["-m", "align", "annotate", "r.yaml", "num_shards=4", "batch_size=2"]
+    del env["NUM_SHARDS"]
+    subprocess.run(["bash", str(ARRAY), "r.yaml"], capture_output=True, text=True, env=env, check=True)
+    assert record.read_text().split("\n")[:-1] == ["-m", "align", "annotate", "r.yaml"]
+
+
+# --------------------------------------------------------------------------- align submit, without a cluster
+
+
+def test_submit_dry_run_writes_one_script_per_stage_and_the_chain(tmp_path, monkeypatch):
+    """`align submit recipes/tiny/pipeline.yaml dry_run=true`: scripts and submit.sh, nothing submitted
+    (no SLURM needed; tests/slurm submits them for real)."""
+    ws = make_workspace(tmp_path / "ws")
+    monkeypatch.chdir(ws)
+    printed = run_cli(["submit", "recipes/tiny/pipeline.yaml", "dry_run=true", "slurm.stages={annotate: {array: 3}}",
+                       "slurm.sbatch_options=[--exclusive]"])
+    assert "dry run: nothing submitted" in printed
+    logs = ws / "runs" / "tiny" / "slurm"
+    stages = ["sft", "sample", "annotate", "pairs", "logprobs", "train", "evaluate"]
+    assert sorted(p.name for p in logs.glob("*.sbatch")) == [f"{i}-{s}.sbatch" for i, s in enumerate(stages, start=2)]
+    assert not (logs / "jobs.json").exists()
+
+    def options(name: str) -> dict[str, str]:
+        lines = (logs / name).read_text().splitlines()
+        return dict(line.removeprefix("#SBATCH --").partition("=")[::2] for line in lines if line.startswith("#SBATCH"))
+
+    sample, annotate, train = options("3-sample.sbatch"), options("4-annotate.sbatch"), options("7-train.sbatch")
+    assert sample["array"] == "0-1" and annotate["array"] == "0-2"  # the recipe's 2 shards; annotate's own 3
+    assert sample["chdir"] == str(ws.resolve()) and sample["output"] == f"{logs.resolve()}/sample-%A_%a.out"
+    assert sample["time"] == "00:30:00" and sample["cpus-per-task"] == "1" and "gpus-per-task" not in sample
+    assert train["nodes"] == "1" and train["ntasks-per-node"] == "1" and "gpus-per-node" not in train
+    assert "exclusive" in train and train["export"] == "ALL"
+    body = (logs / "4-annotate.sbatch").read_text()
+    assert "export STAGE=annotate NUM_SHARDS=3\n" in body and "annotate_array.sbatch" in body
+    assert "train_multinode.sbatch" in (logs / "7-train.sbatch").read_text()
+    recipe = next(logs.glob("recipe-*.yaml"))
+    assert f"exec bash {RECIPES.resolve() / 'slurm' / 'train_multinode.sbatch'} {recipe.resolve()}" in \
+        (logs / "7-train.sbatch").read_text()
+    chain = (logs / "submit.sh").read_text()
+    assert "SFT=$(sbatch --parsable  " in chain
+    assert "ANNOTATE=$(sbatch --parsable --dependency=afterok:$SAMPLE --kill-on-invalid-dep=yes " in chain
+    done = subprocess.run(["bash", "-n", str(logs / "submit.sh")], capture_output=True, text=True, check=False)
+    assert done.returncode == 0, done.stderr
+
+
+@pytest.mark.parametrize(("override", "message"), [
+    ("slurm.time=43200", r"time: 43200 is a number"),
+    ("slurm.stages={tokenize: {array: 2}}", r"stages: 'tokenize' is not a stage"),
+    ("slurm.stages={sample: {array: 0}}", r"stages\.sample[.:] ?array: must be at least 1"),
+    ("slurm.stages={sample: {array: two}}", r"stages\.sample\.array: expected an integer"),
+    ("slurm.gpus_per_task=-1", r"gpus_per_task: must be 0 or more"),
+    ("slurm.sbatch_options=[exclusive]", r"sbatch_options: \['exclusive'\] are not options"),
+    ("slurm.scripts_dir=nowhere", r"slurm.scripts_dir: .*nowhere lacks"),
+    ("overwrite=true", r"overwrite=true: align submit redoes no stage"),
+])
+def test_submit_refuses_bad_slurm_settings(override, message, tmp_path, monkeypatch):
+    from align.config import load_config
+    from align.stages import stage_module
+
+    monkeypatch.chdir(tmp_path)  # nothing is written, and nowhere near the repository
+    with pytest.raises(ValueError, match=message):
+        module = stage_module("submit")
+        module.run(load_config(module.Config, TINY_RECIPE, [override, "dry_run=true"], section="submit"))

@@ -1,0 +1,102 @@
+"""The recipe's ``slurm:`` section: where and how big each stage's SLURM job is.
+
+The top-level keys apply to every stage; ``stages: {STAGE: {key: value}}`` changes them for
+one stage (``stages: {train: {nodes: 8}, annotate: {array: 16, gpus_per_task: 2}}``).
+``align submit`` reads it; ``align pipeline`` and ``align status`` accept it and ignore it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from dataclasses import dataclass, field
+from typing import Any
+
+from align.config import ConfigError, from_dict
+
+# How each stage runs as a job: an array of shards, one launch over nodes, or one task.
+ARRAY_STAGES = ("sample", "annotate", "evaluate")
+LAUNCH_STAGES = ("sft", "logprobs", "train")
+SINGLE_STAGES = ("decontaminate", "pairs")
+
+
+@dataclass
+class JobSettings:
+    """One stage's SLURM resources (every key also at the top of ``slurm:``)."""
+
+    partition: str | None = field(default=None, metadata={"help": "SLURM partition (--partition); none: the cluster's default"})
+    account: str | None = field(default=None, metadata={"help": "SLURM account (--account)"})
+    qos: str | None = field(default=None, metadata={"help": "SLURM quality of service (--qos)"})
+    time: int | str | None = field(default=None, metadata={
+        "help": "time limit per job or array task, quoted (--time, e.g. \"12:00:00\", \"2-00:00:00\"); none: the partition's"})
+    nodes: int = field(default=1, metadata={"help": "training stages (sft, logprobs, train): nodes, one launcher each"})
+    gpus_per_node: int = field(default=8, metadata={"help": "training stages: GPUs per node (--gpus-per-node); 0: none asked for"})
+    processes_per_node: int | None = field(default=None, metadata={
+        "help": "training stages: ranks per node (default: gpus_per_node, at least 1)"})
+    gpus_per_task: int = field(default=1, metadata={
+        "help": "array stages (sample, annotate, evaluate) and one-task stages: GPUs per task; 0: none asked for"})
+    cpus_per_task: int | None = field(default=None, metadata={"help": "CPUs per task (--cpus-per-task); none: the cluster's default"})
+    mem: str | None = field(default=None, metadata={"help": "memory per node (--mem, e.g. 200G); none: the cluster's default"})
+    array: int = field(default=1, metadata={"help": "array stages: shards, one array task each (--array=0-(array-1))"})
+    array_parallel: int | None = field(default=None, metadata={"help": "array stages: at most this many tasks at once (--array=...%N)"})
+    accelerate_config: str = field(default="recipes/accelerate/zero3.yaml", metadata={
+        "help": "training stages: the accelerate config each node launches with"})
+    sbatch_options: list[str] = field(default_factory=list, metadata={
+        "help": "more sbatch options, as written (e.g. [--exclusive, --constraint=h100])"})
+    env: dict = field(default_factory=dict, metadata={"help": "environment variables the job exports (e.g. {HF_HOME: /scratch/hf})"})
+
+    def __post_init__(self) -> None:
+        if isinstance(self.time, int):
+            raise ConfigError(f"time: {self.time} is a number (YAML reads an unquoted 12:00:00 as seconds): "
+                              "quote it, e.g. \"12:00:00\"")
+        for name in ("nodes", "array"):
+            if getattr(self, name) < 1:
+                raise ConfigError(f"{name}: must be at least 1, got {getattr(self, name)}")
+        for name in ("gpus_per_node", "gpus_per_task"):
+            if getattr(self, name) < 0:
+                raise ConfigError(f"{name}: must be 0 or more, got {getattr(self, name)}")
+        for name in ("processes_per_node", "cpus_per_task", "array_parallel"):
+            value = getattr(self, name)
+            if value is not None and value < 1:
+                raise ConfigError(f"{name}: must be at least 1 (or null), got {value}")
+        names = [k for k in self.env if not (isinstance(k, str) and re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", k))]
+        if names:
+            raise ConfigError(f"env: {names} are not environment variable names")
+        bad = [o for o in self.sbatch_options if not o.startswith("-")]
+        if bad:
+            raise ConfigError(f"sbatch_options: {bad} are not options (each starts with '-', e.g. --exclusive)")
+
+    @property
+    def ranks_per_node(self) -> int:
+        return self.processes_per_node or max(self.gpus_per_node, 1)
+
+
+@dataclass
+class SlurmConfig(JobSettings):
+    """``align submit``'s section: the job settings of every stage, then per-stage changes."""
+
+    stages: dict = field(default_factory=dict, metadata={
+        "help": "per-stage changes of the keys above: {STAGE: {key: value}} (e.g. {train: {nodes: 8}})"})
+    log_dir: str = field(default="runs/slurm", metadata={
+        "help": "where the job scripts, their logs and the submitted job ids go"})
+    scripts_dir: str = field(default="recipes/slurm", metadata={
+        "help": "the directory holding annotate_array.sbatch, train_multinode.sbatch and launch_node.sh"})
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        known = set(ARRAY_STAGES + LAUNCH_STAGES + SINGLE_STAGES)
+        for stage, changes in self.stages.items():
+            if stage not in known:
+                raise ConfigError(f"stages: {stage!r} is not a stage (one of {sorted(known)})")
+            if not isinstance(changes, dict):
+                raise ConfigError(f"stages.{stage}: expected a mapping of keys to values, got {changes!r}")
+            self.for_stage(stage)  # every key checked at load time
+
+    def for_stage(self, stage: str) -> JobSettings:
+        """The settings of one stage: the section's keys, under its ``stages`` entry."""
+        base = {f.name: getattr(self, f.name) for f in dataclasses.fields(JobSettings)}
+        changes: dict[str, Any] = self.stages.get(stage) or {}
+        try:
+            return from_dict(JobSettings, {**base, **changes}, where=f"stages.{stage}.")
+        except ConfigError as exc:  # a key's own check may name the key alone
+            raise (exc if str(exc).startswith("stages.") else ConfigError(f"stages.{stage}.{exc}")) from None
