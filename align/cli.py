@@ -73,8 +73,11 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     module = stage_module(name)
     try:
-        recipe, overrides = split_args(rest)
-        config = load_config(module.Config, recipe, overrides, section=name)
+        if hasattr(module, "config_from_args"):  # a stage whose recipe is its input (align plan)
+            config = module.config_from_args(rest)
+        else:
+            recipe, overrides = split_args(rest)
+            config = load_config(module.Config, recipe, overrides, section=name)
     except ConfigError as exc:
         return _report(name, exc)
     try:

@@ -52,6 +52,7 @@ LAYERS: dict[str, int] = {
     "rewards": 3,
     "align.logprobs": 3,
     "align.manifests": 3,
+    "align.plan": 3,  # memory plans: bytes per GPU from a model's config.json
     # 4: trainers and evaluation
     "align.trainers": 4,
     "align.eval": 4,

@@ -55,7 +55,7 @@ MEANINGS = [
 
 # stages that read rows, and the key they read them under
 GENERATES_FOR_PROMPTS = {"sample", "evaluate"}
-NO_ROW_INPUT = {"pipeline", "status", "submit", "demo"}  # sections of other stages; the demo makes its own data
+NO_ROW_INPUT = {"plan", "pipeline", "status", "submit", "demo"}  # sections of other stages; the demo makes its own data
 
 
 # --------------------------------------------------------------------------- collecting names

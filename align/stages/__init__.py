@@ -21,6 +21,7 @@ STAGES: dict[str, tuple[str, str]] = {
     "evaluate": ("align.stages.evaluate", "rewards, win rates against a baseline and KL, with confidence intervals"),
     "decontaminate": ("align.stages.decontaminate", "remove training prompts that overlap benchmarks"),
     "judge-validate": ("align.stages.judge_validate", "qualify a judge on degradation ladders (rank correlation, bias)"),
+    "plan": ("align.stages.plan", "memory per GPU of each stage of a recipe, whether it fits, the smallest change that does"),
     "pipeline": ("align.stages.pipeline", "every stage from one recipe, skipping those whose output is current"),
     "status": ("align.stages.status", "each stage of a pipeline recipe: done, stale (why), partial or not started"),
     "submit": ("align.stages.submit", "a pipeline recipe's stages as SLURM jobs, each after the one before"),

@@ -1,0 +1,654 @@
+"""A memory plan for every stage of a recipe, per GPU, before GPUs are booked.
+
+``align plan RECIPE [key=value ...]`` reads a stage recipe (or a pipeline recipe, every
+section) and the model's ``config.json`` alone (no weights load), and prints for each job
+the stage runs the bytes per GPU by part: weights, gradients, fp32 master weights,
+optimizer states (AdEMAMix keeps three: m1, m2, ν), activations with or without
+activation checkpointing, the LM head's peak, the log-prob pass replicated and under
+ZeRO-3, vLLM's weights per tensor-parallel GPU and the KV cache that
+gpu_memory_utilization leaves. Then whether it fits the hardware and, if not, the
+smallest change that does (a smaller micro-batch, activation checkpointing, ZeRO-3, more
+nodes, CPU offload where align allows it). Nothing runs, and nothing is written under the
+recipe's output_dir. docs/memory-plan.md writes down every formula and what it was checked
+against.
+
+The hardware comes from these keys, else from the recipe's ``# hardware:`` comment line,
+else one node of 8 GPUs of 80 GiB; how training is launched from ``zero_stage`` /
+``accelerate_config``, else from the ``accelerate launch --config_file`` command in the
+recipe's header, else the trainer's ``deepspeed`` key (none: DDP). A model path that is
+the output_dir of another recipe in the same directory (``runs/apertus-8b/sft``) is traced
+back to the model it was trained from; hub names need a local copy, the Hugging Face cache,
+or the numbers align ships (align/plan/known_configs/), else ``model_config=PATH``.
+
+Examples::
+
+    align plan recipes/apertus-70b/qrpo.yaml gpus_per_node=8 nodes=8 gpu_memory_gib=80
+    align plan recipes/apertus-70b/qrpo.yaml nodes=1 --json
+    align plan recipes/apertus-8b/sft.yaml set.per_device_train_batch_size=4 output=plan.json
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from align.config import ConfigError, apply_defaults, from_dict, load_config, merge, read_yaml
+from align.io import write_json
+from align.plan.advice import Knob, doublings, halvings, smallest_change
+from align.plan.configs import load_model_config, missing_config_error
+from align.plan.deepspeed_check import deepspeed_estimate
+from align.plan.memory import (
+    GIB,
+    Estimate,
+    ForwardJob,
+    GenerateJob,
+    Launch,
+    TrainingJob,
+    VllmJob,
+    forward_memory,
+    generate_memory,
+    training_memory,
+    vllm_memory,
+)
+from align.plan.optimizer_states import optimizer_layout
+from align.plan.recipe_header import (
+    find_file,
+    hardware_from_header,
+    header_lines,
+    launch_from_header,
+    model_lineage,
+    read_accelerate_config,
+    stage_from_header,
+    trace_model,
+)
+from align.plan.report import JobPlan, Verdict, render, to_json
+from align.plan.shapes import linear_shapes, model_shape
+from align.stages import STAGES, stage_module
+
+# Stages that use no GPU (they read and write rows).
+NO_GPU_STAGES = ("pairs", "decontaminate")
+PLANNED_STAGES = ("sft", "sample", "annotate", "logprobs", "train", "evaluate", "judge-validate", *NO_GPU_STAGES)
+DEFAULT_HARDWARE = {"nodes": 1, "gpus_per_node": 8, "gpu_memory_gib": 80.0}
+# The tokens of a prompt assumed where a transformers sampler has no context length set.
+PROMPT_TOKENS = 1024
+DTYPE_BYTES = {"float32": 4, "fp32": 4, "bfloat16": 2, "bf16": 2, "float16": 2, "fp16": 2, "half": 2}
+
+
+@dataclass
+class Config:
+    """What ``align plan`` plans, for which hardware, and where it writes the plan."""
+
+    recipe: str = field(default="", metadata={
+        "help": "the recipe to plan (the first argument): a stage recipe or a pipeline recipe"})
+    stage: str | None = field(default=None, metadata={
+        "help": "the stage a single-stage recipe is for; None: the `align STAGE` command in its header"})
+    nodes: int | None = field(default=None, metadata={
+        "help": "machines; None: the recipe's `# hardware:` line, else 1"})
+    gpus_per_node: int | None = field(default=None, metadata={
+        "help": "GPUs per machine; None: the recipe's `# hardware:` line, else 8"})
+    gpu_memory_gib: float | None = field(default=None, metadata={
+        "help": "memory of one GPU in GiB (an 80 GB H100 shows 79.6); None: the `# hardware:` line, else 80"})
+    headroom_gib: float = field(default=5.0, metadata={
+        "help": "GiB per GPU kept free for what the plan does not count (CUDA context, NCCL and DeepSpeed "
+                "buffers, allocator fragmentation); vLLM's gpu_memory_utilization plays this part for engines"})
+    zero_stage: int | None = field(default=None, metadata={
+        "help": "DeepSpeed ZeRO stage of training and of the log-prob pass (0: DDP, replicated); None: from "
+                "accelerate_config, else the recipe's `accelerate launch --config_file` command, else the "
+                "trainer's deepspeed key"})
+    accelerate_config: str | None = field(default=None, metadata={
+        "help": "accelerate config the stage is launched with (recipes/accelerate/zero3.yaml); None: the one "
+                "the recipe's header names"})
+    offload_optimizer: bool | None = field(default=None, metadata={
+        "help": "DeepSpeed optimizer offload to CPU; None: the accelerate config's offload_optimizer_device "
+                "(align refuses it with AdEMAMix)"})
+    model_config: str | None = field(default=None, metadata={
+        "help": "config.json (or a directory holding one) of the stage's model, for a model the plan cannot "
+                "find offline"})
+    set: dict = field(default_factory=dict, metadata={
+        "help": "keys of the planned recipe to change first (set.per_device_train_batch_size=2; a pipeline "
+                "section: set.train.max_length=2048)"})
+    max_nodes: int = field(default=64, metadata={"help": "the most nodes a suggested change may ask for"})
+    output: str | None = field(default=None, metadata={"help": "write the plan as JSON to this file"})
+    json: bool = field(default=False, metadata={"help": "print the plan as JSON instead of the table (--json)"})
+
+    def __post_init__(self) -> None:
+        if not self.recipe:
+            raise ConfigError("recipe: give the recipe to plan (align plan RECIPE.yaml [key=value ...])")
+        if self.stage is not None and self.stage not in PLANNED_STAGES:
+            raise ConfigError(f"stage: {self.stage!r} is not one of {list(PLANNED_STAGES)}")
+        for key in ("nodes", "gpus_per_node", "max_nodes"):
+            value = getattr(self, key)
+            if value is not None and value < 1:
+                raise ConfigError(f"{key}: must be >= 1, got {value}")
+        if self.gpu_memory_gib is not None and not self.gpu_memory_gib > 0:
+            raise ConfigError(f"gpu_memory_gib: must be > 0, got {self.gpu_memory_gib}")
+        if self.zero_stage is not None and self.zero_stage not in (0, 1, 2, 3):
+            raise ConfigError(f"zero_stage: must be 0, 1, 2 or 3, got {self.zero_stage}")
+        if not self.headroom_gib >= 0:
+            raise ConfigError(f"headroom_gib: must be >= 0, got {self.headroom_gib}")
+
+
+def config_from_args(args: Sequence[str]) -> Config:
+    """``align plan RECIPE [key=value ...] [--json]``: the recipe is this stage's input, not its
+    settings, so it is passed as ``recipe`` rather than loaded into ``Config``."""
+    rest = [a for a in args if a != "--json"]
+    unknown = [a for a in rest if a.startswith("--")]
+    if unknown:
+        raise ConfigError(f"unknown option {unknown[0]!r} (align plan RECIPE [key=value ...] [--json])")
+    recipes = [a for a in rest if "=" not in a]
+    if len(recipes) > 1:
+        raise ConfigError(f"unexpected argument {recipes[1]!r} (one recipe, then key=value overrides)")
+    recipe, overrides = (recipes[0] if recipes else None), [a for a in rest if "=" in a]
+    extra = ([f"recipe={recipe}"] if recipe is not None else []) + (["json=true"] if "--json" in args else [])
+    return load_config(Config, None, [*overrides, *extra])
+
+
+# --------------------------------------------------------------------------- reading the recipe
+
+
+@dataclass
+class Context:
+    """What every stage of the recipe shares: hardware, launch, the header, model lineage."""
+
+    config: Config
+    header: list[tuple[int, str]]
+    hardware: dict[str, Any]
+    launch_source: dict[str, Any]
+    lineage: dict[str, str]
+
+    @property
+    def gpus(self) -> int:
+        return self.hardware["nodes"] * self.hardware["gpus_per_node"]
+
+    @property
+    def gpu_memory(self) -> int:
+        return int(self.hardware["gpu_memory_gib"] * GIB)
+
+    @property
+    def headroom(self) -> int:
+        return int(self.config.headroom_gib * GIB)
+
+
+def _stage_sections(config: Config, data: dict[str, Any], header: list[tuple[int, str]]) -> list[tuple[str, dict]]:
+    """(stage, its keys) for each stage the recipe describes, in pipeline order."""
+    sections = [name for name in PLANNED_STAGES if isinstance(data.get(name), Mapping)]
+    if sections:  # a pipeline recipe: one mapping per stage
+        defaults = data.get("defaults") or {}
+        order = [n for n in STAGES if n in sections]
+        picked = [config.stage] if config.stage else order
+        missing = [n for n in picked if n not in sections]
+        if missing:
+            raise ConfigError(f"stage: the pipeline recipe has no {missing[0]!r} section (it has {order})")
+        out = []
+        for name in picked:
+            section = apply_defaults(stage_module(name).Config, defaults, data[name])
+            out.append((name, merge(section, config.set.get(name) or {})))
+        unknown = set(config.set) - set(order)
+        if unknown:
+            raise ConfigError(f"set: {sorted(unknown)} name no section of this pipeline recipe ({order})")
+        return out
+    stage = config.stage or stage_from_header(header, PLANNED_STAGES)
+    if stage is None:
+        raise ConfigError(f"stage: {config.recipe} does not say which stage it is for (no `align STAGE` command in "
+                          f"its opening comments); give stage=NAME, one of {list(PLANNED_STAGES)}")
+    if stage not in PLANNED_STAGES:
+        raise ConfigError(f"stage: align plan plans {list(PLANNED_STAGES)}, not {stage!r}")
+    return [(stage, merge(data, config.set))]
+
+
+def _stage_config(name: str, keys: dict[str, Any]) -> Any:
+    """The stage's Config from its keys. Trainer configs are built with bf16 off (transformers
+    refuses bf16 on a machine without a GPU, where plans are made); the recipe's bf16 is kept."""
+    cls = stage_module(name).Config
+    names = {f.name for f in dataclasses.fields(cls)}
+    built = dict(keys)
+    if "bf16" in names:
+        built["bf16"] = False
+        built.setdefault("use_cpu", False)
+    try:
+        return from_dict(cls, built, where=f"{name}.")
+    except ConfigError as exc:
+        raise ConfigError(f"{name} recipe: {exc}") from None
+
+
+def _hardware(config: Config, header: list[tuple[int, str]]) -> dict[str, Any]:
+    from_header = hardware_from_header(header, config.recipe)
+    hardware, sources = {}, []
+    for key, default in DEFAULT_HARDWARE.items():
+        given = getattr(config, key)
+        source = "keys" if given is not None else "the recipe's hardware line" if key in from_header else "defaults"
+        hardware[key] = given if given is not None else from_header.get(key, default)
+        sources.append(source)
+    hardware["source"] = " and ".join(dict.fromkeys(sources))
+    return hardware
+
+
+def _launch_source(config: Config, header: list[tuple[int, str]]) -> dict[str, Any]:
+    """ZeRO stage and offload from the plan's keys, the accelerate config, or the header's command."""
+    found = launch_from_header(header)
+    source, path = "", config.accelerate_config or found.get("accelerate_config")
+    launch: dict[str, Any] = {}
+    if path:
+        resolved = find_file(path, config.recipe)
+        if resolved is None:
+            raise ConfigError(f"accelerate_config: {path} not found")
+        launch.update(read_accelerate_config(resolved))
+        source = f"{path}" + ("" if config.accelerate_config else " (the recipe's launch command)")
+    if config.zero_stage is not None:
+        launch["zero_stage"], source = config.zero_stage, "zero_stage key"
+    if config.offload_optimizer is not None:
+        launch["offload_optimizer"] = config.offload_optimizer
+    launch["source"] = source
+    launch["from_command"] = bool(found.get("accelerate_config")) and not config.accelerate_config
+    return launch
+
+
+# --------------------------------------------------------------------------- models
+
+
+def _model(ctx: Context, key: str, name: str, *, explicit: str | None = None) -> tuple[Any, str]:
+    """(shape, where its config came from) of a model a stage names."""
+    chain = trace_model(name, ctx.lineage)
+    for candidate in chain:
+        config, source = load_model_config(candidate, explicit=explicit)
+        if config is not None:
+            via = f" via {' <- '.join(chain[: chain.index(candidate) + 1])}" if candidate != name else ""
+            return model_shape(config, key), source + via
+    tried = f"; traced through {' <- '.join(chain)}" if len(chain) > 1 else ""
+    raise missing_config_error(key, name, tried)
+
+
+def _weight_bytes(dtype: str | None, bf16: bool | None = None) -> int:
+    """Bytes per weight: the dtype named, else bf16 on GPU nodes (auto / None)."""
+    if dtype and dtype != "auto":
+        if dtype not in DTYPE_BYTES:
+            raise ConfigError(f"dtype: {dtype!r} is not one of {sorted(DTYPE_BYTES)}")
+        return DTYPE_BYTES[dtype]
+    return 4 if bf16 is False else 2
+
+
+# --------------------------------------------------------------------------- verdicts
+
+
+def _fits(ctx: Context, estimate: Estimate) -> Verdict:
+    gpu, room = ctx.gpu_memory, ctx.headroom
+    if estimate.kind == "vllm":
+        tp = estimate.gpus
+        if tp > ctx.hardware["gpus_per_node"]:
+            return Verdict(False, f"tensor_parallel_size {tp} > {ctx.hardware['gpus_per_node']} GPUs per node")
+        extra = estimate.extra
+        if extra["budget"] > gpu:
+            return Verdict(False, "gpu_memory_utilization above 1")
+        if extra["needed"] > extra["budget"]:
+            return Verdict(False, f"weights and working memory leave {extra['kv_tokens']:,} tokens of KV cache, "
+                                  f"less than one max_model_len ({extra['max_model_len']:,}) sequence: vLLM will "
+                                  "not start")
+        return Verdict(True, f"vLLM takes {extra['budget'] / GIB:.2f} of {gpu / GIB:.1f} GiB; KV cache for "
+                             f"{extra['kv_tokens']:,} tokens ({extra['sequences_at_max_len']} sequences of "
+                             f"{extra['max_model_len']:,})")
+    need = estimate.total + room
+    text = (f"{estimate.total / GIB:.2f} GiB + {room / GIB:.1f} GiB headroom "
+            f"{'<=' if need <= gpu else '>'} {gpu / GIB:.1f} GiB per GPU")
+    return Verdict(need <= gpu, text + ("" if need <= gpu else f" (short by {(need - gpu) / GIB:.2f} GiB)"))
+
+
+def _plan(ctx: Context, stage: str, job: str, model: str, shape: Any, source: str, setting: str,
+          estimate: Estimate, **kw: Any) -> JobPlan:
+    return JobPlan(stage, job, model, source, shape, setting, estimate, _fits(ctx, estimate), ctx.gpu_memory,
+                   ctx.headroom, **kw)
+
+
+# --------------------------------------------------------------------------- training stages
+
+
+def _trainer_launch(ctx: Context, trainer: Any) -> dict[str, Any]:
+    launch = {k: v for k, v in ctx.launch_source.items()}
+    if "zero_stage" not in launch:
+        ds = getattr(trainer, "deepspeed", None)
+        if isinstance(ds, str) and ds:
+            path = find_file(ds, ctx.config.recipe)
+            if path is not None:
+                ds = json.loads(path.read_text())
+        stage = ((ds or {}).get("zero_optimization") or {}).get("stage", 0) if isinstance(ds, dict) else 0
+        launch["zero_stage"], launch["source"] = int(stage), ("the trainer's deepspeed key" if ds else "no DeepSpeed")
+    return launch
+
+
+def _lora(config: Any, model_config: Any, shape: Any) -> tuple[int | None, int | None]:
+    """Trainable parameters and tensors of a LoRA adapter (r·(in + out) per adapted linear layer)."""
+    if config.lora_r is None:
+        return None, None
+    linears = [(n, i, o) for n, i, o in linear_shapes(model_config) if not n.endswith("lm_head") and "score" not in n]
+    targets = config.lora_target_modules
+    if targets:
+        linears = [(n, i, o) for n, i, o in linears if n.rsplit(".", 1)[-1] in targets]
+    if not linears:
+        raise ConfigError("lora_r: the plan counts a LoRA adapter on the model's linear layers, and found none "
+                          "(an architecture transformers does not know, or lora_target_modules matching nothing)")
+    return sum(config.lora_r * (i + o) for _, i, o in linears), 2 * len(linears)
+
+
+def _training_plans(ctx: Context, stage: str, config: Any, keys: dict[str, Any]) -> list[JobPlan]:
+    key = "model_name_or_path"
+    name = config.model_name_or_path or ""
+    if not name:
+        raise ConfigError(f"{stage}: set model_name_or_path (the model to train)")
+    shape, source = _model(ctx, key, name, explicit=ctx.config.model_config)
+    model_config = None
+    if config.lora_r is not None:
+        chain = trace_model(name, ctx.lineage)
+        model_config = next(c for c in (load_model_config(n, explicit=ctx.config.model_config)[0] for n in chain)
+                            if c is not None)
+    trainable, tensors = _lora(config, model_config, shape)
+    bf16 = keys.get("bf16", None)
+    weight_bytes = _weight_bytes(config.dtype, None if bf16 is None else bool(bf16) or bool(keys.get("fp16")))
+    optimizer = config.optimizer or getattr(config.optim, "value", config.optim)
+    layout = optimizer_layout(str(optimizer))
+    checkpointing = bool(getattr(config, "activation_checkpointing", False) or config.gradient_checkpointing)
+    pairs = stage == "train"
+    per_device = config.per_device_train_batch_size
+    reference = pairs and config.reference == "model"
+    launch = _trainer_launch(ctx, config)
+    zero = launch.get("zero_stage", 0)
+    offload = bool(launch.get("offload_optimizer", False))
+
+    def job(settings: dict[str, Any]) -> tuple[TrainingJob, Launch]:
+        mb = settings.get("per_device_train_batch_size", per_device)
+        nodes = settings.get("nodes", ctx.hardware["nodes"])
+        return (TrainingJob(shape, mb * (2 if pairs else 1), config.max_length or 4096,
+                            settings.get("activation_checkpointing", checkpointing), weight_bytes, layout,
+                            "tiled" if pairs else "fused", trainable, tensors, reference),
+                Launch(nodes * ctx.hardware["gpus_per_node"], settings.get("zero_stage", zero),
+                       settings.get("offload_optimizer", offload)))
+
+    def plan(settings: dict[str, Any]) -> Estimate:
+        return training_memory(*job(settings))
+
+    training, launched = job({})
+    estimate = training_memory(training, launched)
+    unit = "pairs" if pairs else "sequences"
+    setting = (f"{launched.describe()} ({launch.get('source') or 'no DeepSpeed'}); "
+               f"{'bf16' if weight_bytes == 2 else 'fp32'} weights; {layout.name} ({layout.per_element} state "
+               f"tensors per parameter); micro-batch {per_device} {unit}"
+               f"{f' = {training.sequences} sequences' if pairs else ''} × {training.max_length} tokens; activation checkpointing {'on' if checkpointing else 'off'}"
+               + (f"; LoRA r={config.lora_r}: {trainable:,} trainable parameters" if trainable else "")
+               + ("; a frozen reference model" if reference else ""))
+    notes = []
+    verdict_override = None
+    if offload and layout.name == "ademamix" and zero > 0:
+        verdict_override = Verdict(False, "DeepSpeed optimizer offload with AdEMAMix: align refuses it "
+                                          "(accelerate would silently swap in DeepSpeed's CPU Adam)")
+    global_batch = getattr(config, "global_batch_size", None)
+
+    def divides(settings: dict[str, Any]) -> bool:
+        if global_batch is None:
+            return True
+        mb = settings.get("per_device_train_batch_size", per_device)
+        ranks = settings.get("nodes", ctx.hardware["nodes"]) * ctx.hardware["gpus_per_node"]
+        return global_batch % (mb * ranks) == 0
+
+    knobs = [
+        Knob("nodes", ctx.hardware["nodes"], doublings(ctx.hardware["nodes"], ctx.config.max_nodes), float),
+        Knob("offload_optimizer", offload, () if layout.name == "ademamix" else (True,), float),
+        Knob("zero_stage", zero, tuple(s for s in (2, 3) if s > zero), float),
+        Knob("per_device_train_batch_size", per_device, halvings(per_device), lambda v: -v, recipe_key=True),
+        Knob("activation_checkpointing", checkpointing, (True,), float, recipe_key=True),
+    ]
+    result = _plan(ctx, stage, "training step", name, shape, source, setting, estimate, notes=notes)
+    if verdict_override is not None:
+        result.verdict = verdict_override
+    if zero in (2, 3):
+        result.deepspeed_bytes = deepspeed_estimate(shape.num_params, shape.largest_layer_params, zero,
+                                                    ctx.hardware["gpus_per_node"], ctx.hardware["nodes"])
+    if not result.verdict.fits:
+        result.change = smallest_change(knobs, lambda s: plan(s) if divides(s) else None,
+                                        lambda e: e is not None and _fits(ctx, e).fits)
+        if layout.name == "ademamix":
+            result.change_note = ("; CPU offload is not among the changes: align refuses DeepSpeed optimizer "
+                                  "offload with AdEMAMix (optimizer=adamw could offload)")
+        if result.change is not None and "zero_stage" in result.change.settings:
+            result.change_note += (f"; launch with --config_file recipes/accelerate/zero"
+                                   f"{result.change.settings['zero_stage']}.yaml")
+    return [result]
+
+
+# --------------------------------------------------------------------------- the log-prob pass
+
+
+def _logprobs_plans(ctx: Context, config: Any) -> list[JobPlan]:
+    name = config.model_name_or_path
+    shape, source = _model(ctx, "model_name_or_path", name, explicit=ctx.config.model_config)
+    b = _weight_bytes(config.dtype)
+    launch_zero = ctx.launch_source.get("zero_stage", 0)
+    sharded_launch = launch_zero >= 3
+
+    def job(settings: dict[str, Any]) -> tuple[ForwardJob, Launch]:
+        rows = settings.get("batch_size", config.batch_size)
+        sharded = settings.get("zero_stage", launch_zero) >= 3
+        return (ForwardJob(shape, rows * 2 * (config.max_length or 4096), b, "tiled"),
+                Launch(ctx.gpus if sharded else 1, 3 if sharded else 0))
+
+    def plan(settings: dict[str, Any]) -> Estimate:
+        return forward_memory(*job(settings))
+
+    forward, launch = job({})
+    estimate = forward_memory(forward, launch)
+    how = (f"ZeRO-3-sharded over {ctx.gpus} GPUs" if sharded_launch else "replicated: each process holds the "
+           "whole model on its GPU")
+    setting = (f"{how} ({ctx.launch_source.get('source') or 'the recipe launches no ZeRO-3'}); "
+               f"{config.batch_size} rows × 2 sequences × {config.max_length} tokens = {forward.tokens:,} tokens "
+               f"per forward, {'bf16' if b == 2 else 'fp32'}")
+    result = _plan(ctx, "logprobs", "reference log-prob pass", name, shape, source, setting, estimate)
+    other = {"zero_stage": 0 if sharded_launch else 3}
+    other_estimate = plan(other)
+    label = "replicated (one model per GPU)" if sharded_launch else f"ZeRO-3-sharded over {ctx.gpus} GPUs"
+    result.alternatives.append((label, other_estimate, _fits(ctx, other_estimate)))
+    if not sharded_launch:
+        result.notes.append("a ZeRO-3-sharded pass (accelerate launch --config_file recipes/accelerate/zero3.yaml) "
+                            "holds 1/N of the weights per GPU; the plan shows both")
+    if not result.verdict.fits:
+        knobs = [Knob("zero_stage", launch_zero, (3,) if launch_zero < 3 else (), float),
+                 Knob("batch_size", config.batch_size, halvings(config.batch_size), lambda v: -v, recipe_key=True)]
+        result.change = smallest_change(knobs, plan, lambda e: _fits(ctx, e).fits)
+        if result.change is not None and "zero_stage" in result.change.settings:
+            result.change_note = "; launch with --config_file recipes/accelerate/zero3.yaml"
+    return [result]
+
+
+# --------------------------------------------------------------------------- engines (vLLM, transformers)
+
+
+def _engine_settings(engine_kwargs: Mapping[str, Any], **given: Any) -> dict[str, Any]:
+    merged = {k: v for k, v in given.items() if v is not None}
+    for key in ("tensor_parallel_size", "gpu_memory_utilization", "max_model_len", "max_num_seqs",
+                "max_num_batched_tokens", "kv_cache_dtype"):
+        if engine_kwargs.get(key) is not None:
+            merged.setdefault(key, engine_kwargs[key])
+    return merged
+
+
+def _vllm_plan(ctx: Context, stage: str, job_name: str, model: str, dtype: str | None, settings: dict[str, Any],
+               explicit: str | None) -> JobPlan:
+    shape, source = _model(ctx, "model", model, explicit=explicit)
+    b = _weight_bytes(dtype)
+    tp = int(settings.get("tensor_parallel_size", 1))
+    util = float(settings.get("gpu_memory_utilization", 0.9))
+    max_len = int(settings.get("max_model_len") or shape.max_position_embeddings or 4096)
+    kv_dtype = settings.get("kv_cache_dtype")
+    kv_bytes = 1 if kv_dtype and "fp8" in str(kv_dtype) else None
+
+    def plan(changes: dict[str, Any]) -> Estimate:
+        return vllm_memory(VllmJob(shape, b, changes.get("tensor_parallel_size", tp),
+                                   changes.get("gpu_memory_utilization", util), max_len,
+                                   int(settings.get("max_num_batched_tokens") or 8192),
+                                   int(settings.get("max_num_seqs") or 256), kv_bytes), ctx.gpu_memory)
+
+    estimate = plan({})
+    setting = (f"vLLM, tensor_parallel_size {tp}, gpu_memory_utilization {util}, max_model_len {max_len:,}, "
+               f"{'bf16' if b == 2 else 'fp32'}")
+    result = _plan(ctx, stage, job_name, model, shape, source, setting, estimate)
+    if shape.num_heads % tp:
+        result.verdict = Verdict(False, f"tensor_parallel_size {tp} does not divide {shape.num_heads} attention heads")
+    if not result.verdict.fits:
+        tps = tuple(t for t in doublings(tp, ctx.hardware["gpus_per_node"]) if shape.num_heads % t == 0)
+        knobs = [Knob("tensor_parallel_size", tp, tps, float, recipe_key=True),
+                 Knob("gpu_memory_utilization", util, tuple(u for u in (0.95,) if u > util), float, recipe_key=True)]
+        result.change = smallest_change(knobs, plan, lambda e: _fits(ctx, e).fits)
+    return result
+
+
+def _generate_plan(ctx: Context, stage: str, job_name: str, model: str, dtype: str | None, rows: int,
+                   context: int, explicit: str | None, note: str = "") -> JobPlan:
+    shape, source = _model(ctx, "model", model, explicit=explicit)
+    b = _weight_bytes(dtype)
+    estimate = generate_memory(GenerateJob(shape, b, rows, context))
+    result = _plan(ctx, stage, job_name, model, shape, source,
+                   f"transformers on one GPU, {rows} rows × {context:,} tokens, {'bf16' if b == 2 else 'fp32'}",
+                   estimate)
+    if note:
+        result.notes.append(note)
+    return result
+
+
+def _reward_model_plan(ctx: Context, stage: str, config: Any, explicit: str | None) -> JobPlan:
+    shape, source = _model(ctx, "model", config.model, explicit=explicit)
+    b = _weight_bytes(config.dtype)
+    rows = config.model_batch_size
+    tokens = min(rows * config.max_length, config.max_batch_tokens or rows * config.max_length)
+
+    def plan(changes: dict[str, Any]) -> Estimate:
+        r = changes.get("model_batch_size", rows)
+        t = min(r * config.max_length, config.max_batch_tokens or r * config.max_length)
+        return forward_memory(ForwardJob(shape, t, b, "score" if shape.head == "score" else "model"), Launch(1))
+
+    estimate = plan({})
+    setting = (f"transformers forward on one GPU, up to {rows} rows × {config.max_length:,} tokens = {tokens:,} "
+               f"tokens, {'bf16' if b == 2 else 'fp32'}")
+    result = _plan(ctx, stage, "reward model", config.model, shape, source, setting, estimate)
+    if not result.verdict.fits:
+        knobs = [Knob("model_batch_size", rows, halvings(rows), lambda v: -v, recipe_key=True)]
+        result.change = smallest_change(knobs, plan, lambda e: _fits(ctx, e).fits)
+    return result
+
+
+def _engine_plan(ctx: Context, stage: str, job_name: str, engine: Any, explicit: str | None,
+                 rows: int, max_tokens: int) -> JobPlan | None:
+    """A judge / classifier / generator (``EngineFields``): vLLM, transformers or a server."""
+    if engine.backend == "openai":
+        return None
+    settings = _engine_settings(engine.engine_kwargs or {}, max_model_len=engine.max_model_len)
+    if engine.backend == "vllm":
+        return _vllm_plan(ctx, stage, job_name, engine.model, engine.dtype, settings, explicit)
+    context = engine.max_model_len or PROMPT_TOKENS + max_tokens
+    return _generate_plan(ctx, stage, job_name, engine.model, engine.dtype, rows, context, explicit)
+
+
+def _sampler_plan(ctx: Context, stage: str, job_name: str, sampler: Any, model: str, rows: int,
+                  max_tokens: int, explicit: str | None) -> JobPlan | None:
+    if sampler.backend == "openai":
+        return None
+    if sampler.backend == "vllm":
+        settings = _engine_settings(sampler.engine_kwargs or {}, tensor_parallel_size=sampler.tensor_parallel_size,
+                                    gpu_memory_utilization=sampler.gpu_memory_utilization,
+                                    max_model_len=sampler.max_model_len)
+        return _vllm_plan(ctx, stage, job_name, model, sampler.dtype, settings, explicit)
+    context = sampler.max_model_len or PROMPT_TOKENS + max_tokens
+    note = "" if sampler.max_model_len else f"context assumed: {PROMPT_TOKENS} prompt tokens + max_tokens"
+    return _generate_plan(ctx, stage, job_name, model, sampler.dtype, rows, context, explicit, note)
+
+
+def _no_gpu(stage: str, why: str) -> JobPlan:
+    return JobPlan(stage, why, "", "", None, "", None, Verdict(True, "uses no GPU"), 0, 0)
+
+
+def _stage_plans(ctx: Context, stage: str, config: Any, keys: dict[str, Any]) -> list[JobPlan]:
+    explicit = ctx.config.model_config
+    if stage in ("sft", "train"):
+        return _training_plans(ctx, stage, config, keys)
+    if stage == "logprobs":
+        return _logprobs_plans(ctx, config)
+    if stage == "sample":
+        plan = _sampler_plan(ctx, stage, "sampler", config.sampler, config.sampler.model,
+                             config.sampler.batch_size * config.n, config.max_tokens, explicit)
+        return [plan or _no_gpu(stage, "sampler on an OpenAI-compatible server (planned where it is served)")]
+    if stage == "annotate":
+        if config.provider == "verifiable":
+            return [_no_gpu(stage, "verifiable reward (answer matching)")]
+        if config.provider == "reward_model":
+            return [_reward_model_plan(ctx, stage, config, explicit)]
+        plan = _engine_plan(ctx, stage, config.provider, config, explicit, config.model_batch_size, config.max_tokens)
+        return [plan or _no_gpu(stage, f"{config.provider} on an OpenAI-compatible server")]
+    if stage == "evaluate":
+        plans = []
+        for policy in config.policies:
+            name = getattr(policy, "name", None) or policy["name"]
+            model = getattr(policy, "model", None) or policy["model"]
+            plan = _sampler_plan(ctx, stage, f"sampler for policy {name}", config.sampler, model,
+                                 config.sampler.batch_size * (config.n + 1), config.max_tokens, None)
+            if plan is not None:
+                plans.append(plan)
+        reward = config.reward
+        if reward.provider == "reward_model":
+            plans.append(_reward_model_plan(ctx, stage, reward, None))
+        elif reward.provider != "verifiable":
+            plan = _engine_plan(ctx, stage, f"reward ({reward.provider})", reward, None, reward.model_batch_size,
+                                config.max_tokens)
+            if plan is not None:
+                plans.append(plan)
+        for plan in plans:
+            plan.notes.append("evaluate builds one engine at a time: each job is planned alone")
+        return plans or [_no_gpu(stage, "every model is served elsewhere or none is needed")]
+    if stage == "judge-validate":
+        plans = [p for p in (_engine_plan(ctx, stage, "judge", config, explicit, config.model_batch_size, 16),)
+                 if p is not None]
+        generator = getattr(config, "generator", None)
+        if getattr(config, "degrader", "rules") == "llm" and generator is not None and generator.model:
+            plan = _engine_plan(ctx, stage, "degrader", generator, None, generator.model_batch_size,
+                                generator.max_tokens)
+            if plan is not None:
+                plans.append(plan)
+        return plans or [_no_gpu(stage, "the judge is served elsewhere")]
+    return [_no_gpu(stage, "reads and writes rows")]
+
+
+# --------------------------------------------------------------------------- run
+
+
+def plan_recipe(config: Config) -> tuple[list[JobPlan], dict[str, Any]]:
+    """Every job's plan, and the plan's header (recipe, hardware, launch)."""
+    path = Path(config.recipe)
+    data = read_yaml(path)
+    header = header_lines(path)
+    sections = _stage_sections(config, data, header)
+    ctx = Context(config, header, _hardware(config, header), _launch_source(config, header),
+                  model_lineage(path, {name: keys for name, keys in sections}))
+    plans = []
+    for name, keys in sections:
+        plans.extend(_stage_plans(ctx, name, _stage_config(name, keys), keys))
+    hardware = {k: ctx.hardware[k] for k in DEFAULT_HARDWARE}
+    info = {"recipe": str(path), "hardware": hardware, "hardware_source": ctx.hardware["source"],
+            "headroom_gib": config.headroom_gib,
+            "launch": {k: v for k, v in ctx.launch_source.items() if k != "from_command"}}
+    return plans, info
+
+
+def run(config: Config) -> dict[str, Any]:
+    """Print the plan (a table, or JSON with ``json``); write it to ``output`` when set."""
+    plans, info = plan_recipe(config)
+    report = to_json(plans, info)
+    hw = info["hardware"]
+    if config.json:
+        print(json.dumps(report, indent=1))
+    else:
+        nodes = hw["nodes"]
+        print(render(plans, f"align plan {config.recipe}: {nodes} node{'s' if nodes != 1 else ''} × "
+                            f"{hw['gpus_per_node']} GPUs of {hw['gpu_memory_gib']:g} GiB "
+                            f"({info['hardware_source']}), {config.headroom_gib:g} GiB headroom per GPU"))
+    if config.output:
+        write_json(config.output, report)
+    return report
+
