@@ -59,7 +59,7 @@ def _from_hub_cache(name: str) -> Any:
         return None
     try:
         cached = try_to_load_from_cache(name, "config.json")
-    except Exception:  # an invalid repo id: not a hub name
+    except ValueError:  # an invalid repo id (HFValidationError): not a hub name
         return None
     return _from_file(Path(cached)) if isinstance(cached, str) else None
 

@@ -168,9 +168,9 @@ def head_peak(shape: ModelShape, head: str, positions: int, act_bytes: int, *, t
         buffer = min(positions, TRL_TOKEN_CHUNK) * min(v, TRL_VOCAB_CHUNK) * act_bytes
         if not training:
             return buffer, "min(T,4096)·min(V,32768)·a (TRL's fused head)"
-        return ((4 + act_bytes) * v * h + 4 * positions * h + buffer,
-                "(4 + a)·V·h + 4·T·h + min(T,4096)·min(V,32768)·a (TRL's fused head: fp32 weight and hidden "
-                "gradients)")
+        formula = ("(4 + a)·V·h + 4·T·h + min(T,4096)·min(V,32768)·a (TRL's fused head: fp32 weight and hidden "
+                   "gradients)")
+        return (4 + act_bytes) * v * h + 4 * positions * h + buffer, formula
     raise ValueError(f"unknown head {head!r}")
 
 

@@ -10,7 +10,7 @@ parameter (AdEMAMix: m1, m2 and ν; AdamW: m and v) and scalar tensors per param
 from __future__ import annotations
 
 from dataclasses import dataclass
-from functools import lru_cache
+from functools import cache
 
 from align.errors import ConfigError
 
@@ -39,7 +39,7 @@ def _probe(build) -> tuple[int, int]:
     return per_element, scalar_bytes
 
 
-@lru_cache(maxsize=None)
+@cache
 def optimizer_layout(name: str) -> OptimizerLayout:
     """The layout of an ``align.optim`` optimizer (``ademamix``, ``adamw``) or of one of
     transformers' ``optim`` names of the AdamW family (``adamw_torch``, ``adamw_torch_fused``, ...)."""

@@ -45,7 +45,7 @@ class JobPlan:
     notes: list[str] = field(default_factory=list)
 
 
-def gib(n: int | float) -> str:
+def gib(n: float) -> str:
     return f"{n / GIB:.2f}"
 
 

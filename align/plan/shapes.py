@@ -147,7 +147,11 @@ def build_on_meta(config: Any) -> Any:
     """The model a config describes, on the meta device (shapes, no storage), or None when
     transformers does not know the architecture."""
     import torch
-    from transformers import AutoModelForCausalLM, AutoModelForSequenceClassification, PretrainedConfig
+    from transformers import (
+        AutoModelForCausalLM,
+        AutoModelForSequenceClassification,
+        PretrainedConfig,
+    )
 
     if not isinstance(config, PretrainedConfig):
         return None

@@ -318,7 +318,7 @@ def _trainer_launch(ctx: Context, trainer: Any) -> dict[str, Any]:
     return launch
 
 
-def _lora(config: Any, model_config: Any, shape: Any) -> tuple[int | None, int | None]:
+def _lora(config: Any, model_config: Any) -> tuple[int | None, int | None]:
     """Trainable parameters and tensors of a LoRA adapter (r·(in + out) per adapted linear layer)."""
     if config.lora_r is None:
         return None, None
@@ -343,7 +343,7 @@ def _training_plans(ctx: Context, stage: str, config: Any, keys: dict[str, Any])
         chain = trace_model(name, ctx.lineage)
         model_config = next(c for c in (load_model_config(n, explicit=ctx.config.model_config)[0] for n in chain)
                             if c is not None)
-    trainable, tensors = _lora(config, model_config, shape)
+    trainable, tensors = _lora(config, model_config)
     bf16 = keys.get("bf16", None)
     weight_bytes = _weight_bytes(config.dtype, None if bf16 is None else bool(bf16) or bool(keys.get("fp16")))
     optimizer = config.optimizer or getattr(config.optim, "value", config.optim)
@@ -373,7 +373,7 @@ def _training_plans(ctx: Context, stage: str, config: Any, keys: dict[str, Any])
     unit = "pairs" if pairs else "sequences"
     setting = (f"{launched.describe()} ({launch.get('source') or 'no DeepSpeed'}); "
                f"{'bf16' if weight_bytes == 2 else 'fp32'} weights; {layout.name} ({layout.per_element} state "
-               f"tensors per parameter); micro-batch {per_device} {unit}"
+               f"tensors per parameter); micro-batch {per_device} {unit if per_device > 1 else unit[:-1]}"
                f"{f' = {training.sequences} sequences' if pairs else ''} × {training.max_length} tokens; activation checkpointing {'on' if checkpointing else 'off'}"
                + (f"; LoRA r={config.lora_r}: {trainable:,} trainable parameters" if trainable else "")
                + ("; a frozen reference model" if reference else ""))
