@@ -420,15 +420,18 @@ def _training_plans(ctx: Context, stage: str, config: Any, keys: dict[str, Any])
 
 
 def _logprobs_plans(ctx: Context, config: Any) -> list[JobPlan]:
+    """The pass replicated (each process a whole model) or ZeRO-3-sharded: the recipe's
+    ``sharding`` key decides where the stage has one, else the launch (``zero_stage``)."""
     name = config.model_name_or_path
     shape, source = _model(ctx, "model_name_or_path", name, explicit=ctx.config.model_config)
     b = _weight_bytes(config.dtype)
-    launch_zero = ctx.launch_source.get("zero_stage", 0)
-    sharded_launch = launch_zero >= 3
+    has_key = hasattr(config, "sharding") and ctx.config.zero_stage is None
+    sharded_now = (config.sharding == "zero3") if has_key else ctx.launch_source.get("zero_stage", 0) >= 3
+    knob_key, knob_value = ("sharding", "zero3") if has_key else ("zero_stage", 3)
 
     def job(settings: dict[str, Any]) -> tuple[ForwardJob, Launch]:
         rows = settings.get("batch_size", config.batch_size)
-        sharded = settings.get("zero_stage", launch_zero) >= 3
+        sharded = settings[knob_key] == knob_value if knob_key in settings else sharded_now
         return (ForwardJob(shape, rows * 2 * (config.max_length or 4096), b, "tiled"),
                 Launch(ctx.gpus if sharded else 1, 3 if sharded else 0))
 
@@ -437,24 +440,26 @@ def _logprobs_plans(ctx: Context, config: Any) -> list[JobPlan]:
 
     forward, launch = job({})
     estimate = forward_memory(forward, launch)
-    how = (f"ZeRO-3-sharded over {ctx.gpus} GPUs" if sharded_launch else "replicated: each process holds the "
+    how = (f"ZeRO-3-sharded over {ctx.gpus} GPUs" if sharded_now else "replicated: each process holds the "
            "whole model on its GPU")
-    setting = (f"{how} ({ctx.launch_source.get('source') or 'the recipe launches no ZeRO-3'}); "
-               f"{config.batch_size} rows × 2 sequences × {config.max_length} tokens = {forward.tokens:,} tokens "
-               f"per forward, {'bf16' if b == 2 else 'fp32'}")
+    why = "the recipe's sharding key" if has_key else (ctx.launch_source.get("source") or "no ZeRO-3 launch")
+    setting = (f"{how} ({why}); {config.batch_size} rows × 2 sequences × {config.max_length} tokens = "
+               f"{forward.tokens:,} tokens per forward, {'bf16' if b == 2 else 'fp32'}")
     result = _plan(ctx, "logprobs", "reference log-prob pass", name, shape, source, setting, estimate)
-    other = {"zero_stage": 0 if sharded_launch else 3}
+    other = {knob_key: (("replicate" if has_key else 0) if sharded_now else knob_value)}
     other_estimate = plan(other)
-    label = "replicated (one model per GPU)" if sharded_launch else f"ZeRO-3-sharded over {ctx.gpus} GPUs"
+    label = "replicated (one model per GPU)" if sharded_now else f"ZeRO-3-sharded over {ctx.gpus} GPUs"
     result.alternatives.append((label, other_estimate, _fits(ctx, other_estimate)))
-    if not sharded_launch:
+    if not sharded_now:
         result.notes.append("a ZeRO-3-sharded pass (accelerate launch --config_file recipes/accelerate/zero3.yaml) "
                             "holds 1/N of the weights per GPU; the plan shows both")
     if not result.verdict.fits:
-        knobs = [Knob("zero_stage", launch_zero, (3,) if launch_zero < 3 else (), float),
+        knobs = [Knob(knob_key, "zero3" if has_key and sharded_now else ("replicate" if has_key else
+                                                                        (3 if sharded_now else 0)),
+                      () if sharded_now else (knob_value,), lambda v: float(v in (3, "zero3")), recipe_key=has_key),
                  Knob("batch_size", config.batch_size, halvings(config.batch_size), lambda v: -v, recipe_key=True)]
         result.change = smallest_change(knobs, plan, lambda e: _fits(ctx, e).fits)
-        if result.change is not None and "zero_stage" in result.change.settings:
+        if result.change is not None and knob_key in result.change.settings:
             result.change_note = "; launch with --config_file recipes/accelerate/zero3.yaml"
     return [result]
 
