@@ -12,6 +12,7 @@ The pipeline's stages as Python functions over lists of records or `datasets.Dat
     align.train(align.PreferenceConfig(loss_type="qrpo", ...), rows)  # QRPO / DPO
     align.evaluate(held_out, [align.EvalPolicy("sft", sampler=...), ...], provider,
                    output_dir, baseline="sft")                     # win rates, KL, CIs
+    align.pipeline("recipes/tiny/rounds.yaml", rounds=3)           # a recipe, rounds included
 
 Names load on first use, so `import align` stays light.
 """
@@ -44,6 +45,7 @@ _LAZY: dict[str, tuple[str, str]] = {
     "EvalSettings": ("align.eval.evaluate", "EvalSettings"),
     "decontaminate": ("align.data.decontaminate", "decontaminate"),
     "read_records": ("align.io", "read_records"),
+    "pipeline": ("align.stages.pipeline", "pipeline"),
     "read_output": ("align.io", "read_output"),
 }
 

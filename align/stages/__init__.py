@@ -22,6 +22,8 @@ STAGES: dict[str, tuple[str, str]] = {
     "decontaminate": ("align.stages.decontaminate", "remove training prompts that overlap benchmarks"),
     "judge-validate": ("align.stages.judge_validate", "qualify a judge on degradation ladders (rank correlation, bias)"),
     "plan": ("align.stages.plan", "memory per GPU of each stage of a recipe, whether it fits, the smallest change that does"),
+    "split": ("align.stages.split", "one part of a prompt file (the prompts of one round: round_prompts=split)"),
+    "join": ("align.stages.join", "a policy's samples beside π_ref's reference samples (rounds, reference=initial)"),
     "pipeline": ("align.stages.pipeline", "every stage from one recipe, skipping those whose output is current"),
     "status": ("align.stages.status", "each stage of a pipeline recipe: done, stale (why), partial or not started"),
     "submit": ("align.stages.submit", "a pipeline recipe's stages as SLURM jobs, each after the one before"),

@@ -9,8 +9,13 @@ too: each stage is compared with what the stages before it would produce now, no
 what is on disk. No model loads; input files and weights are hashed (see
 docs/environment.md, "Fingerprints", for what that costs).
 
+With rounds (``align pipeline``'s ``rounds: K``, docs/rounds.md) each stage of each round
+gets its line, named ``round-k.STAGE`` (``round-2.sample``), then one line per round: done,
+in progress (and the step it resumes at), stale (which steps), or not started.
+
 Example: ``align status recipes/tiny/pipeline.yaml`` (the same keys as ``align pipeline``,
-overrides included: ``align status recipes/tiny/pipeline.yaml train.beta=3``).
+overrides included: ``align status recipes/tiny/pipeline.yaml train.beta=3``), or
+``align status recipes/tiny/rounds.yaml``.
 """
 
 from __future__ import annotations
@@ -102,15 +107,40 @@ def stage_status(name: str, config: Any,
     return "partial, from other settings", [progress, *reasons]
 
 
+def round_state(states: list[tuple[str, str]]) -> tuple[str, list[str]]:
+    """(state, reasons) of a round from its steps' (key, state): done, not started, stale, or in
+    progress (and the step it resumes at)."""
+    if all(state == "done" for _, state in states):
+        return "done", []
+    if all(state == "not started" for _, state in states):
+        return "not started", []
+    stale = [key for key, state in states if state == "stale" or state.endswith("from other settings")]
+    if stale:
+        return "stale", [f"made from other settings or inputs: {', '.join(stale)}"]
+    first = next(key for key, state in states if state != "done")
+    return "in progress", [f"resumes at {first}"]
+
+
 def run(config: Config) -> dict[str, Any]:
-    """Print one line per stage (and a line per reason); return {stage: {state, reasons}}."""
+    """Print one line per stage (and a line per reason); return {step: {state, reasons, ...}}.
+
+    With rounds a step is ``round-k.STAGE``, and each round gets a line too (``round-k``:
+    done, in progress and where it resumes, stale, not started).
+    """
     overrides: dict[str, tuple[str, str, str | None]] = {}
-    report = {}
-    for name, stage_config in config.stage_configs():
-        state, reasons = stage_status(name, stage_config, overrides)
-        where = getattr(stage_config, "output_dir", None) or getattr(stage_config, "cache_dir", "")
-        print(f"{name:<14} {state:<30} {where}")
+    report: dict[str, Any] = {}
+    steps = config.steps()
+    width = max(14, *(len(step.key) for step in steps))
+    for step in steps:
+        state, reasons = stage_status(step.stage, step.config, overrides)
+        where = getattr(step.config, "output_dir", None) or getattr(step.config, "cache_dir", "")
+        print(f"{step.key:<{width}} {state:<30} {where}")
         for reason in reasons:
-            print(f"{'':<14}   {reason}")
-        report[name] = {"state": state, "reasons": reasons, "output_dir": str(where)}
+            print(f"{'':<{width}}   {reason}")
+        report[step.key] = {"state": state, "reasons": reasons, "output_dir": str(where), "stage": step.stage,
+                            "round": step.round}
+    for k in sorted({step.round for step in steps if step.round is not None}):
+        state, reasons = round_state([(s.key, report[s.key]["state"]) for s in steps if s.round == k])
+        print(f"{f'round-{k}':<{width}} {state:<30} " + "; ".join(reasons))
+        report[f"round-{k}"] = {"state": state, "reasons": reasons}
     return report

@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 from stage_helpers import make_workspace, run_cli, subprocess_env
 
-from align.io import STAGE_COMPLETE_MARKER, stage_completion_info, read_records
+from align.io import STAGE_COMPLETE_MARKER, read_records, stage_completion_info
 
 STAGES = ("sft", "sample", "annotate", "pairs", "logprobs", "train", "evaluate")
 OUTPUTS = {"sft": "sft", "sample": "sample", "annotate": "annotate", "pairs": "pairs", "logprobs": "logprobs",
@@ -74,6 +74,25 @@ def test_rerun_skips_every_stage_and_changes_nothing(uninterrupted):
         assert f"[align {stage}] runs/tiny/{OUTPUTS[stage]} is already complete; skipping" in printed
     assert "wrote" not in printed
     assert tree_digest(workspace / "runs" / "tiny") == before
+
+
+def test_python_api_reports_what_each_stage_did(uninterrupted):
+    """`align.pipeline(recipe, overrides..., key=value)`: a stage redone by a changed setting is
+    `made`, with every stage after it that reads its output; the others are `skipped`."""
+    import shutil
+
+    import align
+
+    workspace, _ = uninterrupted
+    copy = workspace.parent / "api-copy"
+    shutil.copytree(workspace, copy, symlinks=True)
+    with contextlib.chdir(copy), contextlib.redirect_stdout(None):
+        report = align.pipeline("recipes/tiny/pipeline.yaml", "sample.batch_size=1", "pairs.seed=1", overwrite=True,
+                                stop_after="logprobs")
+    assert list(report) == list(STAGES[:5])
+    assert {name: step["outcome"] for name, step in report.items()} == {
+        "sft": "skipped", "sample": "skipped", "annotate": "skipped", "pairs": "made", "logprobs": "made"}
+    assert report["pairs"]["output_dir"] == "runs/tiny/pairs" and report["pairs"]["summary"]["prompts"] == 24
 
 
 def _complete_lines(path: Path) -> bytes:

@@ -23,7 +23,7 @@ def stage_of(name: str) -> str:
     """The stage a recipe file is for, from its name."""
     stem = name.removesuffix(".yaml")
     fixed = {"sft": "sft", "qrpo": "train", "dpo": "train", "logprobs": "logprobs", "pairs": "pairs",
-             "pipeline": "pipeline", "decontaminate": "decontaminate", "judge_validate": "judge-validate",
+             "pipeline": "pipeline", "rounds": "pipeline", "decontaminate": "decontaminate", "judge_validate": "judge-validate",
              "evaluate": "evaluate"}
     if stem in fixed:
         return fixed[stem]
