@@ -51,6 +51,7 @@ from torch import Tensor
 
 from align.chat.apertus import date_text
 from align.data.records import RecordError, record_id
+from align.errors import InputError
 from align.io import read_output
 from align.io.fingerprint import json_digest, weights_fingerprint
 from align.jobs import run_job
@@ -437,7 +438,7 @@ def load_ref_logprobs(output_dir: str | Path, records: Sequence[Mapping[str, Any
     log-probs; the trainer excludes them by the same rule."""
     missing = missing_ids(output_dir, records)
     if missing:
-        raise ValueError(f"reference log-probs in {output_dir} are incomplete: {len(missing)} of "
+        raise InputError(f"reference log-probs in {output_dir} are incomplete: {len(missing)} of "
                          f"{len(_ids(records))} rows missing, e.g. {missing[:10]}; rerun the pass "
                          "(it resumes) for every shard")
     by_id = {row.get("id"): row for row in read_output(output_dir)}

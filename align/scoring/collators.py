@@ -50,6 +50,7 @@ from typing import Any
 import torch
 
 from align.chat.encode import IGNORE_INDEX
+from align.errors import ConfigError, InputError
 
 FLASH_IMPLEMENTATIONS = ("flash_attention_2", "flash_attention_3", "kernels-community/flash-attn")
 
@@ -171,7 +172,7 @@ def collate_padding_free(
     if attn_implementation == "eager" and (mask_dtype is None or not mask_dtype.is_floating_point):
         raise ValueError("eager attention needs an additive float mask: pass mask_dtype=<the model's dtype>")
     if not flash and attn_implementation not in ("sdpa", "eager"):
-        raise ValueError(
+        raise ConfigError(
             f"padding-free batches support sdpa, eager and flash attention, not {attn_implementation!r}; "
             "set padding_free=False or load the model with attn_implementation='sdpa'"
         )
@@ -283,7 +284,7 @@ class PreferenceCollator(SequenceCollator):
                 continue
             if not all(present):
                 row = present.index(False)
-                raise ValueError(f"batch row {row} (id {features[row].get('id')!r}) lacks {chosen_key!r}, "
+                raise InputError(f"batch row {row} (id {features[row].get('id')!r}) lacks {chosen_key!r}, "
                                  "which other rows have")
             values = [f[chosen_key] for f in features] + [f[rejected_key] for f in features]
             batch[name] = torch.tensor(values, dtype=torch.float64)

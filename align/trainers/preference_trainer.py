@@ -32,6 +32,7 @@ import torch
 from torch import Tensor
 from transformers import AutoTokenizer, PreTrainedModel, Trainer
 
+from align.errors import ConfigError, InputError, loading
 from align.losses import LossType, dpo_loss, qrpo_terms
 from align.scoring import PreferenceCollator, completion_logps, is_flash_attention, unwrap_model
 from align.trainers.callbacks import bind_callbacks
@@ -120,8 +121,8 @@ class PreferenceTrainer(Trainer):
             optimizers=optimizers,
         )
         if self.args.n_gpu > 1:
-            raise ValueError("one process drives several GPUs (torch DataParallel), which would split packed "
-                             "batches: launch one process per GPU with `accelerate launch` or `torchrun`")
+            raise ConfigError("one process drives several GPUs (torch DataParallel), which would split packed "
+                              "batches: launch one process per GPU with `accelerate launch` or `torchrun`")
         self.ref_model = self._prepare_reference(ref_model) if ref_model is not None else None
         self._metric_sums: dict[str, dict[str, list[Tensor]]] = {"train": {}, "eval": {}}
         bind_callbacks(self)
@@ -132,13 +133,13 @@ class PreferenceTrainer(Trainer):
     @staticmethod
     def _check_reference(model: torch.nn.Module, ref_model: Any, args: PreferenceConfig) -> None:
         if args.reference == "model" and ref_model is None:
-            raise ValueError("reference='model' needs ref_model=...: pass the frozen reference, or set "
-                             "reference='precomputed' and run `align logprobs` first")
+            raise ConfigError("reference='model' needs ref_model=...: pass the frozen reference, or set "
+                              "reference='precomputed' and run `align logprobs` first")
         if args.reference != "model" and ref_model is not None:
-            raise ValueError(f"a ref_model was given but reference={args.reference!r} does not use it: "
-                             "set reference='model'")
+            raise ConfigError(f"a ref_model was given but reference={args.reference!r} does not use it: "
+                              "set reference='model'")
         if args.reference == "adapter" and not is_peft_model(model):
-            raise ValueError("reference='adapter' needs a PEFT policy: set lora_r or pass peft_config")
+            raise ConfigError("reference='adapter' needs a PEFT policy: set lora_r or pass peft_config")
 
     @staticmethod
     def _build_collator(model: torch.nn.Module, tokenizer: Any, args: PreferenceConfig) -> PreferenceCollator:
@@ -148,8 +149,8 @@ class PreferenceTrainer(Trainer):
         if args.bf16 and attn == "eager":
             dtype = torch.bfloat16
         if args.padding_free and not (attn in ("sdpa", "eager") or is_flash_attention(attn)):
-            raise ValueError(f"padding_free=True supports sdpa, eager and flash attention, the model uses "
-                             f"{attn!r}: set padding_free=False or attn_implementation='sdpa'")
+            raise ConfigError(f"padding_free=True supports sdpa, eager and flash attention, the model uses "
+                              f"{attn!r}: set padding_free=False or attn_implementation='sdpa'")
         return PreferenceCollator(
             pad_token_id=tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0,
             padding_free=args.padding_free,
@@ -229,7 +230,7 @@ class PreferenceTrainer(Trainer):
         """Reference log-probs of the batch's sequences, by ``args.reference``."""
         if self.args.reference == "precomputed":
             if "ref_logps" not in inputs:
-                raise ValueError("the batch has no reference log-probs: run `align logprobs` on the dataset "
+                raise InputError("the batch has no reference log-probs: run `align logprobs` on the dataset "
                                  "or set reference='model'")
             return inputs["ref_logps"]
         with torch.no_grad():
@@ -327,10 +328,12 @@ def train(
     """
     if model is None:
         if not config.model_name_or_path:
-            raise ValueError("pass a model or set model_name_or_path")
+            raise ConfigError("pass a model or set model_name_or_path")
         model = load_causal_lm(config.model_name_or_path, config)
     if tokenizer is None:
-        tokenizer = AutoTokenizer.from_pretrained(config.model_name_or_path or unwrap_model(model).name_or_path)
+        source = config.model_name_or_path or unwrap_model(model).name_or_path
+        with loading("model_name_or_path", source):
+            tokenizer = AutoTokenizer.from_pretrained(source)
     if config.reference == "model" and ref_model is None:
         ref_model = load_causal_lm(config.ref_model_name_or_path or config.model_name_or_path
                                    or unwrap_model(model).name_or_path, config)
