@@ -118,6 +118,15 @@ class PreferenceConfig(ModelFields, LoraFields, OptimizerFields, TrainingArgumen
         always gets one row (it takes the sequence boundaries directly).
     pad_to_multiple_of (`int` or `None`, defaults to `None`):
         Round padded widths up to a multiple (tensor-core friendly shapes).
+    prefix_sharing (`"auto"`, `true` or `false`, defaults to `"auto"`):
+        Put a pair's prompt once before its chosen and its rejected completion, each
+        completion attending to the prompt and to itself only (positions restart at the
+        prompt's length), so the prompt's forward and backward run once per pair, not twice;
+        log-probs, losses and gradients are those of separate sequences
+        (`align.scoring.collators`, the prefix-shared layout). Works padded or padding-free.
+        `"auto"`: on where the attention takes a 4D mask (`sdpa`, `eager`), off for
+        FlashAttention, whose varlen kernels cannot keep two completions of one prompt apart;
+        `true` there is an error.
 
     > Parameters that control the optimizer, the model and the LoRA adapter
 
@@ -157,6 +166,8 @@ class PreferenceConfig(ModelFields, LoraFields, OptimizerFields, TrainingArgumen
     padding_free: bool = field(default=True, metadata={"help": "pack sequences instead of padding"})
     max_row_tokens: int | None = field(default=None, metadata={"help": "padding-free row budget (sdpa/eager)"})
     pad_to_multiple_of: int | None = field(default=None, metadata={"help": "round padded widths up"})
+    prefix_sharing: bool | str = field(default="auto", metadata={"help": "auto | true | false: each prompt once "
+                                                                          "per pair"})
     # Entry point (the model, LoRA and optimizer keys: align.trainers.common)
     ref_model_name_or_path: str | None = field(default=None, metadata={"help": "reference to load"})
     # TrainingArguments defaults that differ
@@ -210,6 +221,10 @@ class PreferenceConfig(ModelFields, LoraFields, OptimizerFields, TrainingArgumen
             raise ConfigError(f"truncated={self.truncated!r}: choose 'exclude' or 'train_without_end'")
         if self.over_max_length not in ("exclude", "cut"):
             raise ConfigError(f"over_max_length={self.over_max_length!r}: choose 'exclude' or 'cut'")
+        if self.prefix_sharing in ("true", "false"):  # from a command line that kept the text
+            self.prefix_sharing = self.prefix_sharing == "true"
+        if self.prefix_sharing not in ("auto", True, False):
+            raise ConfigError(f"prefix_sharing={self.prefix_sharing!r}: choose auto, true or false")
         if self.global_batch_size is not None and self.global_batch_size < 1:
             raise ConfigError(f"global_batch_size={self.global_batch_size}: must be a positive number of pairs, "
                               "or None")

@@ -9,7 +9,8 @@ Stages, each a small function:
    pass scored exactly these token ids (its lengths, its per-completion token hash) with
    the same reference checkpoint; a ``datasets.map`` run on the main process first.
 2. ``PreferenceCollator``: chosen and rejected of a batch in one padded or padding-free
-   batch (``align.scoring.collators``).
+   batch, each pair's prompt once before its two completions where the attention allows
+   (``prefix_sharing``; ``align.scoring.collators``).
 3. ``PreferenceTrainer.compute_loss``: one policy forward scores all 2B completions; the
    reference log-probs come from the dataset (default), a frozen model, or the policy
    with its PEFT adapter disabled; ``align.losses`` gives per-sample losses.
@@ -34,7 +35,13 @@ from transformers import AutoTokenizer, PreTrainedModel, Trainer
 
 from align.errors import ConfigError, InputError, loading
 from align.losses import LossType, dpo_loss, qrpo_terms
-from align.scoring import PreferenceCollator, completion_logps, is_flash_attention, unwrap_model
+from align.scoring import (
+    PreferenceCollator,
+    completion_logps,
+    is_flash_attention,
+    resolve_prefix_sharing,
+    unwrap_model,
+)
 from align.trainers.callbacks import bind_callbacks
 from align.trainers.common import (
     accumulation_from_global_batch,
@@ -158,6 +165,7 @@ class PreferenceTrainer(Trainer):
             mask_dtype=dtype if attn == "eager" else None,
             max_row_tokens=args.max_row_tokens,
             pad_to_multiple_of=args.pad_to_multiple_of,
+            prefix_sharing=resolve_prefix_sharing(args.prefix_sharing, attn),
         )
 
     def _prepare_reference(self, ref_model: PreTrainedModel) -> torch.nn.Module:
@@ -171,9 +179,9 @@ class PreferenceTrainer(Trainer):
         args = self.args
         pairs = args.per_device_train_batch_size * args.gradient_accumulation_steps * args.world_size
         per_pair = 2 if args.loss.uses_quantile_rewards else 1
-        logger.info("preference training: loss=%s beta=%s reference=%s padding_free=%s; %d pairs (%d loss samples) "
-                    "per optimizer step", args.loss_type, args.beta, args.reference, args.padding_free,
-                    pairs, pairs * per_pair)
+        logger.info("preference training: loss=%s beta=%s reference=%s padding_free=%s prefix_sharing=%s; %d pairs "
+                    "(%d loss samples) per optimizer step", args.loss_type, args.beta, args.reference,
+                    args.padding_free, self.data_collator.prefix_sharing, pairs, pairs * per_pair)
 
     # ----- Trainer hooks
 
