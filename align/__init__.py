@@ -13,12 +13,10 @@ The pipeline's stages as Python functions over lists of records or `datasets.Dat
     align.evaluate(held_out, [align.EvalPolicy("sft", sampler=...), ...], provider,
                    output_dir, baseline="sft")                     # win rates, KL, CIs
     align.pipeline("recipes/tiny/rounds.yaml", rounds=3)           # a recipe, rounds included
+    align.run_sweep(config, rows, validation, provider,
+                    align.SweepSettings(grid={"beta": [1, 5, 20]}))   # tuning, chosen on validation
 
-Names load on first use, so `import align` stays light. A mistake the user can fix raises
-one of the classes of `align.errors` (`align.AlignError` and its subclasses: `ConfigError`,
-`InputError`, `MissingInputError`, `RecordError`, `ServiceError`,
-`MissingDependencyError`), each also the built-in exception it replaced (`ValueError`,
-`FileNotFoundError`, `RuntimeError`, `ImportError`).
+Names load on first use, so `import align` stays light.
 """
 
 from __future__ import annotations
@@ -47,18 +45,13 @@ _LAZY: dict[str, tuple[str, str]] = {
     "evaluate": ("align.eval.evaluate", "evaluate"),
     "EvalPolicy": ("align.eval.evaluate", "EvalPolicy"),
     "EvalSettings": ("align.eval.evaluate", "EvalSettings"),
+    "run_sweep": ("align.sweep.run", "run_sweep"),
+    "SweepSettings": ("align.sweep.settings", "SweepSettings"),
+    "SweepResult": ("align.sweep.report", "SweepResult"),
     "decontaminate": ("align.data.decontaminate", "decontaminate"),
     "read_records": ("align.io", "read_records"),
     "pipeline": ("align.stages.pipeline", "pipeline"),
     "read_output": ("align.io", "read_output"),
-    # the errors a user can fix (align.errors): each also its former built-in
-    "AlignError": ("align.errors", "AlignError"),
-    "ConfigError": ("align.errors", "ConfigError"),
-    "InputError": ("align.errors", "InputError"),
-    "MissingInputError": ("align.errors", "MissingInputError"),
-    "RecordError": ("align.errors", "RecordError"),
-    "ServiceError": ("align.errors", "ServiceError"),
-    "MissingDependencyError": ("align.errors", "MissingDependencyError"),
 }
 
 __all__ = sorted(_LAZY)

@@ -56,12 +56,13 @@ LAYERS: dict[str, int] = {
     # 4: trainers and evaluation
     "align.trainers": 4,
     "align.eval": 4,
-    # 5: stages, CLI, the API facade (align/__init__.py), the demo
+    # 5: stages, CLI, the API facade (align/__init__.py), the demo, tuning on a grid (trainers + eval)
     "align.stages": 5,
     "align.cli": 5,
     "align.__main__": 5,
     "align": 5,
     "align.demo": 5,
+    "align.sweep": 5,
 }
 # Layers whose components are peers: none imports another (what they share moves down).
 PEER_LAYERS = {2, 3, 4}

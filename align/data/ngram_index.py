@@ -19,8 +19,6 @@ from dataclasses import dataclass
 from difflib import SequenceMatcher
 from typing import Any
 
-from align.errors import ConfigError, InputError, loading
-
 TokenizeFn = Callable[[str], Sequence[int]]
 
 # Scripts written without spaces are split per character, everything else into runs of
@@ -79,8 +77,7 @@ class HFTokenizer:
         if isinstance(spec, str):
             from transformers import AutoTokenizer
 
-            with loading("tokenizer", spec):
-                self.tokenizer = AutoTokenizer.from_pretrained(spec)
+            self.tokenizer = AutoTokenizer.from_pretrained(spec)
         else:
             self.tokenizer = spec
 
@@ -107,7 +104,7 @@ class CallableTokenizer:
         if all(isinstance(t, str) for t in tokens):
             return [stable_token_id(t) for t in tokens]
         bad = next(t for t in tokens if not isinstance(t, (int, str)) or isinstance(t, bool))
-        raise InputError(
+        raise ValueError(
             f"tokenizer {self.fn!r} returned a {type(bad).__name__} token; "
             "a tokenizer must return a sequence of ints or of strings"
         )
@@ -125,7 +122,7 @@ def build_tokenizer(spec: str | Callable[[str], Iterable[Hashable]] = "regex") -
         return HFTokenizer(spec)
     if callable(spec):
         return CallableTokenizer(spec)
-    raise ConfigError(
+    raise ValueError(
         f"tokenizer: expected 'regex', a HF tokenizer name/path or a callable, got {spec!r}"
     )
 

@@ -20,7 +20,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from align.errors import InputError
 from align.io import write_json
 from align.manifests.differences import explain
 from align.manifests.inputs import row_digests
@@ -36,7 +35,7 @@ from align.manifests.state import (
 )
 
 
-class StaleOutputError(InputError):
+class StaleOutputError(ValueError):
     """An output directory holds work made from other settings or inputs than this run's."""
 
 

@@ -18,6 +18,7 @@ STAGES: dict[str, tuple[str, str]] = {
     "pairs": ("align.stages.pairs", "quantile rewards against the references, then chosen/rejected pairs"),
     "logprobs": ("align.stages.logprobs", "one offline pass of reference log-probs for the pairs"),
     "train": ("align.stages.train", "QRPO or DPO preference training"),
+    "sweep": ("align.stages.sweep", "tune training settings on a grid: every point from the same start, chosen on validation prompts"),
     "evaluate": ("align.stages.evaluate", "rewards, win rates against a baseline and KL, with confidence intervals"),
     "decontaminate": ("align.stages.decontaminate", "remove training prompts that overlap benchmarks"),
     "judge-validate": ("align.stages.judge_validate", "qualify a judge on degradation ladders (rank correlation, bias)"),

@@ -16,7 +16,6 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Literal
 
-from align.errors import ConfigError
 from align.manifests import begin, start
 from align.sampling.config import SamplerConfig
 from align.stages.common import check_model_path, check_output_dir, finish, read_input
@@ -57,7 +56,7 @@ def run(config: Config) -> dict:
     from align.sampling.stages import sample_offline, sample_references
 
     if not config.prompts:
-        raise ConfigError("sample: set prompts (the prompt records to sample for)")
+        raise ValueError("sample: set prompts (the prompt records to sample for)")
     check_output_dir(config.output_dir, "sample")
     begun = begin("sample", config, config.output_dir, overwrite=config.overwrite)
     if begun.skip:

@@ -7,13 +7,11 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from align.errors import optional_import
-
 
 def plot_scores(report: Mapping[str, Any], path: str | Path) -> None:
     """Mean pointwise score (with its CI) against degradation step, one line per language."""
-    matplotlib = optional_import("matplotlib", needed_by="judge validation's plot",
-                                 install="pip install 'matplotlib>=3.7'")
+    import matplotlib
+
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 

@@ -1,0 +1,142 @@
+"""One point of a sweep: train it, then evaluate it on the validation prompts, each step an
+output directory with a manifest, so a rerun skips what is finished and resumes the rest.
+
+``points/<name>/`` is the trained policy (the trainer's ``save_model`` output); its
+manifest records the point's training settings and the fingerprints of the start policy,
+its tokenizer and the pair rows. ``validation/<name>/`` is `align.evaluate` of the start
+policy and the point on the validation prompts (``report.json``, ``report.md``,
+``eval.jsonl``); its manifest binds it to the trained point's output id, so a point
+trained again is evaluated again. A complete directory made from the same settings and
+inputs is skipped; a partial one resumes (trainer checkpoints under ``save_strategy``,
+the evaluation's job shards); one made from others stops the sweep naming each difference,
+unless ``overwrite`` (then what that step wrote is removed and redone).
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from align.config import to_dict
+from align.io import mark_stage_complete, stage_completion_info
+from align.manifests import begin, completion_fields, redact, start
+from align.sweep.grid import Point
+
+POINT_STAGE = "sweep-point"
+VALIDATION_STAGE = "sweep-validation"
+START = "start"  # the start policy's name in each validation report
+# Validation settings that group work without changing a figure (job batches, shards, plots).
+NEUTRAL_VALIDATION_KEYS = frozenset({"batch_size", "kl_batch_size", "shard_index", "num_shards", "plots"})
+
+SamplerFactory = Callable[[str, Any], Any]  # (policy name, model object or directory) -> Sampler
+
+
+@dataclass
+class PointSpec:
+    """What a trained point is made from: its manifest's settings."""
+
+    output_dir: str
+    training: dict[str, Any]  # the point's PreferenceConfig
+    start: dict[str, Any]  # the start policy's fingerprint
+    tokenizer: str  # the tokenizer's fingerprint
+    rows: str  # a digest of the pair rows
+
+
+@dataclass
+class ValidationSpec:
+    """What a point's validation is made from."""
+
+    output_dir: str
+    point: str  # the trained point's output id (a point trained again is other weights)
+    start: dict[str, Any]
+    prompts: str  # a digest of the validation prompts
+    provider: str  # the reward provider's fingerprint
+    settings: dict[str, Any]  # the evaluation settings that change a figure
+
+
+@dataclass
+class Trained:
+    """A trained point: its summary, and its model when it was trained in this process."""
+
+    summary: dict[str, Any]
+    output_id: str
+    model: Any = None
+    now: bool = False
+
+
+def train_point(point: Point, config: Any, rows: Callable[[], tuple[Any, Mapping[str, Any]]], *,
+                fingerprints: Mapping[str, Any], model: Any = None, tokenizer: Any = None,
+                callbacks: Sequence[Any] | None = None, overwrite: bool = False) -> Trained:
+    """Train ``config`` (the point's settings, ``output_dir`` its directory) unless that output is done.
+
+    ``rows()``: the pair rows, or the dataset the trainer prepared from them once for every
+    point, with what that preparation counted (called only when the point trains).
+    ``model``: the start policy in memory (a copy is trained), else ``config.model_name_or_path``
+    is loaded. ``fingerprints``: ``start``, ``tokenizer`` and ``rows`` (of the rows as given;
+    computed once per sweep).
+    """
+    from transformers.trainer_utils import get_last_checkpoint
+
+    from align.trainers.preference_trainer import train
+
+    out = Path(config.output_dir)
+    spec = PointSpec(output_dir=str(out), training=to_dict(config), start=dict(fingerprints["start"]),
+                     tokenizer=fingerprints["tokenizer"], rows=fingerprints["rows"])
+    begun = begin(POINT_STAGE, spec, out, overwrite=overwrite)
+    if begun.skip:
+        info = stage_completion_info(out) or {}
+        return Trained(summary=info.get("summary") or {}, output_id=str(info.get("output_id")))
+    start(begun)
+    last = get_last_checkpoint(str(out)) if out.is_dir() else None
+    if last:
+        print(f"[align sweep] {point.label}: resuming from {last}", flush=True)
+        config = dataclasses.replace(config, resume_from_checkpoint=last)
+    policy = copy.deepcopy(model).train() if model is not None else None
+    data, counted = rows()
+    trainer = train(config, data, policy, tokenizer=tokenizer, callbacks=list(callbacks or []))
+    losses = [log["loss"] for log in trainer.state.log_history if "loss" in log]
+    summary = {"settings": point.settings, "steps": trainer.state.global_step,
+               "train_loss": losses[-1] if losses else None, "log_history": trainer.state.log_history,
+               **counted, **trainer.data_summary}
+    fields = completion_fields(begun)
+    mark_stage_complete(out, stage=POINT_STAGE, config=redact(to_dict(spec)), summary=redact(summary), **fields)
+    return Trained(summary=summary, output_id=fields["output_id"], model=trainer.model, now=True)
+
+
+def validate_point(point: Point, trained: Trained, output_dir: Path, prompts: Sequence[Mapping[str, Any]],
+                   provider: Any, settings: Any, *, fingerprints: Mapping[str, Any], policy: Any, start_policy: Any,
+                   sampler: SamplerFactory, release: bool = True, overwrite: bool = False) -> dict[str, Any]:
+    """Evaluate the start policy and the point on the validation prompts (``align.evaluate``), unless done.
+
+    ``policy`` / ``start_policy``: a model object or a directory, handed to ``sampler``.
+    ``release``: build each sampler when its policy's turn to generate comes and release it
+    after (an engine holding a GPU); else both are built now (samplers over models already in
+    memory). Returns the summary: the point's figures (``point_metrics``) and the start policy's.
+    """
+    from align.eval.evaluate import EvalPolicy, evaluate
+    from align.sweep.settings import point_metrics, start_metrics
+
+    figures = {k: v for k, v in to_dict(settings).items() if k not in NEUTRAL_VALIDATION_KEYS}
+    spec = ValidationSpec(output_dir=str(output_dir), point=trained.output_id, start=dict(fingerprints["start"]),
+                          prompts=fingerprints["validation"], provider=fingerprints["provider"], settings=figures)
+    begun = begin(VALIDATION_STAGE, spec, output_dir, overwrite=overwrite)
+    if begun.skip:
+        return (stage_completion_info(output_dir) or {}).get("summary") or {}
+    start(begun)
+    builders = {START: lambda: sampler(START, start_policy), point.name: lambda: sampler(point.name, policy)}
+    policies = [EvalPolicy(name, sampler=build if release else build()) for name, build in builders.items()]
+    report = evaluate(prompts, policies, provider, output_dir, baseline=START, settings=settings,
+                      source="validation prompts")
+    summary = {"settings": point.settings, "metrics": point_metrics(report, point.name),
+               "start": start_metrics(report, START), "prompts": report["prompts"]}
+    mark_stage_complete(output_dir, stage=VALIDATION_STAGE, config=redact(to_dict(spec)), summary=summary,
+                        **completion_fields(begun))
+    return summary
+
+
+__all__ = ["NEUTRAL_VALIDATION_KEYS", "POINT_STAGE", "START", "VALIDATION_STAGE", "PointSpec", "Trained",
+           "ValidationSpec", "train_point", "validate_point"]
