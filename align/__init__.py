@@ -16,7 +16,11 @@ The pipeline's stages as Python functions over lists of records or `datasets.Dat
     align.run_sweep(config, rows, validation, provider,
                     align.SweepSettings(grid={"beta": [1, 5, 20]}))   # tuning, chosen on validation
 
-Names load on first use, so `import align` stays light.
+Names load on first use, so `import align` stays light. A mistake the user can fix raises
+one of the classes of `align.errors` (`align.AlignError` and its subclasses: `ConfigError`,
+`InputError`, `MissingInputError`, `RecordError`, `ServiceError`,
+`MissingDependencyError`), each also the built-in exception it replaced (`ValueError`,
+`FileNotFoundError`, `RuntimeError`, `ImportError`).
 """
 
 from __future__ import annotations
@@ -52,6 +56,14 @@ _LAZY: dict[str, tuple[str, str]] = {
     "read_records": ("align.io", "read_records"),
     "pipeline": ("align.stages.pipeline", "pipeline"),
     "read_output": ("align.io", "read_output"),
+    # the errors a user can fix (align.errors): each also its former built-in
+    "AlignError": ("align.errors", "AlignError"),
+    "ConfigError": ("align.errors", "ConfigError"),
+    "InputError": ("align.errors", "InputError"),
+    "MissingInputError": ("align.errors", "MissingInputError"),
+    "RecordError": ("align.errors", "RecordError"),
+    "ServiceError": ("align.errors", "ServiceError"),
+    "MissingDependencyError": ("align.errors", "MissingDependencyError"),
 }
 
 __all__ = sorted(_LAZY)

@@ -22,6 +22,8 @@ from typing import Any
 
 import numpy as np
 
+from align.errors import ConfigError
+
 DEFAULT_RESAMPLES = 2000
 DEFAULT_CONFIDENCE = 0.95
 
@@ -70,7 +72,7 @@ def percentile_interval(estimate: float, replicates: np.ndarray, n: int,
                         confidence: float = DEFAULT_CONFIDENCE) -> Interval:
     """The percentile interval of bootstrap replicates around ``estimate``."""
     if not 0 < confidence < 1:
-        raise ValueError(f"confidence must be in (0, 1), got {confidence}")
+        raise ConfigError(f"confidence must be in (0, 1), got {confidence}")
     tail = (1 - confidence) / 2
     low, high = np.quantile(replicates, [tail, 1 - tail])
     return Interval(float(estimate), float(low), float(high), n, confidence)

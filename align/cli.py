@@ -10,6 +10,7 @@ import os
 import sys
 from collections.abc import Sequence
 
+from align.errors import AlignError, ConfigError
 from align.stages import STAGES, stage_module
 
 USAGE = """usage: align STAGE [RECIPE.yaml] [key=value ...]
@@ -46,8 +47,6 @@ def split_args(args: Sequence[str]) -> tuple[str | None, list[str]]:
         elif recipe is None:
             recipe = arg
         else:
-            from align.config import ConfigError
-
             raise ConfigError(f"unexpected argument {arg!r} (one recipe, then key=value overrides)")
     return recipe, overrides
 
@@ -69,7 +68,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if any(a in ("-h", "--help") for a in rest):
         print(stage_help(name))
         return 0
-    from align.config import ConfigError, load_config
+    from align.config import load_config
 
     module = stage_module(name)
     try:
@@ -78,25 +77,18 @@ def main(argv: Sequence[str] | None = None) -> int:
         else:
             recipe, overrides = split_args(rest)
             config = load_config(module.Config, recipe, overrides, section=name)
-    except ConfigError as exc:
-        return _report(name, exc)
-    try:
         module.run(config)
-    except INPUT_ERRORS as exc:
+    except AlignError as exc:  # a mistake the user can fix (align.errors); anything else is a bug
         if os.environ.get("ALIGN_TRACEBACK"):
             raise
         return _report(name, exc)
     return 0
 
 
-# What a bad recipe, a bad input row or a missing / unwritable path raises: reported as one
-# line, `align STAGE: ErrorClass: message` (the message names the file, row or id, and the
-# field), exit status 2. Anything else is a bug and keeps its traceback; ALIGN_TRACEBACK=1
-# keeps it for these too.
-INPUT_ERRORS = (ValueError, OSError, ImportError)  # ImportError: an optional backend not installed
-
-
-def _report(name: str, exc: BaseException) -> int:
+def _report(name: str, exc: AlignError) -> int:
+    """`align STAGE: ErrorClass: message` (the message names the key, file:line or record and
+    field), exit status 2. Any other exception keeps its traceback (exit status 1);
+    ALIGN_TRACEBACK=1 keeps it for these too."""
     print(f"align {name}: {type(exc).__name__}: {exc}", file=sys.stderr)
     return 2
 

@@ -12,6 +12,7 @@ import dataclasses
 import datetime
 import difflib
 import enum
+import inspect
 import types
 import typing
 from collections.abc import Mapping, Sequence
@@ -20,11 +21,9 @@ from typing import Any, Literal, TypeVar, Union, get_args, get_origin
 
 import yaml
 
+from align.errors import ConfigError
+
 T = TypeVar("T")
-
-
-class ConfigError(ValueError):
-    """A recipe that cannot be loaded; the message names the key and what is allowed."""
 
 
 class _DuplicateKey(yaml.YAMLError):
@@ -260,11 +259,15 @@ def from_dict(cls: type[T], data: Mapping[str, Any], *, where: str = "") -> T:
                 value = merge(_init_values(default), value)
         kwargs[key] = _coerce(value, hints.get(key, Any), f"{where}{key}")
     try:
-        return cls(**kwargs)
-    except (TypeError, ValueError) as exc:
-        if isinstance(exc, ConfigError):
+        inspect.signature(cls).bind(**kwargs)
+    except TypeError as exc:  # a required key not given
+        raise ConfigError(f"{where}{cls.__name__}: {exc}") from None
+    try:
+        return cls(**kwargs)  # its own checks raise ConfigError; anything else is a bug
+    except ConfigError as exc:
+        if not where:
             raise
-        raise ConfigError(f"{cls.__name__}: {exc}") from exc
+        raise ConfigError(f"{where.rstrip('.')}: {exc}") from exc
 
 
 def _init_values(config: Any) -> dict[str, Any]:

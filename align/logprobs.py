@@ -51,6 +51,7 @@ from torch import Tensor
 
 from align.chat.apertus import date_text
 from align.data.records import RecordError, record_id
+from align.errors import InputError
 from align.io import read_output
 from align.io.fingerprint import json_digest, weights_fingerprint
 from align.jobs import run_job
@@ -64,6 +65,7 @@ from align.scoring import (
     completion_logps,
     count_truncated,
     encode_record,
+    resolve_prefix_sharing,
     unwrap_model,
 )
 
@@ -296,9 +298,9 @@ class _BatchScorer:
 
     def _score(self, records: list[dict], encoded: list[dict[str, list[int]]]) -> list[dict]:
         names = [[k[: -len("_ids")] for k in e if k != "prompt_ids"] for e in encoded]
-        sequences = [(e["prompt_ids"], e[f"{n}_ids"]) for e, ns in zip(encoded, names) for n in ns]
+        groups = [(e["prompt_ids"], [e[f"{n}_ids"] for n in ns]) for e, ns in zip(encoded, names)]
         batch = {k: v.to(self.device) if isinstance(v, Tensor) else v
-                 for k, v in self.collator.collate(sequences).items()}
+                 for k, v in self.collator.collate_groups(groups).items()}
         with torch.inference_mode():
             sums = completion_logps(self.model, batch).tolist()
         outputs, start = [], 0
@@ -360,6 +362,7 @@ def compute_ref_logprobs(
     cache_fields: Mapping[str, Any] | None = None,
     truncated: str = "exclude",
     over_max_length: str = "exclude",
+    prefix_sharing: bool | str = "auto",
 ) -> LogprobsResult:
     """Score shard ``shard_index`` of ``num_shards`` of ``records`` into ``output_dir`` (resumable).
 
@@ -370,7 +373,9 @@ def compute_ref_logprobs(
     ``truncated``: as in ``encode_record`` (and the trainer's ``truncated``, which must match).
     ``over_max_length``: a row over ``max_length`` is written unscored with ``ref_skip`` (its
     reason; ``"exclude"``, default) or scored on the completion's head (``"cut"``, counted);
-    the trainer's setting must match.
+    the trainer's setting must match. ``prefix_sharing`` (``"auto"``: wherever the attention
+    takes a 4D mask) scores a row's completions after one copy of its prompt; like
+    ``padding_free`` it is a batch layout and changes no result.
     """
     check_over_max_length_policy(over_max_length)
     fields = dict(cache_fields) if cache_fields is not None else cache_fields_for(
@@ -384,6 +389,7 @@ def compute_ref_logprobs(
         attn_implementation=attn,
         mask_dtype=next(model.parameters()).dtype if attn == "eager" else None,
         max_row_tokens=max_row_tokens,
+        prefix_sharing=resolve_prefix_sharing(prefix_sharing, attn),
     )
     check_truncated_policy(truncated)
     num_cut = count_truncated(records) if truncated == "train_without_end" else 0
@@ -437,7 +443,7 @@ def load_ref_logprobs(output_dir: str | Path, records: Sequence[Mapping[str, Any
     log-probs; the trainer excludes them by the same rule."""
     missing = missing_ids(output_dir, records)
     if missing:
-        raise ValueError(f"reference log-probs in {output_dir} are incomplete: {len(missing)} of "
+        raise InputError(f"reference log-probs in {output_dir} are incomplete: {len(missing)} of "
                          f"{len(_ids(records))} rows missing, e.g. {missing[:10]}; rerun the pass "
                          "(it resumes) for every shard")
     by_id = {row.get("id"): row for row in read_output(output_dir)}

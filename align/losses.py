@@ -18,6 +18,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from align.errors import ConfigError
+
 __all__ = [
     "LossType",
     "QRPOTerms",
@@ -170,9 +172,9 @@ def qrpo_terms(
     None only when neither length option is on.
     """
     if not beta > 0:
-        raise ValueError(f"beta must be positive, got {beta}")
+        raise ConfigError(f"beta must be positive, got {beta}")
     if beta_clamp is not None and not beta_clamp > 0:
-        raise ValueError(f"beta_clamp must be positive or None, got {beta_clamp}")
+        raise ConfigError(f"beta_clamp must be positive or None, got {beta_clamp}")
     size = _check_same_size({"policy_logps": policy_logps, "ref_logps": ref_logps})
     dtype = _compute_dtype(policy_logps.dtype)
     rewards = _as_vector(quantile_rewards, "quantile_rewards", size, policy_logps, dtype)
@@ -242,7 +244,7 @@ def dpo_loss(
     Uses ``logsigmoid``, so large margins of either sign stay finite.
     """
     if not beta > 0:
-        raise ValueError(f"beta must be positive, got {beta}")
+        raise ConfigError(f"beta must be positive, got {beta}")
     size = _check_same_size(
         {
             "policy_chosen_logps": policy_chosen_logps,

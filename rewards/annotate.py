@@ -21,7 +21,8 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from align.data.records import RecordError, record_id, validate_prompt
+from align.data.records import record_id, validate_prompt
+from align.errors import InputError, RecordError
 from align.jobs import JobResult, run_job
 from rewards.base import RewardProvider, Score, checked
 from rewards.text import plain_messages
@@ -34,7 +35,7 @@ def validate_for_annotation(record: Mapping[str, Any], index: int, reference_fie
     rid = record_id(record, index)
     try:
         plain_messages(record["messages"])
-    except ValueError as error:  # structured content the providers cannot read
+    except InputError as error:  # structured content the providers cannot read
         raise RecordError(rid, "messages", str(error)) from None
     completions = record.get("completions")
     if not isinstance(completions, list) or not completions:

@@ -36,6 +36,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from string import Template
 
+from align.errors import ConfigError, InputError, MissingInputError
+
 DEFAULT_CHARTER = "default.md"
 
 _TITLE = re.compile(r"^#\s+(?P<title>\S.*)$")
@@ -49,7 +51,7 @@ def charter_dir() -> Path:
     return Path(__file__).resolve().parent.parent / "charter"
 
 
-class CharterError(ValueError):
+class CharterError(InputError):
     """A charter file that does not have the required shape; names the file and line."""
 
     def __init__(self, source: str, line: int, problem: str):
@@ -214,20 +216,20 @@ def find_charter(name_or_path: str | Path | None = None) -> Path:
         return charter_dir() / DEFAULT_CHARTER
     text = str(name_or_path)
     if not text.strip():
-        raise ValueError("charter: an empty name (leave it unset for the default charter)")
+        raise ConfigError("charter: an empty name (leave it unset for the default charter)")
     path = Path(text).expanduser()
     if path.is_file():
         return path
     parts = Path(text).parts
     bundled_form = len(parts) == 1 or (len(parts) == 2 and parts[0] == "charter")
     if not bundled_form or text.startswith(("~", "/", ".")):
-        raise FileNotFoundError(f"no charter {text!r}: file not found")
+        raise MissingInputError(f"no charter {text!r}: file not found")
     name = Path(parts[-1])
     for candidate in (name, name.with_suffix(".md")):
         bundled = charter_dir() / candidate.name
         if bundled.is_file():
             return bundled
-    raise FileNotFoundError(f"no charter {text!r}: not a file, and not one of the bundled charters "
+    raise MissingInputError(f"no charter {text!r}: not a file, and not one of the bundled charters "
                             f"{bundled_charters()} in {charter_dir()}")
 
 
@@ -257,7 +259,7 @@ def load_template(name_or_path: str | Path) -> Template:
         return Template(candidate.read_text(encoding="utf-8").strip())
     resource = charter_dir() / f"{name_or_path}.txt"
     if not resource.is_file():
-        raise FileNotFoundError(f"no prompt template {name_or_path!r} (neither a file nor a template in {charter_dir()})")
+        raise MissingInputError(f"no prompt template {name_or_path!r} (neither a file nor a template in {charter_dir()})")
     return Template(resource.read_text(encoding="utf-8").strip())
 
 

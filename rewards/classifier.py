@@ -30,7 +30,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from align.data.records import RecordError, record_id, validate_prompt
+from align.data.records import record_id, validate_prompt
+from align.errors import ConfigError, InputError, RecordError
 from rewards.charter import load_template
 from rewards.generation import Generate
 from rewards.judge_backends.base import prompt_too_long
@@ -57,9 +58,9 @@ class ClassifierConfig:
 
     def __post_init__(self) -> None:
         if self.threshold not in range(4):
-            raise ValueError(f"threshold must be 0..3, got {self.threshold}")
+            raise ConfigError(f"threshold must be 0..3, got {self.threshold}")
         if self.max_attempts < 1:
-            raise ValueError(f"max_attempts must be >= 1, got {self.max_attempts}")
+            raise ConfigError(f"max_attempts must be >= 1, got {self.max_attempts}")
 
 
 @dataclass
@@ -73,8 +74,13 @@ class Verdict:
     error: str | None = None
 
 
+class UnreadableAnswer(ValueError):
+    """A model answer that is not the classification JSON: retried, then a recorded failure
+    (the model's output, not a mistake of the user's)."""
+
+
 def parse_answer(text: str) -> tuple[int, str]:
-    """(label, reasoning) from a model answer; ValueError saying what is wrong otherwise.
+    """(label, reasoning) from a model answer; ``UnreadableAnswer`` saying what is wrong otherwise.
 
     Accepts the JSON object alone or inside a ```json fence, with surrounding whitespace.
     The label must be one of "0".."3" (an integer 0..3 is accepted too: it is unambiguous).
@@ -85,16 +91,16 @@ def parse_answer(text: str) -> tuple[int, str]:
     try:
         data = json.loads(body)
     except json.JSONDecodeError as error:
-        raise ValueError(f"not valid JSON ({error.msg} at char {error.pos})") from None
+        raise UnreadableAnswer(f"not valid JSON ({error.msg} at char {error.pos})") from None
     if not isinstance(data, Mapping):
-        raise ValueError(f"expected a JSON object, got {type(data).__name__}")
+        raise UnreadableAnswer(f"expected a JSON object, got {type(data).__name__}")
     label, reasoning = data.get("classification"), data.get("reasoning")
     if isinstance(label, int) and not isinstance(label, bool):
         label = str(label)
     if label not in LABELS:
-        raise ValueError(f"classification must be one of {list(LABELS)}, got {data.get('classification')!r}")
+        raise UnreadableAnswer(f"classification must be one of {list(LABELS)}, got {data.get('classification')!r}")
     if not isinstance(reasoning, str):
-        raise ValueError(f"reasoning must be a string, got {reasoning!r:.60}")
+        raise UnreadableAnswer(f"reasoning must be a string, got {reasoning!r:.60}")
     return int(label), reasoning
 
 
@@ -145,7 +151,7 @@ class ControversyClassifier:
                 try:
                     verdict.label, verdict.reasoning = parse_answer(answer)
                     verdict.error = None
-                except ValueError as error:
+                except UnreadableAnswer as error:
                     verdict.error = str(error)
                     still.append(i)
             pending = still
@@ -172,7 +178,7 @@ class ControversyClassifier:
             validate_prompt(record, index)
             try:
                 first_user_and_system(record["messages"])
-            except ValueError as error:  # unreadable message content: name the record
+            except InputError as error:  # unreadable message content: name the record
                 raise RecordError(record_id(record, index), "messages", str(error)) from None
         verdicts = self.classify([r["messages"] for r in records])
         return [{**record, **self._fields(v)} for record, v in zip(records, verdicts)]

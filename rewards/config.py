@@ -69,15 +69,15 @@ class EngineFields:
 
 def _check_engine(config: Any) -> None:
     if "dtype" in config.engine_kwargs:
-        raise ValueError("engine_kwargs.dtype: set the dtype key instead (one dtype for every backend; "
-                         "docs/settings.md)")
+        raise ConfigError("engine_kwargs.dtype: set the dtype key instead (one dtype for every backend; "
+                          "docs/settings.md)")
     if config.max_model_len is not None:
         if config.max_model_len < 2:
-            raise ValueError(f"max_model_len: must be >= 2, got {config.max_model_len}")
+            raise ConfigError(f"max_model_len: must be >= 2, got {config.max_model_len}")
         given = config.engine_kwargs.get("max_model_len")
         if given is not None and given != config.max_model_len:
-            raise ValueError(f"max_model_len={config.max_model_len} and engine_kwargs.max_model_len={given} "
-                             "disagree: set one")
+            raise ConfigError(f"max_model_len={config.max_model_len} and engine_kwargs.max_model_len={given} "
+                              "disagree: set one")
 
 
 def vllm_engine_kwargs(config: EngineFields) -> dict[str, Any]:
@@ -89,17 +89,17 @@ def vllm_engine_kwargs(config: EngineFields) -> dict[str, Any]:
 
 def _check_generation(config: Any) -> None:
     if config.temperature < 0:
-        raise ValueError(f"temperature: must be >= 0, got {config.temperature}")
+        raise ConfigError(f"temperature: must be >= 0, got {config.temperature}")
     if config.max_tokens < 1:
-        raise ValueError(f"max_tokens: must be >= 1, got {config.max_tokens}")
+        raise ConfigError(f"max_tokens: must be >= 1, got {config.max_tokens}")
 
 
 def _check_judge(config: Any) -> None:
     if config.backend == "openai" and not config.base_url:
-        raise ValueError("base_url: the openai backend needs the endpoint URL")
+        raise ConfigError("base_url: the openai backend needs the endpoint URL")
     check_api_key_env(config.api_key_env)
     if len(config.scale) != 2:
-        raise ValueError(f"scale: expected [low, high], got {config.scale}")
+        raise ConfigError(f"scale: expected [low, high], got {config.scale}")
 
 
 @dataclass
@@ -174,14 +174,14 @@ class RewardProviderConfig(JudgeModelConfig, GeneratorConfig):
 
     def __post_init__(self) -> None:
         if self.provider in ("reward_model", "judge", "classifier") and not self.model:
-            raise ValueError(f"model: provider {self.provider!r} needs a model path or name")
+            raise ConfigError(f"model: provider {self.provider!r} needs a model path or name")
         if self.provider == "reward_model" and self.max_model_len is not None:
-            raise ValueError("max_model_len: the reward model's input limit is max_length")
+            raise ConfigError("max_model_len: the reward model's input limit is max_length")
         _check_engine(self)
         _check_judge(self)
         _check_generation(self)
         if self.provider == "classifier" and self.backend == "openai":
-            raise ValueError("backend: the classifier runs on transformers or vllm")
+            raise ConfigError("backend: the classifier runs on transformers or vllm")
 
 
 # --------------------------------------------------------------------------- builders

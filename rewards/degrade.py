@@ -33,6 +33,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar
 
+from align.errors import ConfigError, InputError
 from rewards.base import Conversation
 from rewards.generation import Generate
 from rewards.text import transcript
@@ -242,7 +243,7 @@ class RuleDegrader(Degrader):
     def apply(self, text: str, kind: str, seed: int) -> str | None:
         """One flaw of `kind` added to `text` (None: not applicable to this text)."""
         if kind not in self.TRANSFORMS:
-            raise ValueError(f"the rule-based degrader cannot imitate {kind!r}: {self.cannot.get(kind, 'unknown kind')}")
+            raise ConfigError(f"the rule-based degrader cannot imitate {kind!r}: {self.cannot.get(kind, 'unknown kind')}")
         out = self.TRANSFORMS[kind](text, random.Random(seed))
         return out if out and out.strip() and out.strip() != text.strip() else None
 
@@ -273,7 +274,7 @@ class LLMDegrader(Degrader):
         self.template = load_template(template)
         missing = {"question", "response", "flaw", "flaw_description"} - template_fields(self.template)
         if missing:
-            raise ValueError(f"degrader template {template!r} lacks the placeholders {sorted('$' + m for m in missing)}")
+            raise InputError(f"degrader template {template!r} lacks the placeholders {sorted('$' + m for m in missing)}")
 
     def prompt(self, question: Conversation, text: str, kind: str) -> str:
         return self.template.substitute(question=transcript(question), response=text, flaw=kind.replace("_", " "),
@@ -346,17 +347,17 @@ def build_ladders(
     is changed.
     """
     if steps < 1:
-        raise ValueError(f"steps must be >= 1, got {steps}")
+        raise ConfigError(f"steps must be >= 1, got {steps}")
     pool = list(kinds) if kinds is not None else list(degrader.kinds)
     unknown = [k for k in pool if k not in FLAW_KINDS]
     if unknown:
-        raise ValueError(f"unknown flaw kinds {unknown}; kinds: {list(FLAW_KINDS)}")
+        raise ConfigError(f"unknown flaw kinds {unknown}; kinds: {list(FLAW_KINDS)}")
     unable = [k for k in pool if k not in degrader.kinds]
     if unable:
-        raise ValueError(f"the {degrader.name} degrader cannot imitate {unable}: "
-                         + "; ".join(f"{k}: {degrader.cannot.get(k, '')}" for k in unable))
+        raise ConfigError(f"the {degrader.name} degrader cannot imitate {unable}: "
+                          + "; ".join(f"{k}: {degrader.cannot.get(k, '')}" for k in unable))
     if len(pool) < steps:
-        raise ValueError(f"{steps} steps need {steps} flaw kinds, only {len(pool)} given: {pool}")
+        raise ConfigError(f"{steps} steps need {steps} flaw kinds, only {len(pool)} given: {pool}")
     skipped: list[dict[str, Any]] = []
     starts: list[Start] = []
     queues: list[list[str]] = []

@@ -39,6 +39,7 @@ from pathlib import Path
 from string import Template
 from typing import Any
 
+from align.errors import ConfigError, InputError
 from rewards.base import Conversation, RewardProvider, Score, checked, is_empty
 from rewards.charter import Charter, load_charter, load_template, template_fields
 from rewards.judge_backends.base import PROMPT_TOO_LONG, JudgeBackend, LabelLogprobs
@@ -85,15 +86,15 @@ class JudgeConfig:
     def __post_init__(self) -> None:
         low, high = self.scale
         if not (isinstance(low, int) and isinstance(high, int)) or low < 0 or high <= low:
-            raise ValueError(f"scale must be two integers low < high, got {self.scale}")
+            raise ConfigError(f"scale must be two integers low < high, got {self.scale}")
         if self.top_k_pairwise < 0:
-            raise ValueError(f"top_k_pairwise must be >= 0, got {self.top_k_pairwise}")
+            raise ConfigError(f"top_k_pairwise must be >= 0, got {self.top_k_pairwise}")
         if self.max_phases is not None and self.max_phases < 1:
-            raise ValueError(f"max_phases must be >= 1 or None, got {self.max_phases}")
+            raise ConfigError(f"max_phases must be >= 1 or None, got {self.max_phases}")
         if len(set(self.pairwise_labels)) != 2:
-            raise ValueError(f"pairwise_labels must be two different labels, got {self.pairwise_labels}")
+            raise ConfigError(f"pairwise_labels must be two different labels, got {self.pairwise_labels}")
         if self.single_order not in ("score", "skip"):
-            raise ValueError(f"single_order must be 'score' or 'skip', got {self.single_order!r}")
+            raise ConfigError(f"single_order must be 'score' or 'skip', got {self.single_order!r}")
 
     @property
     def labels(self) -> list[str]:
@@ -183,7 +184,7 @@ class ConstitutionalJudge(RewardProvider):
         a prompt is not lost because one of its references came back empty.
         """
         if len(conversations) != len(completions):
-            raise ValueError(f"{len(conversations)} conversations for {len(completions)} completions")
+            raise InputError(f"{len(conversations)} conversations for {len(completions)} completions")
         low = float(self.config.scale[0])
         scores = [Score(low, None, {"empty_completion": f"empty completion: given the scale minimum {low:g}"})
                   for _ in completions]  # replaced below for every completion the judge is asked about
@@ -278,9 +279,9 @@ def _checked_template(name: str, required: set[str]) -> Template:
     template = load_template(name)
     missing = required - template_fields(template)
     if missing:
-        raise ValueError(f"judge template {name!r} lacks the placeholders {sorted('$' + m for m in missing)}")
+        raise InputError(f"judge template {name!r} lacks the placeholders {sorted('$' + m for m in missing)}")
     if not template.template.lstrip().startswith("$charter"):
-        raise ValueError(f"judge template {name!r} must start with $charter, the prefix every call shares")
+        raise InputError(f"judge template {name!r} must start with $charter, the prefix every call shares")
     return template
 
 

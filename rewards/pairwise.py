@@ -20,6 +20,8 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
+from align.errors import ConfigError
+
 
 @dataclass(frozen=True)
 class Comparison:
@@ -56,7 +58,7 @@ def combine_orders(p_first_as_a: float | None, p_first_as_b: float | None, *, si
     (first_wins 0.5, so the sort keeps the pointwise order).
     """
     if single_order not in ("score", "skip"):
-        raise ValueError(f"single_order must be 'score' or 'skip', got {single_order!r}")
+        raise ConfigError(f"single_order must be 'score' or 'skip', got {single_order!r}")
     readable = [p for p in (p_first_as_a, p_first_as_b) if p is not None]
     if not readable:
         return Comparison(0.5, None, None, None, "judge gave neither label in either order")

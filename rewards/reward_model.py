@@ -40,6 +40,7 @@ from typing import Any
 import torch
 from tqdm.auto import tqdm
 
+from align.errors import ConfigError, InputError, loading
 from rewards.base import Conversation, RewardProvider, Score, checked, is_empty
 from rewards.text import encode_rendered, plain_messages
 
@@ -79,20 +80,20 @@ class RewardModelConfig:
 
     def __post_init__(self) -> None:
         if self.batch_size < 1:
-            raise ValueError(f"batch_size must be >= 1, got {self.batch_size}")
+            raise ConfigError(f"batch_size must be >= 1, got {self.batch_size}")
         if self.max_batch_tokens is not None and (
                 isinstance(self.max_batch_tokens, bool) or not isinstance(self.max_batch_tokens, int)
                 or self.max_batch_tokens < 1):
-            raise ValueError(f"max_batch_tokens must be an integer >= 1 or None, got {self.max_batch_tokens!r}")
+            raise ConfigError(f"max_batch_tokens must be an integer >= 1 or None, got {self.max_batch_tokens!r}")
         if self.max_length < 2:
-            raise ValueError(f"max_length must be >= 2, got {self.max_length}")
+            raise ConfigError(f"max_length must be >= 2, got {self.max_length}")
         if self.on_truncation not in ON_TRUNCATION:
-            raise ValueError(f"on_truncation must be one of {list(ON_TRUNCATION)}, got {self.on_truncation!r}")
+            raise ConfigError(f"on_truncation must be one of {list(ON_TRUNCATION)}, got {self.on_truncation!r}")
         if self.empty_score is not None and (
             isinstance(self.empty_score, bool) or not isinstance(self.empty_score, (int, float))
             or not math.isfinite(self.empty_score)
         ):
-            raise ValueError(f"empty_score must be a finite number or None, got {self.empty_score!r}")
+            raise ConfigError(f"empty_score must be a finite number or None, got {self.empty_score!r}")
 
 
 def budget_batches(order: Sequence[int], lengths: Sequence[int], batch_size: int,
@@ -132,7 +133,7 @@ def resolve_dtype(dtype: str | torch.dtype | None, device: torch.device) -> torc
         return torch.bfloat16 if device.type != "cpu" else torch.float32
     resolved = getattr(torch, dtype, None)
     if not isinstance(resolved, torch.dtype):
-        raise ValueError(f"unknown dtype {dtype!r} (use e.g. 'bfloat16' or 'float32')")
+        raise ConfigError(f"unknown dtype {dtype!r} (use e.g. 'bfloat16' or 'float32')")
     return resolved
 
 
@@ -148,13 +149,13 @@ def check_padding(tokenizer: Any, model: Any, name: str) -> int:
     """
     pad, eos = tokenizer.pad_token_id, tokenizer.eos_token_id
     if pad is None:
-        raise ValueError(
+        raise InputError(
             f"reward model {name}: the tokenizer has no pad token; set one that never occurs "
             "in text (not EOS), e.g. tokenizer.pad_token = '<|finetune_right_pad_id|>' for Llama 3"
         )
     eos_ids = set(eos) if isinstance(eos, list) else {eos}
     if pad in eos_ids:
-        raise ValueError(
+        raise InputError(
             f"reward model {name}: pad token id {pad} equals the EOS id; the model pools at the last "
             "non-pad token, so an EOS at the end of the turn would be treated as padding. Set a "
             "distinct pad token."
@@ -164,7 +165,7 @@ def check_padding(tokenizer: Any, model: Any, name: str) -> int:
         config.pad_token_id = pad
         model.config.pad_token_id = pad
     elif config.pad_token_id != pad:
-        raise ValueError(
+        raise InputError(
             f"reward model {name}: model.config.pad_token_id={config.pad_token_id} but the tokenizer pads "
             f"with {pad}; pooling would look for the wrong id. Make them agree."
         )
@@ -202,17 +203,20 @@ class RewardModel(RewardProvider):
         self.tokenizer, self.model = self._load(model, tokenizer)
         self.pad_id = check_padding(self.tokenizer, self.model, self.config.model_name_or_path)
         if getattr(self.tokenizer, "chat_template", None) is None:
-            raise ValueError(f"reward model {model_name_or_path}: the tokenizer has no chat template to render with")
+            raise InputError(f"reward model {model_name_or_path}: the tokenizer has no chat template to render with")
 
     def _load(self, model: Any, tokenizer: Any) -> tuple[Any, Any]:
         from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
         path = self.config.model_name_or_path
-        tokenizer = tokenizer or AutoTokenizer.from_pretrained(path)
+        if tokenizer is None:
+            with loading("model", path):
+                tokenizer = AutoTokenizer.from_pretrained(path)
         if model is None:
-            model = AutoModelForSequenceClassification.from_pretrained(path, dtype=self.dtype)
+            with loading("model", path):
+                model = AutoModelForSequenceClassification.from_pretrained(path, dtype=self.dtype)
         if model.config.num_labels != 1:
-            raise ValueError(f"reward model {path}: expected a one-label classifier, got num_labels={model.config.num_labels}")
+            raise InputError(f"reward model {path}: expected a one-label classifier, got num_labels={model.config.num_labels}")
         return tokenizer, model.to(device=self.device, dtype=self.dtype).eval()
 
     def render(self, conversation: Conversation, completion: str) -> str:
@@ -236,7 +240,7 @@ class RewardModel(RewardProvider):
         """Raw logits for every pair; an empty completion gets the empty-completion rule, over
         the pairs that share its conversation (the same prompt)."""
         if len(conversations) != len(completions):
-            raise ValueError(f"{len(conversations)} conversations for {len(completions)} completions")
+            raise InputError(f"{len(conversations)} conversations for {len(completions)} completions")
         scores = self._score_non_empty(conversations, completions)
         prompts: dict[str, list[int]] = {}
         for i, conversation in enumerate(conversations):

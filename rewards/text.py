@@ -12,6 +12,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from align.errors import InputError
 from rewards.base import Conversation
 
 
@@ -27,15 +28,15 @@ def content_text(content: Any, where: str = "content") -> str:
         if isinstance(content.get("blocks"), list):
             blocks = content["blocks"]
             return "".join(b.get("text", "") for b in blocks if isinstance(b, Mapping) and b.get("type") == "response")
-    raise ValueError(f"{where}: expected a string or structured content (text / parts / blocks), got {content!r:.80}")
+    raise InputError(f"{where}: expected a string or structured content (text / parts / blocks), got {content!r:.80}")
 
 
 def _part_text(part: Any, where: str) -> str:
     if not isinstance(part, Mapping) or "type" not in part:
-        raise ValueError(f"{where}: expected a mapping with 'type'")
+        raise InputError(f"{where}: expected a mapping with 'type'")
     if part["type"] == "text":
         if not isinstance(part.get("text"), str):
-            raise ValueError(f"{where}.text: expected a string")
+            raise InputError(f"{where}.text: expected a string")
         return part["text"]
     return ""
 
@@ -51,7 +52,7 @@ def plain_messages(conversation: Conversation, *, drop_system: bool = True) -> l
     for i, message in enumerate(conversation):
         role = message.get("role")
         if not isinstance(role, str):
-            raise ValueError(f"messages[{i}].role: expected a string, got {role!r}")
+            raise InputError(f"messages[{i}].role: expected a string, got {role!r}")
         if drop_system and role == "system":
             continue
         out.append({"role": role, "content": content_text(message.get("content"), f"messages[{i}].content")})
@@ -81,7 +82,7 @@ def first_user_and_system(conversation: Conversation) -> tuple[str, str]:
             user = content_text(message.get("content"), f"messages[{i}].content")
             break
     if user is None:
-        raise ValueError("messages: no user turn")
+        raise InputError("messages: no user turn")
     return system, user
 
 

@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from fractions import Fraction
 from typing import Any
 
+from align.errors import ConfigError, InputError
 from rewards.base import Conversation, RewardProvider, Score, is_empty
 
 _ANSWER_LINE = re.compile(r"(?:final answer|answer)\s*(?:is|:)\s*(?P<answer>.+)$", re.IGNORECASE)
@@ -61,9 +62,9 @@ class VerifiableConfig:
 
     def __post_init__(self) -> None:
         if not self.answer_field:
-            raise ValueError("answer_field must be a non-empty field name")
+            raise ConfigError("answer_field must be a non-empty field name")
         if self.match not in MATCH_MODES:
-            raise ValueError(f"match: {self.match!r} is not one of {list(MATCH_MODES)}")
+            raise ConfigError(f"match: {self.match!r} is not one of {list(MATCH_MODES)}")
 
 
 def last_boxed(text: str) -> str | None:
@@ -199,9 +200,9 @@ class VerifiableReward(RewardProvider):
         references: Sequence[Any] | None = None,
     ) -> list[Score]:
         if references is None:
-            raise ValueError(f"VerifiableReward needs the reference answers (record field {self.reference_field!r})")
+            raise InputError(f"VerifiableReward needs the reference answers (record field {self.reference_field!r})")
         if not len(conversations) == len(completions) == len(references):
-            raise ValueError(f"{len(conversations)} conversations, {len(completions)} completions, {len(references)} references")
+            raise InputError(f"{len(conversations)} conversations, {len(completions)} completions, {len(references)} references")
         return [self._one(completion, reference) for completion, reference in zip(completions, references)]
 
     def _one(self, completion: str, reference: Any) -> Score:

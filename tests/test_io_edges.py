@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from align.errors import InputError
 from align.io import read_records, write_json, write_jsonl
 from align.io.shards import ShardWriter
 
@@ -141,7 +142,7 @@ def test_a_shard_that_is_a_symlink_is_refused(tmp_path):
     out.mkdir()
     shard = out / "shard-00000-of-00001.jsonl"
     shard.symlink_to(outside)
-    with pytest.raises(OSError, match="symlink") as error:
+    with pytest.raises(InputError, match="symlink") as error:
         ShardWriter(shard)
     assert str(shard) in str(error.value)
     assert outside.read_text() == "precious\n"
@@ -155,7 +156,7 @@ def test_a_lock_file_that_is_a_symlink_is_refused(tmp_path):
     out.mkdir()
     lock = out / "shard-00000-of-00001.lock"
     lock.symlink_to(outside)
-    with pytest.raises(OSError, match="symlink") as error:
+    with pytest.raises(InputError, match="symlink") as error:
         ShardWriter(out / "shard-00000-of-00001.jsonl")
     assert str(lock) in str(error.value)
     assert outside.read_text() == "keep"
@@ -167,6 +168,6 @@ def test_a_dangling_shard_symlink_is_refused_and_nothing_is_created_outside(tmp_
     out.mkdir()
     target = tmp_path / "elsewhere.jsonl"
     (out / "shard-00000-of-00001.jsonl").symlink_to(target)
-    with pytest.raises(OSError, match="symlink"):
+    with pytest.raises(InputError, match="symlink"):
         ShardWriter(out / "shard-00000-of-00001.jsonl")
     assert not target.exists()

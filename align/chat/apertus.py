@@ -60,6 +60,7 @@ from align.chat.messages import (
 )
 from align.chat.segments import Segment, Transcript
 from align.chat.tools import declaration, format_calls, function_schemas
+from align.errors import ConfigError
 
 BOS = "<s>"
 SYSTEM_START, SYSTEM_END = "<|system_start|>", "<|system_end|>"
@@ -87,7 +88,7 @@ def date_text(date: _dt.date | str | None) -> str:
         return date.isoformat()
     if isinstance(date, str) and date:
         return date
-    raise ValueError(f"date must be a datetime.date or a non-empty string, got {date!r}")
+    raise ConfigError(f"date must be a datetime.date or a non-empty string, got {date!r}")
 
 
 def developer_block(tools: Sequence[Any] | None, enable_thinking: bool) -> str:

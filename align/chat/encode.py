@@ -20,6 +20,7 @@ from typing import Any
 from align.chat.formats import ChatFormat, get_format
 from align.chat.render import render, render_segments
 from align.chat.segments import Segment
+from align.errors import InputError
 
 # The label of a token off the loss mask: PyTorch's cross-entropy (and transformers' losses)
 # skip it. The one definition; the SFT labels, the collators and the log-prob kernels import it.
@@ -44,12 +45,12 @@ class EncodedChat:
 def check_tokenizer(tokenizer: Any, fmt: ChatFormat) -> None:
     """The tokenizer must give offsets and keep every format token as one token."""
     if not getattr(tokenizer, "is_fast", False):
-        raise ValueError("align.chat needs a fast tokenizer (offsets mapping); got "
+        raise InputError("align.chat needs a fast tokenizer (offsets mapping); got "
                          f"{type(tokenizer).__name__}")
     added = tokenizer.get_added_vocab()
     missing = [t for t in fmt.special_tokens + ((fmt.bos,) if fmt.bos else ()) if t not in added]
     if missing:
-        raise ValueError(f"the tokenizer lacks the {fmt.name!r} tokens {missing}; they would be "
+        raise InputError(f"the tokenizer lacks the {fmt.name!r} tokens {missing}; they would be "
                          "split into pieces. Call align.chat.install_format(tokenizer, model, "
                          f"chat_format={fmt.name!r}) first")
 
@@ -90,7 +91,7 @@ def loss_mask(
         if 0 < count < end - start:
             first = next(c for c in range(start, end)
                          if (trained[c + 1] - trained[c]) != (trained[start + 1] - trained[start]))
-            raise ValueError(
+            raise InputError(
                 f"token {k} ({text[start:end]!r}, chars {start}-{end}) straddles the boundary "
                 f"between {_owner(segments, start)} and {_owner(segments, first)}: the tokenizer "
                 "merged text across it, so the loss mask is ambiguous. Change the text at that "
@@ -123,7 +124,7 @@ def message_spans(
 
 def _check_single_bos(ids: Sequence[int], tokenizer: Any, fmt: ChatFormat) -> None:
     if fmt.bos and len(ids) > 1 and ids[0] == ids[1] == tokenizer.convert_tokens_to_ids(fmt.bos):
-        raise ValueError("the token ids start with two BOS tokens")
+        raise InputError("the token ids start with two BOS tokens")
 
 
 def encode(
@@ -182,13 +183,13 @@ def encode_completion(
     fmt = get_format(chat_format)
     check_tokenizer(tokenizer, fmt)
     if not isinstance(completion, str):
-        raise ValueError(f"completion must be a string, got {type(completion).__name__}")
+        raise InputError(f"completion must be a string, got {type(completion).__name__}")
     if completion.endswith(fmt.eos):
-        raise ValueError(f"completion already ends with {fmt.eos!r}; pass the text without it "
+        raise InputError(f"completion already ends with {fmt.eos!r}; pass the text without it "
                          "(the end of turn is appended here)")
     for token in fmt.forbidden_in_text:
         if token in completion:
-            raise ValueError(f"completion contains the special token {token!r}, which would "
+            raise InputError(f"completion contains the special token {token!r}, which would "
                              "be tokenized as format structure")
     prompt = render(prompt_messages, chat_format=fmt.name, tools=tools, add_generation_prompt=True,
                     enable_thinking=enable_thinking, chat_date=chat_date)
@@ -198,7 +199,7 @@ def encode_completion(
     if full_ids[: len(prompt_ids)] != prompt_ids:
         k = next((k for k, (a, b) in enumerate(zip(prompt_ids, full_ids)) if a != b),
                  min(len(prompt_ids), len(full_ids)))
-        raise ValueError(
+        raise InputError(
             "the tokenized prompt is not a prefix of the tokenized prompt + completion "
             f"(they differ at token {k} of {len(prompt_ids)}): the tokenizer merges text across "
             "the prompt/completion boundary, so the completion's tokens cannot be separated "

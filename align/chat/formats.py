@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from align.errors import ConfigError
+
 
 @dataclass(frozen=True)
 class ChatFormat:
@@ -113,4 +115,4 @@ def get_format(name: str) -> ChatFormat:
         return FORMATS[name]
     except (KeyError, TypeError):
         known = ", ".join(sorted(FORMATS))
-        raise ValueError(f"unknown chat format {name!r}; known formats: {known}") from None
+        raise ConfigError(f"unknown chat format {name!r}; known formats: {known}") from None

@@ -6,6 +6,7 @@ from typing import Any
 
 from align.chat.formats import ChatFormat, get_format
 from align.chat.templates import chat_template
+from align.errors import InputError
 
 PAD_TOKEN = "<pad>"
 
@@ -36,7 +37,7 @@ def install_format(tokenizer: Any, model: Any = None, chat_format: str = "apertu
     """
     fmt = get_format(chat_format)
     if fmt.bos and tokenizer.bos_token not in (None, fmt.bos):
-        raise ValueError(f"format {fmt.name!r} starts with BOS {fmt.bos!r} but the tokenizer's "
+        raise InputError(f"format {fmt.name!r} starts with BOS {fmt.bos!r} but the tokenizer's "
                          f"BOS is {tokenizer.bos_token!r}")
     added = tokenizer.get_added_vocab()
     wanted = list(fmt.special_tokens) + ([fmt.bos] if fmt.bos else [])
@@ -68,7 +69,7 @@ def embedding_rows(model: Any) -> int:
     config = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
     rows = getattr(config, "vocab_size", None)
     if not isinstance(rows, int):
-        raise ValueError(f"cannot tell how many token rows {type(model).__name__} has: its input embedding has no "
+        raise InputError(f"cannot tell how many token rows {type(model).__name__} has: its input embedding has no "
                          "num_embeddings and its config no vocab_size")
     return rows
 

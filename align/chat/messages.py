@@ -3,7 +3,7 @@
 Datasets carry messages in several shapes (plain strings, the Apertus structured
 content, OpenAI-style ``tool_calls`` and ``role: "tool"`` messages). Every shape is turned
 into the same small typed form here, once, so renderers never guess. Anything that cannot
-be rendered faithfully raises ``ValueError`` naming the message index and the problem;
+be rendered faithfully raises ``InputError`` (a ``ValueError``) naming the message index and the problem;
 nothing is dropped silently.
 
 Turn order, in every format (``check_opening``, ``check_follows``, applied by the
@@ -23,6 +23,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from align.errors import InputError
+
 ROLES = ("system", "user", "assistant", "tool")
 BLOCK_TYPES = ("thoughts", "tool_calls", "tool_outputs", "response")
 # Fields other libraries use for an assistant's reasoning. They are refused rather than
@@ -30,9 +32,9 @@ BLOCK_TYPES = ("thoughts", "tool_calls", "tool_outputs", "response")
 REASONING_FIELDS = ("reasoning_content", "reasoning", "thinking")
 
 
-def message_error(index: int, role: Any, problem: str) -> ValueError:
+def message_error(index: int, role: Any, problem: str) -> InputError:
     """The one error shape for bad input: ``message 3 (tool): <problem>``."""
-    return ValueError(f"message {index} ({role}): {problem}")
+    return InputError(f"message {index} ({role}): {problem}")
 
 
 @dataclass(frozen=True)
@@ -77,24 +79,24 @@ def json_text(value: Any) -> str:
 def make_call(name: Any, arguments: Any, where: str) -> ToolCall:
     """Validate one tool call; arguments may be a dict or a JSON object string."""
     if not isinstance(name, str) or not name:
-        raise ValueError(f"{where}: tool call name must be a non-empty string, got {name!r}")
+        raise InputError(f"{where}: tool call name must be a non-empty string, got {name!r}")
     if isinstance(arguments, str):
         try:
             parsed = json.loads(arguments)
         except json.JSONDecodeError as err:
-            raise ValueError(
+            raise InputError(
                 f"{where}: arguments of the call to {name!r} are not valid JSON ({err}): "
                 f"{arguments!r}"
             ) from None
         if not isinstance(parsed, dict):
-            raise ValueError(
+            raise InputError(
                 f"{where}: arguments of the call to {name!r} must be a JSON object, "
                 f"got {type(parsed).__name__}: {arguments!r}"
             )
         return ToolCall(name, arguments)
     if isinstance(arguments, Mapping):
         return ToolCall(name, json.dumps(dict(arguments), ensure_ascii=False))
-    raise ValueError(
+    raise InputError(
         f"{where}: arguments of the call to {name!r} must be a JSON object string or a dict, "
         f"got {type(arguments).__name__}"
     )
@@ -135,25 +137,25 @@ def _tool_text(content: Any, index: int) -> str:
 def _block(raw: Any, index: int, k: int) -> Block:
     where = f"message {index} (assistant): block {k}"
     if not isinstance(raw, Mapping):
-        raise ValueError(f"{where} must be a mapping with a 'type', got {type(raw).__name__}")
+        raise InputError(f"{where} must be a mapping with a 'type', got {type(raw).__name__}")
     kind = raw.get("type")
     if kind in ("thoughts", "response"):
         if not isinstance(raw.get("text"), str):
-            raise ValueError(f"{where} ({kind}) needs a string 'text'")
+            raise InputError(f"{where} ({kind}) needs a string 'text'")
         return Block(kind, text=raw["text"])
     if kind == "tool_calls":
         calls = raw.get("calls")
         if not isinstance(calls, list) or not calls:
-            raise ValueError(f"{where} (tool_calls) needs a non-empty list 'calls'")
+            raise InputError(f"{where} (tool_calls) needs a non-empty list 'calls'")
         for c in calls:
             if not isinstance(c, Mapping):
-                raise ValueError(f"{where} (tool_calls): each call must be a mapping")
+                raise InputError(f"{where} (tool_calls): each call must be a mapping")
         return Block(kind, calls=tuple(make_call(c.get("name"), c.get("arguments"), where)
                                        for c in calls))
     if kind == "tool_outputs":
         outputs = raw.get("outputs")
         if not isinstance(outputs, list) or not outputs:
-            raise ValueError(f"{where} (tool_outputs) needs a non-empty list 'outputs'")
+            raise InputError(f"{where} (tool_outputs) needs a non-empty list 'outputs'")
         texts = []
         for o in outputs:
             if isinstance(o, Mapping) and "output" in o and o["output"] is not None:
@@ -161,10 +163,10 @@ def _block(raw: Any, index: int, k: int) -> Block:
             elif isinstance(o, str):
                 texts.append(o)
             else:
-                raise ValueError(f"{where} (tool_outputs): each output must be a string or "
+                raise InputError(f"{where} (tool_outputs): each output must be a string or "
                                  '{"output": ...}')
         return Block(kind, outputs=tuple(texts))
-    raise ValueError(
+    raise InputError(
         f"{where} has unknown block type {kind!r}; known types: {', '.join(BLOCK_TYPES)}"
     )
 
@@ -172,16 +174,16 @@ def _block(raw: Any, index: int, k: int) -> Block:
 def _openai_calls(raw: Any, index: int) -> tuple[ToolCall, ...]:
     where = f"message {index} (assistant): tool_calls"
     if not isinstance(raw, list):
-        raise ValueError(f"{where} must be a list")
+        raise InputError(f"{where} must be a list")
     calls = []
     for k, call in enumerate(raw):
         if not isinstance(call, Mapping):
-            raise ValueError(f"{where}[{k}] must be a mapping")
+            raise InputError(f"{where}[{k}] must be a mapping")
         if call.get("type", "function") != "function":
-            raise ValueError(f"{where}[{k}] has type {call.get('type')!r}; only 'function'")
+            raise InputError(f"{where}[{k}] has type {call.get('type')!r}; only 'function'")
         fn = call.get("function")
         if not isinstance(fn, Mapping):
-            raise ValueError(f"{where}[{k}] needs a 'function' with 'name' and 'arguments'")
+            raise InputError(f"{where}[{k}] needs a 'function' with 'name' and 'arguments'")
         calls.append(make_call(fn.get("name"), fn.get("arguments"), f"{where}[{k}]"))
     return tuple(calls)
 
@@ -213,13 +215,13 @@ def normalize(messages: Sequence[Mapping[str, Any]]) -> list[Message]:
     turn) belong to the renderers, which track turns.
     """
     if isinstance(messages, (str, bytes, Mapping)) or not isinstance(messages, Sequence):
-        raise ValueError(f"a conversation must be a list of messages, got {type(messages).__name__}")
+        raise InputError(f"a conversation must be a list of messages, got {type(messages).__name__}")
     if not messages:
-        raise ValueError("conversation is empty: nothing to render")
+        raise InputError("conversation is empty: nothing to render")
     out = []
     for i, raw in enumerate(messages):
         if not isinstance(raw, Mapping):
-            raise ValueError(f"message {i}: must be a mapping with 'role' and 'content', "
+            raise InputError(f"message {i}: must be a mapping with 'role' and 'content', "
                              f"got {type(raw).__name__}")
         role = raw.get("role")
         if role not in ROLES:
@@ -296,10 +298,10 @@ def refuse_tools_and_thinking(
 ) -> None:
     """Formats without tools/thinking refuse them instead of ignoring them silently."""
     if tools:
-        raise ValueError(f"format {format_name!r} has no tool declarations; use "
+        raise InputError(f"format {format_name!r} has no tool declarations; use "
                          "chat_format='apertus' or pass tools=None")
     if enable_thinking:
-        raise ValueError(f"format {format_name!r} has no thinking mode; use chat_format='apertus' "
+        raise InputError(f"format {format_name!r} has no thinking mode; use chat_format='apertus' "
                          "or pass enable_thinking=False")
     for m in msgs:
         if m.role == "tool":

@@ -51,7 +51,7 @@ def render(
 
     ``chat_date`` (a ``datetime.date`` or a ``YYYY-MM-DD`` string; default today) only feeds the
     Apertus default system text, used when the conversation has no system message. Bad
-    input raises ``ValueError`` naming the message index and the problem.
+    input raises ``InputError`` (a ``ValueError``) naming the message index and the problem.
     """
     return "".join(
         s.text

@@ -30,6 +30,7 @@ from typing import Any
 
 from align.chat.formats import get_format
 from align.chat.messages import ToolCall, make_call
+from align.errors import ConfigError, InputError
 
 TOOLS_PREFIX = "<|tools_prefix|>"
 TOOLS_SUFFIX = "<|tools_suffix|>"
@@ -51,23 +52,23 @@ def function_schema(tool: Tool, position: int = 0) -> dict[str, Any]:
             tool = get_json_schema(tool)
         except (DocstringParsingException, TypeHintParsingException) as err:
             name = getattr(tool, "__name__", repr(tool))
-            raise ValueError(f"{where}: cannot build a schema from function {name!r}: {err}") \
+            raise InputError(f"{where}: cannot build a schema from function {name!r}: {err}") \
                 from None
     if not isinstance(tool, Mapping):
-        raise ValueError(f"{where}: a tool must be a schema dict or a callable, "
+        raise InputError(f"{where}: a tool must be a schema dict or a callable, "
                          f"got {type(tool).__name__}")
     fn = tool.get("function") if "function" in tool else tool
     if not isinstance(fn, Mapping):
-        raise ValueError(f"{where}: 'function' must be a mapping")
+        raise InputError(f"{where}: 'function' must be a mapping")
     name = fn.get("name")
     if not isinstance(name, str) or not name or any(ch.isspace() for ch in name):
-        raise ValueError(f"{where}: tool name must be a non-empty string without spaces, "
+        raise InputError(f"{where}: tool name must be a non-empty string without spaces, "
                          f"got {name!r}")
     params = fn.get("parameters")
     if params is not None and not (
         isinstance(params, Mapping) and isinstance(params.get("properties", {}), Mapping)
     ):
-        raise ValueError(f"{where} ({name!r}): 'parameters' must be a JSON schema object "
+        raise InputError(f"{where} ({name!r}): 'parameters' must be a JSON schema object "
                          "with a 'properties' mapping")
     return dict(fn)
 
@@ -75,12 +76,12 @@ def function_schema(tool: Tool, position: int = 0) -> dict[str, Any]:
 def function_schemas(tools: Sequence[Tool]) -> list[dict[str, Any]]:
     """All tools as bare function schemas; duplicate names are an error."""
     if isinstance(tools, (str, Mapping)) or not isinstance(tools, Sequence):
-        raise ValueError(f"tools must be a list, got {type(tools).__name__}")
+        raise InputError(f"tools must be a list, got {type(tools).__name__}")
     schemas = [function_schema(t, k) for k, t in enumerate(tools)]
     seen: set[str] = set()
     for k, s in enumerate(schemas):
         if s["name"] in seen:
-            raise ValueError(f"tools[{k}]: tool {s['name']!r} is declared twice")
+            raise InputError(f"tools[{k}]: tool {s['name']!r} is declared twice")
         seen.add(s["name"])
     return schemas
 
@@ -229,7 +230,7 @@ def format_tool_calls(calls: Sequence[Mapping[str, Any]], chat_format: str = "ap
     made = []
     for k, c in enumerate(calls):
         if not isinstance(c, Mapping):
-            raise ValueError(f"calls[{k}]: a call must be a mapping with 'name' and 'arguments'")
+            raise InputError(f"calls[{k}]: a call must be a mapping with 'name' and 'arguments'")
         made.append(make_call(c.get("name"), c.get("arguments"), f"calls[{k}]"))
     return format_calls(made)
 
@@ -237,27 +238,27 @@ def format_tool_calls(calls: Sequence[Mapping[str, Any]], chat_format: str = "ap
 def _require_tools(chat_format: str) -> None:
     fmt = get_format(chat_format)
     if not fmt.supports_tools:
-        raise ValueError(f"format {fmt.name!r} has no tool rendering; use chat_format='apertus' "
-                         "for tool declarations and tool calls")
+        raise ConfigError(f"format {fmt.name!r} has no tool rendering; use chat_format='apertus' "
+                          "for tool declarations and tool calls")
 
 
 def _parse_block(body: str, at: int) -> list[dict[str, Any]]:
     try:
         items = json.loads(body)
     except json.JSONDecodeError as err:
-        raise ValueError(f"tool call block at char {at} is not valid JSON ({err}): {body!r}") \
+        raise InputError(f"tool call block at char {at} is not valid JSON ({err}): {body!r}") \
             from None
     if not isinstance(items, list) or not items:
-        raise ValueError(f"tool call block at char {at} must be a non-empty JSON list of "
+        raise InputError(f"tool call block at char {at} must be a non-empty JSON list of "
                          f'{{"name": {{arguments}}}} objects: {body!r}')
     calls = []
     for k, item in enumerate(items):
         if not (isinstance(item, dict) and len(item) == 1):
-            raise ValueError(f"tool call block at char {at}: call {k} must be an object with "
+            raise InputError(f"tool call block at char {at}: call {k} must be an object with "
                              f"exactly one key (the tool name), got {item!r}")
         (name, args), = item.items()
         if not isinstance(args, dict):
-            raise ValueError(f"tool call block at char {at}: arguments of call {k} ({name!r}) "
+            raise InputError(f"tool call block at char {at}: arguments of call {k} ({name!r}) "
                              f"must be a JSON object, got {args!r}")
         calls.append({"name": name, "arguments": args})
     return calls
@@ -268,7 +269,7 @@ def parse_tool_calls(text: str, chat_format: str = "apertus") -> list[dict[str, 
 
     Text with no tool-call block gives ``[]``. A block without its closing marker, a
     closing marker without an opening one, or a body that is not a JSON list of
-    ``{"name": {...}}`` objects raises ``ValueError`` saying which and where.
+    ``{"name": {...}}`` objects raises ``InputError`` (a ``ValueError``) saying which and where.
     """
     _require_tools(chat_format)
     calls: list[dict[str, Any]] = []
@@ -277,12 +278,12 @@ def parse_tool_calls(text: str, chat_format: str = "apertus") -> list[dict[str, 
         start = text.find(TOOLS_PREFIX, pos)
         stray = text.find(TOOLS_SUFFIX, pos)
         if stray != -1 and (start == -1 or stray < start):
-            raise ValueError(f"{TOOLS_SUFFIX} at char {stray} has no {TOOLS_PREFIX} before it")
+            raise InputError(f"{TOOLS_SUFFIX} at char {stray} has no {TOOLS_PREFIX} before it")
         if start == -1:
             return calls
         body_start = start + len(TOOLS_PREFIX)
         end = text.find(TOOLS_SUFFIX, body_start)
         if end == -1:
-            raise ValueError(f"tool call block at char {start} is not closed by {TOOLS_SUFFIX}")
+            raise InputError(f"tool call block at char {start} is not closed by {TOOLS_SUFFIX}")
         calls.extend(_parse_block(text[body_start:end], start))
         pos = end + len(TOOLS_SUFFIX)

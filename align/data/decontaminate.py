@@ -33,7 +33,7 @@ from tqdm.auto import tqdm
 from align.data.decontaminate_report import removed_rows, summarize
 from align.data.decontaminate_types import BenchmarkPrompts, MatchSettings, TrainPrompt
 from align.data.ngram_index import Match, NgramIndex, build_tokenizer
-from align.data.records import RecordError
+from align.errors import ConfigError, InputError, RecordError
 
 logger = logging.getLogger(__name__)
 
@@ -50,18 +50,19 @@ def as_benchmarks(
     else:
         out = list(benchmarks)
     if not out:
-        raise ValueError("decontaminate: no benchmarks given")
+        raise ConfigError("decontaminate: no benchmarks given")
     names = [b.name for b in out]
     if len(set(names)) != len(names):
-        raise ValueError(f"decontaminate: benchmark names must be unique, got {names}")
+        raise ConfigError(f"decontaminate: benchmark names must be unique, got {names}")
     return out
 
 
 # --------------------------------------------------------------------------- prompts
 
 
-class FieldProblem(ValueError):
-    """A bad field inside a record, located by a path such as ``messages[2].content``."""
+class FieldProblem(InputError):
+    """A bad field inside a record, located by a path such as ``messages[2].content`` (the
+    caller names the record: a ``RecordError``)."""
 
     def __init__(self, field: str, problem: str):
         self.field, self.problem = field, problem

@@ -14,7 +14,7 @@ from collections.abc import Callable, Hashable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from align.data.records import RecordError
+from align.errors import ConfigError, InputError, RecordError
 
 __all__ = ["TURNS", "BenchmarkPrompts", "MatchSettings", "TrainPrompt"]
 
@@ -70,7 +70,7 @@ class MatchSettings:
 
     def __post_init__(self) -> None:
         if self.turns not in TURNS:
-            raise ValueError(f"turns: expected one of {TURNS}, got {self.turns!r}")
+            raise ConfigError(f"turns: expected one of {TURNS}, got {self.turns!r}")
         for key in ("ngram", "min_block", "chunk_size"):
             _check_int(key, getattr(self, key), low=1)
         _check_int("examples_per_benchmark", self.examples_per_benchmark, low=0)
@@ -81,19 +81,19 @@ class MatchSettings:
             or not isinstance(self.ratio, (int, float))
             or not 0 < self.ratio < 1
         ):
-            raise ValueError(
+            raise ConfigError(
                 f"ratio: expected a number in (0, 1), got {self.ratio!r} (the paper uses 0.5)"
             )
         if self.text_field is not None and not (
             isinstance(self.text_field, str) and self.text_field
         ):
-            raise ValueError(
+            raise ConfigError(
                 f"text_field: expected a column name or null, got {self.text_field!r}"
             )
         if not (isinstance(self.tokenizer, str) and self.tokenizer) and not callable(
             self.tokenizer
         ):
-            raise ValueError(
+            raise ConfigError(
                 f"tokenizer: expected 'regex', a HF tokenizer name/path or a callable, got {self.tokenizer!r}"
             )
 
@@ -104,7 +104,7 @@ class MatchSettings:
 
 def _check_int(key: str, value: Any, *, low: int) -> None:
     if isinstance(value, bool) or not isinstance(value, int) or value < low:
-        raise ValueError(f"{key}: expected an integer ≥ {low}, got {value!r}")
+        raise ConfigError(f"{key}: expected an integer ≥ {low}, got {value!r}")
 
 
 
@@ -124,7 +124,7 @@ class BenchmarkPrompts:
 
     def __post_init__(self) -> None:
         if not self.texts:
-            raise ValueError(f"{self.source}: benchmark {self.name!r} has no prompts")
+            raise InputError(f"{self.source}: benchmark {self.name!r} has no prompts")
         for i, text in enumerate(self.texts):
             if not isinstance(text, str):
                 raise RecordError(
@@ -133,7 +133,7 @@ class BenchmarkPrompts:
                     f"expected a string, got {type(text).__name__} {text!r:.80}",
                 )
         if self.ids is not None and len(self.ids) != len(self.texts):
-            raise ValueError(
+            raise InputError(
                 f"{self.source}: benchmark {self.name!r} has {len(self.ids)} ids for {len(self.texts)} prompts"
             )
 

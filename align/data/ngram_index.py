@@ -19,6 +19,8 @@ from dataclasses import dataclass
 from difflib import SequenceMatcher
 from typing import Any
 
+from align.errors import ConfigError, InputError, loading
+
 TokenizeFn = Callable[[str], Sequence[int]]
 
 # Scripts written without spaces are split per character, everything else into runs of
@@ -77,7 +79,8 @@ class HFTokenizer:
         if isinstance(spec, str):
             from transformers import AutoTokenizer
 
-            self.tokenizer = AutoTokenizer.from_pretrained(spec)
+            with loading("tokenizer", spec):
+                self.tokenizer = AutoTokenizer.from_pretrained(spec)
         else:
             self.tokenizer = spec
 
@@ -104,7 +107,7 @@ class CallableTokenizer:
         if all(isinstance(t, str) for t in tokens):
             return [stable_token_id(t) for t in tokens]
         bad = next(t for t in tokens if not isinstance(t, (int, str)) or isinstance(t, bool))
-        raise ValueError(
+        raise InputError(
             f"tokenizer {self.fn!r} returned a {type(bad).__name__} token; "
             "a tokenizer must return a sequence of ints or of strings"
         )
@@ -122,7 +125,7 @@ def build_tokenizer(spec: str | Callable[[str], Iterable[Hashable]] = "regex") -
         return HFTokenizer(spec)
     if callable(spec):
         return CallableTokenizer(spec)
-    raise ValueError(
+    raise ConfigError(
         f"tokenizer: expected 'regex', a HF tokenizer name/path or a callable, got {spec!r}"
     )
 

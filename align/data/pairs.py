@@ -42,7 +42,8 @@ from typing import Any
 
 from align.chat.formats import get_format
 from align.data.quantiles import quantile_rewards
-from align.data.records import RecordError, record_id, validate_rewards
+from align.data.records import record_id, validate_rewards
+from align.errors import ConfigError, InputError, RecordError
 
 __all__ = ["TRUNCATED_POLICIES", "Pair", "Skip", "is_truncated", "make_pairs", "select_pair",
            "special_token_problem"]
@@ -86,18 +87,18 @@ def _check_inputs(
 ) -> None:
     """Rewards and quantiles line up, are real numbers, and are None together."""
     if isinstance(num_ref_rewards, bool) or not isinstance(num_ref_rewards, int) or num_ref_rewards < 1:
-        raise ValueError(f"num_ref_rewards must be a positive int, got {num_ref_rewards!r}")
+        raise ConfigError(f"num_ref_rewards must be a positive int, got {num_ref_rewards!r}")
     if not 0.0 <= low_threshold < 1.0:
-        raise ValueError(f"low_threshold must be in [0, 1), got {low_threshold}")
+        raise ConfigError(f"low_threshold must be in [0, 1), got {low_threshold}")
     if len(rewards) != len(quantiles):
-        raise ValueError(f"quantiles has {len(quantiles)} entries, rewards has {len(rewards)}")
+        raise InputError(f"quantiles has {len(quantiles)} entries, rewards has {len(rewards)}")
     for i, (reward, quantile) in enumerate(zip(rewards, quantiles)):
         if (reward is None) != (quantile is None):
-            raise ValueError(f"rewards[{i}] and quantiles[{i}] must both be None or both set")
+            raise InputError(f"rewards[{i}] and quantiles[{i}] must both be None or both set")
         if reward is not None and math.isnan(reward):
-            raise ValueError(f"rewards[{i}] is NaN")
+            raise InputError(f"rewards[{i}] is NaN")
         if quantile is not None and not 0.0 <= quantile <= 1.0:
-            raise ValueError(f"quantiles[{i}] = {quantile} is outside [0, 1]")
+            raise InputError(f"quantiles[{i}] = {quantile} is outside [0, 1]")
 
 
 def _pick(
@@ -127,7 +128,7 @@ def select_pair(
     were computed against. Give exactly one of ``rng`` and ``seed``.
     """
     if (rng is None) == (seed is None):
-        raise ValueError("pass exactly one of rng and seed (pair selection is seeded)")
+        raise ConfigError("pass exactly one of rng and seed (pair selection is seeded)")
     rng = rng if rng is not None else random.Random(seed)
     _check_inputs(rewards, quantiles, num_ref_rewards, low_threshold)
     scored = [i for i, reward in enumerate(rewards) if reward is not None]
@@ -351,19 +352,19 @@ def make_pairs(
     if chat_format is not None:
         get_format(chat_format)  # an unknown format is an error before any record is read
     if truncated not in TRUNCATED_POLICIES:
-        raise ValueError(f"truncated must be one of {list(TRUNCATED_POLICIES)}, got {truncated!r}")
+        raise ConfigError(f"truncated must be one of {list(TRUNCATED_POLICIES)}, got {truncated!r}")
     if (
         isinstance(num_pairs_per_prompt, bool)
         or not isinstance(num_pairs_per_prompt, int)
         or num_pairs_per_prompt < 1
     ):
-        raise ValueError(f"num_pairs_per_prompt must be a positive int, got {num_pairs_per_prompt!r}")
+        raise ConfigError(f"num_pairs_per_prompt must be a positive int, got {num_pairs_per_prompt!r}")
     if min_ref_rewards is not None and (
         isinstance(min_ref_rewards, bool)
         or not isinstance(min_ref_rewards, int)
         or min_ref_rewards < 1
     ):
-        raise ValueError(f"min_ref_rewards must be a positive int or None, got {min_ref_rewards!r}")
+        raise ConfigError(f"min_ref_rewards must be a positive int or None, got {min_ref_rewards!r}")
     pairs: list[dict[str, Any]] = []
     skips: list[dict[str, Any]] = []
     seen: dict[str, int] = {}

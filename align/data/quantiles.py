@@ -14,27 +14,29 @@ import numbers
 from collections.abc import Iterable, Sequence
 from typing import overload
 
+from align.errors import InputError
+
 __all__ = ["quantile_rewards"]
 
 
 def _as_reward(value: object, field: str) -> float:
-    """A real, non-NaN reward as float, or a ValueError naming ``field``."""
+    """A real, non-NaN reward as float, or an ``InputError`` (a ``ValueError``) naming ``field``."""
     if value is None or isinstance(value, (bool, str, bytes)):
-        raise ValueError(f"{field} must be a number, got {value!r}")
+        raise InputError(f"{field} must be a number, got {value!r}")
     try:
         reward = float(value)  # type: ignore[arg-type]
     except (TypeError, ValueError) as error:
-        raise ValueError(f"{field} must be a number, got {value!r}") from error
+        raise InputError(f"{field} must be a number, got {value!r}") from error
     if math.isnan(reward):
-        raise ValueError(f"{field} is NaN (NaN rewards are an error)")
+        raise InputError(f"{field} is NaN (NaN rewards are an error)")
     return reward
 
 
 def _as_rewards(values: object, field: str) -> list[float]:
     """A sequence (list, tuple, array) of rewards as floats; errors name ``field[i]``."""
     if isinstance(values, (str, bytes, numbers.Number)) or not isinstance(values, Iterable):
-        # ValueError like every other bad-input error here, so callers catch one type
-        raise ValueError(f"{field} must be a sequence of numbers, got {type(values).__name__}")  # noqa: TRY004
+        # InputError like every other bad-input error here, so callers catch one type
+        raise InputError(f"{field} must be a sequence of numbers, got {type(values).__name__}")
     return [_as_reward(value, f"{field}[{i}]") for i, value in enumerate(values)]
 
 
@@ -42,11 +44,11 @@ def _sorted_refs(ref_rewards: Sequence[float], expected_n: int | None) -> list[f
     """Validated, sorted reference rewards; too few of them is an error naming the count."""
     refs = _as_rewards(ref_rewards, "ref_rewards")
     if not refs:
-        raise ValueError(
+        raise InputError(
             "ref_rewards is empty: a quantile reward needs at least one reference reward"
         )
     if expected_n is not None and len(refs) < expected_n:
-        raise ValueError(f"got {len(refs)} reference rewards, expected at least n = {expected_n}")
+        raise InputError(f"got {len(refs)} reference rewards, expected at least n = {expected_n}")
     return sorted(refs)
 
 

@@ -40,6 +40,8 @@ import math
 from collections.abc import Iterable, Mapping
 from typing import Any
 
+from align.errors import RecordError
+
 COMPLETION_FIELDS: dict[str, type | tuple[type, ...]] = {
     "text": str,
     "num_tokens": int,
@@ -65,14 +67,6 @@ PAIR_FIELDS = (
 )
 
 REF_LOGP_FIELDS = ("ref_chosen_logps", "ref_rejected_logps", "chosen_length", "rejected_length")
-
-
-class RecordError(ValueError):
-    """A record that a stage cannot use; the message names the record and the field."""
-
-    def __init__(self, record_id: Any, field: str, problem: str):
-        self.record_id, self.field, self.problem = record_id, field, problem
-        super().__init__(f"record {record_id!r}: field {field!r}: {problem}")
 
 
 def list_field(record: Mapping[str, Any], field: str, rid: Any) -> list[Any] | None:

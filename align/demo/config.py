@@ -5,6 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field, fields
 from typing import Any
 
+from align.errors import ConfigError
+
 # The Apertus default system text's date, the same in every step (SFT, sampling, the pass,
 # training, evaluation).
 DATE = "2026-01-01"
@@ -61,15 +63,15 @@ class DemoConfig:
 
     def __post_init__(self) -> None:
         if self.preset not in PRESETS:
-            raise ValueError(f"preset: unknown {self.preset!r}; choose one of {sorted(PRESETS)}")
+            raise ConfigError(f"preset: unknown {self.preset!r}; choose one of {sorted(PRESETS)}")
         defaults = {f.name: f.default for f in fields(self)}
         for key, value in PRESETS[self.preset].items():
             if getattr(self, key) == defaults[key]:
                 setattr(self, key, value)
         if self.length < 2:
-            raise ValueError("length: at least 2 digits, or there is nothing to sort")
+            raise ConfigError("length: at least 2 digits, or there is nothing to sort")
         if self.n < 2:
-            raise ValueError("n: at least 2 reference samples are needed for quantile rewards")
+            raise ConfigError("n: at least 2 reference samples are needed for quantile rewards")
 
 
     @property

@@ -6,6 +6,7 @@ import json
 from pathlib import Path
 
 from align.config import to_dict
+from align.errors import InputError
 from align.io import write_json
 
 # What a demo run writes under output_dir (listed in its manifest); a new run removes these first.
@@ -24,19 +25,19 @@ def check_demo_output_dir(out: Path) -> None:
     if not out.exists():
         return
     if not out.is_dir():
-        raise NotADirectoryError(f"demo: output_dir={str(out)!r} is a file, not a directory")
+        raise InputError(f"demo: output_dir={str(out)!r} is a file, not a directory")
     manifest = out / DEMO_MANIFEST
     listed: set[str] = set()
     if manifest.is_file():
         try:
             listed = set(json.loads(manifest.read_text()).get("outputs") or [])
         except (json.JSONDecodeError, AttributeError):
-            raise ValueError(f"demo: {manifest} is not a demo manifest; choose another output_dir") from None
+            raise InputError(f"demo: {manifest} is not a demo manifest; choose another output_dir") from None
     foreign = sorted(p.name for p in out.iterdir() if p.name != DEMO_MANIFEST and p.name not in listed)
     if foreign:
         shown = ", ".join(foreign[:5]) + (f" and {len(foreign) - 5} more" if len(foreign) > 5 else "")
-        raise FileExistsError(f"demo: output_dir={str(out)!r} holds files that no demo run wrote ({shown}); "
-                              "choose a new or empty output_dir")
+        raise InputError(f"demo: output_dir={str(out)!r} holds files that no demo run wrote ({shown}); "
+                         "choose a new or empty output_dir")
 
 
 def clear_previous_run(out: Path) -> None:

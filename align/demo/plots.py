@@ -11,6 +11,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from align.errors import optional_import
+
 Points = Sequence[tuple[float, float]]
 MAX_PANELS = 6
 
@@ -38,14 +40,13 @@ def ema(values: Sequence[float], weight: float = 0.8) -> list[float]:
 
 def plot_panels(panels: Sequence[Panel], path: Path, *, title: str) -> Path:
     """Draw up to six panels (two rows of three) into one PNG."""
-    import matplotlib
-
+    matplotlib = optional_import("matplotlib", needed_by="the demo's figure", install="pip install 'matplotlib>=3.7'")
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     panels = [p for p in panels if any(p.series.values())]
     if len(panels) > MAX_PANELS:
-        raise ValueError(f"{len(panels)} panels: a figure a person reads holds at most {MAX_PANELS}")
+        raise RuntimeError(f"{len(panels)} panels: a figure a person reads holds at most {MAX_PANELS}")
     cols = min(3, max(len(panels), 1))
     rows = (len(panels) + cols - 1) // cols or 1
     fig, axes = plt.subplots(rows, cols, figsize=(4.6 * cols, 3.4 * rows), squeeze=False)

@@ -17,6 +17,7 @@ from typing import Any
 
 from align.demo.config import DATE, GENERATE_BATCH, MAX_LENGTH, SFT_MAX_LENGTH, DemoConfig
 from align.demo.output import check_demo_output_dir, claim_output_dir
+from align.errors import ConfigError
 
 
 @dataclass
@@ -190,7 +191,7 @@ def select_pairs(state: DemoState) -> None:
         from align.demo.report import count_reasons
 
         reasons = count_reasons(s["reason"] for s in state.skips)
-        raise RuntimeError(
+        raise ConfigError(
             f"no prompt gave a pair ({reasons}): after {state.sft.state.global_step} SFT steps every prompt's "
             "samples are all right or all wrong. Raise sft_max_steps or lower sft_stop_accuracy."
         )

@@ -22,6 +22,7 @@ from typing import Any
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 from transformers import LlamaForCausalLM, PreTrainedTokenizerFast
 
+from align.errors import ConfigError
 from align.testing.tiny import (
     APERTUS_SPECIAL_TOKENS,
     BASE_SPECIAL_TOKENS,
@@ -80,7 +81,7 @@ def _problems(rng: random.Random, count: int, exclude: set[str], length: int) ->
     out: list[str] = []
     seen = set(exclude)
     if count + len(seen) > 10**length:
-        raise ValueError(f"{count} problems of {length} digits: there are only {10**length}")
+        raise ConfigError(f"{count} problems of {length} digits: there are only {10**length}")
     while len(out) < count:
         problem = "".join(rng.choice("0123456789") for _ in range(length))
         if problem not in seen:

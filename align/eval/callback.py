@@ -27,6 +27,7 @@ from typing import Any
 
 from transformers import TrainerCallback
 
+from align.errors import ConfigError, InputError
 from align.eval import stats
 from align.sampling.base import derive_seed
 
@@ -63,9 +64,9 @@ class GenerationEvalCallback(TrainerCallback):
         prefix: str = "gen_eval",
     ):
         if eval_steps < 1:
-            raise ValueError(f"eval_steps must be >= 1, got {eval_steps}")
+            raise ConfigError(f"eval_steps must be >= 1, got {eval_steps}")
         if not prompts:
-            raise ValueError("prompts: the evaluation needs at least one prompt")
+            raise InputError("prompts: the evaluation needs at least one prompt")
         from align.eval.evaluate import check_prompts
 
         self.prompts = [dict(p) for p in prompts]

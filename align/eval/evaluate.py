@@ -28,7 +28,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from align.data.records import RecordError, record_id, validate_prompt
+from align.data.records import record_id, validate_prompt
+from align.errors import ConfigError, InputError, RecordError
 from align.eval import stats
 from align.eval.summary import BREAKDOWN_COLUMNS, build_report
 from align.io import job_is_complete, read_output
@@ -59,9 +60,9 @@ class EvalPolicy:
 
     def __post_init__(self) -> None:
         if not isinstance(self.name, str) or not self.name or "/" in self.name:
-            raise ValueError(f"policy name {self.name!r}: a non-empty name without '/'")
+            raise ConfigError(f"policy name {self.name!r}: a non-empty name without '/'")
         if (self.sampler is None) == (self.completions is None):
-            raise ValueError(f"policy {self.name!r}: give exactly one of sampler and completions")
+            raise ConfigError(f"policy {self.name!r}: give exactly one of sampler and completions")
         self._built: Sampler | None = None
 
     @property
@@ -167,11 +168,11 @@ class EvalSettings:
 
     def __post_init__(self) -> None:
         if self.n < 0 or (self.n == 0 and not self.greedy):
-            raise ValueError(f"n: at least one completion per prompt is needed (n={self.n}, greedy={self.greedy})")
+            raise ConfigError(f"n: at least one completion per prompt is needed (n={self.n}, greedy={self.greedy})")
         if self.pairwise_samples < 0:
-            raise ValueError(f"pairwise_samples: must be >= 0, got {self.pairwise_samples}")
+            raise ConfigError(f"pairwise_samples: must be >= 0, got {self.pairwise_samples}")
         if not 0 <= self.tie_margin < 0.5:
-            raise ValueError(f"tie_margin: must be in [0, 0.5), got {self.tie_margin}")
+            raise ConfigError(f"tie_margin: must be in [0, 0.5), got {self.tie_margin}")
 
 
 # --------------------------------------------------------------------------- inputs
@@ -180,7 +181,7 @@ class EvalSettings:
 def check_prompts(prompts: Sequence[Mapping[str, Any]], source: str, reference_field: str | None) -> None:
     """Every prompt has an id, ends in a user turn and (if needed) has its reference answer."""
     if not prompts:
-        raise ValueError(f"{source}: no prompts to evaluate")
+        raise InputError(f"{source}: no prompts to evaluate")
     seen: dict[str, int] = {}
     for index, record in enumerate(prompts):
         try:
@@ -205,11 +206,11 @@ def check_policies(names: Sequence[str], baseline: str) -> None:
     names = list(names)
     duplicates = sorted({n for n in names if names.count(n) > 1})
     if duplicates:
-        raise ValueError(f"policies: the name {duplicates[0]!r} is used twice; each policy needs its own name")
+        raise ConfigError(f"policies: the name {duplicates[0]!r} is used twice; each policy needs its own name")
     if len(names) < 2:
-        raise ValueError("policies: give at least two (a baseline and a policy to compare with it)")
+        raise ConfigError("policies: give at least two (a baseline and a policy to compare with it)")
     if baseline not in names:
-        raise ValueError(f"baseline: {baseline!r} is not one of the policies {names}")
+        raise ConfigError(f"baseline: {baseline!r} is not one of the policies {names}")
 
 
 def _completion(c: Mapping[str, Any], token_ids: Sequence[int] | None = None) -> dict[str, Any]:
@@ -501,7 +502,7 @@ def _in_order(rows: list[dict], ids: list[str], where: Path) -> list[dict]:
     by_id = {r["id"]: r for r in rows}
     missing = [i for i in ids if i not in by_id]
     if missing or len(by_id) != len(ids):
-        raise ValueError(f"{where}: {len(missing)} prompts missing ({missing[:5]}) or unexpected ids present")
+        raise InputError(f"{where}: {len(missing)} prompts missing ({missing[:5]}) or unexpected ids present")
     return [by_id[i] for i in ids]
 
 
@@ -512,7 +513,7 @@ def _kl_all(policies: Sequence[EvalPolicy], baseline: str, by_id: dict[str, dict
     reference_name = settings.kl_reference or baseline
     reference = next((p for p in policies if p.name == reference_name), None)
     if reference is None:
-        raise ValueError(f"kl_reference: {reference_name!r} is not one of the policies")
+        raise ConfigError(f"kl_reference: {reference_name!r} is not one of the policies")
     notes: dict[str, str] = {}
     results: dict[str, list[dict]] = {}
     why_not = check_kl_sampling(settings.temperature, settings.top_p)

@@ -12,6 +12,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from align.errors import optional_import
 from align.io import write_json, write_jsonl
 
 PLOTS = ("rewards.png", "win_rates.png", "reward_vs_length.png")
@@ -94,8 +95,8 @@ def write_outputs(out: Path, rows: Sequence[Mapping[str, Any]], report: dict[str
 
 
 def _pyplot():
-    import matplotlib
-
+    matplotlib = optional_import("matplotlib", needed_by="the evaluation plots (plots=false leaves them out)",
+                                 install="pip install 'matplotlib>=3.7'")
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 

@@ -194,7 +194,7 @@ def build_report(rows: list[dict], names: Sequence[str], baseline: str, settings
 def _check_finite(value: Any, where: str = "report") -> None:
     """A NaN in a report is a bug upstream: fail here rather than write it."""
     if isinstance(value, float) and not math.isfinite(value):
-        raise ValueError(f"{where} is {value}")
+        raise RuntimeError(f"{where} is {value}")
     if isinstance(value, Mapping):
         for key, item in value.items():
             _check_finite(item, f"{where}.{key}")

@@ -15,6 +15,8 @@ from collections.abc import Callable, Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import IO, Any
 
+from align.errors import InputError
+
 
 def _file_line(path: Path, line: int) -> str:
     return f"{path}:{line}"
@@ -27,12 +29,12 @@ def iter_jsonl(path: str | Path, *, torn_tail: bool = False,
     A final line without its newline is, with ``torn_tail`` (a job shard, see
     ``align.io.shards``), a record a killed writer left half-written: skipped, the job redoes
     it. Otherwise it is read when it parses, and a truncated file (a ``ValueError``) when
-    it does not. Any other bad line is a ``ValueError`` naming ``file:line`` (``where`` writes
-    that location).
+    it does not. Any other bad line is an ``InputError`` (a ``ValueError``) naming
+    ``file:line`` (``where`` writes that location).
     """
     path = Path(path)
     with path.open(encoding="utf-8") as handle:
-        for number, line in enumerate(handle, 1):
+        for number, line in _utf8_lines(path, handle, where):
             if not line.strip():
                 continue
             if not line.endswith("\n"):
@@ -41,17 +43,35 @@ def iter_jsonl(path: str | Path, *, torn_tail: bool = False,
                 try:
                     record = json.loads(line)
                 except json.JSONDecodeError as exc:
-                    raise ValueError(f"{where(path, number)}: truncated last line (not valid JSON, no newline: "
+                    raise InputError(f"{where(path, number)}: truncated last line (not valid JSON, no newline: "
                                      f"{exc.msg}); the file was cut short") from exc
             else:
                 try:
                     record = json.loads(line)
                 except json.JSONDecodeError as exc:
-                    raise ValueError(f"{where(path, number)}: not valid JSON ({exc.msg})") from exc
+                    raise InputError(f"{where(path, number)}: not valid JSON ({exc.msg})") from exc
             if not isinstance(record, dict):
-                raise ValueError(  # noqa: TRY004 (bad data, reported by the CLI like every other)
+                raise InputError(
                     f"{where(path, number)}: expected a JSON object per line, got {type(record).__name__}")
             yield number, record
+
+
+def _utf8_lines(path: Path, handle: IO[str], where: Callable[[Path, int], str]) -> Iterator[tuple[int, str]]:
+    """(line number, line) of a text file; bytes that are not UTF-8 are an error naming the line."""
+    try:
+        yield from enumerate(handle, 1)
+    except UnicodeDecodeError as exc:
+        with path.open("rb") as raw:  # the text reader decodes ahead: find the line itself
+            number = next((n for n, line in enumerate(raw, 1) if not _is_utf8(line)), 1)
+        raise InputError(f"{where(path, number)}: not UTF-8 text ({exc.reason}); JSONL is read as UTF-8") from None
+
+
+def _is_utf8(data: bytes) -> bool:
+    try:
+        data.decode("utf-8")
+    except UnicodeDecodeError:
+        return False
+    return True
 
 
 def _umask() -> int:

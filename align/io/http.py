@@ -16,21 +16,23 @@ import time
 from collections.abc import Mapping
 from typing import Any
 
+from align.errors import ConfigError, ServiceError
+
 DEFAULT_API_KEY_ENV = "OPENAI_API_KEY"
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
 
-class ServerError(OSError, RuntimeError):
+class ServerError(ServiceError, OSError):
     """An OpenAI-compatible server that is down, refuses the request or answers other than
-    JSON. An OSError, so the CLI reports it as one line; a RuntimeError, as it was before."""
+    JSON: a `ServiceError` (so a RuntimeError, as it was before) and still an OSError."""
 
 
 def check_api_key_env(api_key_env: str | None) -> None:
     """``api_key_env`` must name an environment variable (checked when a recipe loads)."""
     if api_key_env is not None and not _ENV_NAME.match(api_key_env):
         # never echo the value: it may be the key itself, put where its variable's name belongs
-        raise ValueError("api_key_env: must be the name of an environment variable (letters, digits and _) "
-                         "that holds the API key, not the key itself")
+        raise ConfigError("api_key_env: must be the name of an environment variable (letters, digits and _) "
+                          "that holds the API key, not the key itself")
 
 
 def api_key_from_env(api_key_env: str | None = None) -> str | None:
@@ -41,8 +43,8 @@ def api_key_from_env(api_key_env: str | None = None) -> str | None:
     check_api_key_env(api_key_env)
     key = os.environ.get(api_key_env)
     if not key:
-        raise ValueError(f"api_key_env={api_key_env!r}: the environment variable ${api_key_env} is not set "
-                         "(the API key is read from it)")
+        raise ConfigError(f"api_key_env={api_key_env!r}: the environment variable ${api_key_env} is not set "
+                          "(the API key is read from it)")
     return key
 
 

@@ -21,7 +21,7 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
-from align.data.records import RecordError
+from align.errors import InputError, MissingInputError, RecordError
 from align.io.files import iter_jsonl
 from align.io.shards import is_job_shard
 
@@ -59,18 +59,18 @@ def data_files(directory: str | Path) -> list[Path]:
         if is_marker(entry.name):
             continue
         if entry.name.startswith(("_", ".")):
-            raise ValueError(f"{entry}: named like one of the library's markers (a leading '_' or '.') but not one "
+            raise InputError(f"{entry}: named like one of the library's markers (a leading '_' or '.') but not one "
                              f"({', '.join(sorted(MARKER_NAMES))}, shard .done.json / .lock, .*.tmp); "
                              "rename it to read it, or move it out")
         if entry.is_dir():
-            raise ValueError(f"{entry}: a subdirectory inside an input directory (only data files are read: "
+            raise InputError(f"{entry}: a subdirectory inside an input directory (only data files are read: "
                              f"{', '.join(DATA_SUFFIXES)}); move it out, or name the directory to read")
         if data_suffix(entry) not in DATA_SUFFIXES:
-            raise ValueError(f"{entry}: not a data file ({', '.join(DATA_SUFFIXES)}, any case) and not one of "
+            raise InputError(f"{entry}: not a data file ({', '.join(DATA_SUFFIXES)}, any case) and not one of "
                              "the library's markers; an input directory is read whole, so move it out")
         files.append(entry)
     if not files:
-        raise FileNotFoundError(f"{directory}: no .jsonl, .json or .parquet files in this directory")
+        raise MissingInputError(f"{directory}: no .jsonl, .json or .parquet files in this directory")
     return files
 
 
@@ -105,7 +105,7 @@ def read_records(source: str | Path, *, split: str = "train") -> list[dict[str, 
 def _read_located(source: str | Path, split: str) -> tuple[list[dict[str, Any]], list[str]]:
     """(rows, where each row is: ``file:line``, ``file[item]`` or ``source[row]``)."""
     if not str(source).strip():
-        raise ValueError("input path is empty (an empty path is never read as the current directory)")
+        raise InputError("input path is empty (an empty path is never read as the current directory)")
     path = Path(source).expanduser()
     if path.is_dir():
         rows: list[dict[str, Any]] = []
@@ -118,32 +118,53 @@ def _read_located(source: str | Path, split: str) -> tuple[list[dict[str, Any]],
     suffix = data_suffix(path)
     if not path.exists():
         if looks_local(source):
-            raise FileNotFoundError(f"{path}: not found")
-        import datasets
-
-        rows = datasets.load_dataset(str(source), split=split).to_list()
+            raise MissingInputError(f"{path}: not found")
+        rows = _hub_rows(str(source), split)
         return rows, [f"{source}[{i}]" for i in range(len(rows))]
     if suffix == ".jsonl":
         located = list(iter_jsonl(path, torn_tail=is_job_shard(path)))
         return [record for _, record in located], [f"{path.name}:{number}" for number, _ in located]
     if suffix == ".json":
         try:
-            data = json.loads(path.read_text())
+            data = json.loads(path.read_text(encoding="utf-8"))
         except json.JSONDecodeError as exc:
-            raise ValueError(f"{path}:{exc.lineno}: not valid JSON ({exc.msg})") from exc
+            raise InputError(f"{path}:{exc.lineno}: not valid JSON ({exc.msg})") from exc
+        except UnicodeDecodeError as exc:
+            raise InputError(f"{path}: not UTF-8 text ({exc.reason} at byte {exc.start}); JSON is read as UTF-8") \
+                from None
         if not isinstance(data, list):
-            raise ValueError(f"{path}: expected a JSON list of records")
+            raise InputError(f"{path}: expected a JSON list of records")
         for number, row in enumerate(data):
             if not isinstance(row, dict):
-                raise ValueError(  # noqa: TRY004 (bad data, reported by the CLI like every other)
+                raise InputError(
                     f"{path}: item {number}: expected a JSON object per record, got {type(row).__name__}")
         return data, [f"{path.name}[{i}]" for i in range(len(data))]
     if suffix == ".parquet":
-        import datasets
-
-        rows = datasets.Dataset.from_parquet(str(path)).to_list()
+        rows = _parquet_rows(path)
         return rows, [f"{path.name}[{i}]" for i in range(len(rows))]
-    raise ValueError(f"{path}: unsupported file type {path.suffix!r} (use .jsonl, .json or .parquet)")
+    raise InputError(f"{path}: unsupported file type {path.suffix!r} (use .jsonl, .json or .parquet)")
+
+
+def _parquet_rows(path: Path) -> list[dict[str, Any]]:
+    """A Parquet file's rows; a file that is not Parquet is an error naming it."""
+    import datasets
+    import pyarrow
+
+    try:
+        return datasets.Dataset.from_parquet(str(path)).to_list()
+    except pyarrow.ArrowException as exc:
+        raise InputError(f"{path}: not a readable Parquet file ({exc})") from None
+
+
+def _hub_rows(name: str, split: str) -> list[dict[str, Any]]:
+    """A hub dataset's rows; a name the hub does not give (or cannot be reached for) is an
+    error naming it, since it is just as likely a mistyped local path."""
+    import datasets
+
+    try:
+        return datasets.load_dataset(name, split=split).to_list()
+    except (FileNotFoundError, ConnectionError) as exc:
+        raise MissingInputError(f"{name}: not a local path, and not a dataset the hub gives ({exc})") from None
 
 
 def rows_to_dataset(rows: Iterable[Mapping[str, Any]]) -> Any:

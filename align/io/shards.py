@@ -26,6 +26,7 @@ from collections.abc import Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Self
 
+from align.errors import InputError, RecordError
 from align.io.files import iter_jsonl
 
 SHARD_RE = re.compile(r"^shard-(\d{5})-of-(\d{5})\.jsonl$")
@@ -45,7 +46,7 @@ def shard_files(output_dir: str | Path) -> list[Path]:
     files = sorted(p for p in output_dir.iterdir() if SHARD_RE.match(p.name))
     counts = {SHARD_RE.match(p.name).group(2) for p in files}
     if len(counts) > 1:
-        raise ValueError(
+        raise InputError(
             f"{output_dir} mixes shard files of different shard counts ({sorted(counts)}); "
             "a job must be resumed with the num_shards it started with"
         )
@@ -56,7 +57,7 @@ def check_shard_count(output_dir: Path, num_shards: int) -> None:
     """Refuse to add shard files of another shard count to a directory (ids would repeat)."""
     files = shard_files(output_dir)
     if files and int(SHARD_RE.match(files[0].name).group(2)) != num_shards:
-        raise ValueError(
+        raise InputError(
             f"{output_dir} holds shards of a run with different shard counts "
             f"({files[0].name}, now num_shards={num_shards}); a job must be resumed with the "
             "num_shards it started with, or written to a new output_dir"
@@ -73,12 +74,25 @@ def _to_json(value: Any) -> Any:
 
 
 def encode_record(record: Mapping[str, Any], record_id: str) -> bytes:
-    """One JSON line; NaN/inf are refused (they are not JSON and datasets cannot read them)."""
+    """One JSON line; NaN/inf are refused (they are not JSON and datasets cannot read them):
+    an error naming the record and the field that holds one. A value of a type JSON has no
+    form for is align's own bug (a TypeError)."""
     try:
         line = json.dumps(record, ensure_ascii=False, allow_nan=False, default=_to_json)
-    except (TypeError, ValueError) as err:
-        raise ValueError(f"record {record_id!r}: output cannot be written as JSON: {err}") from err
+    except ValueError as err:
+        field = next((str(k) for k, v in record.items() if not _is_finite_json(v)), "<output>")
+        raise RecordError(record_id, field, f"the output cannot be written as JSON: {err}") from err
+    except TypeError as err:
+        raise TypeError(f"record {record_id!r}: output cannot be written as JSON: {err}") from err
     return (line + "\n").encode("utf-8")
+
+
+def _is_finite_json(value: Any) -> bool:
+    try:
+        json.dumps(value, allow_nan=False, default=_to_json)
+    except (TypeError, ValueError):
+        return False
+    return True
 
 
 def iter_lines(path: Path) -> Iterator[tuple[int, dict]]:
@@ -98,8 +112,8 @@ def _open_no_symlink(path: Path, flags: int) -> int:
         return os.open(path, flags | os.O_CREAT | os.O_NOFOLLOW, 0o644)
     except OSError as error:
         if error.errno == errno.ELOOP or path.is_symlink():
-            raise PermissionError(f"{path} is a symlink; a job writes only files of its own in its output "
-                                  "directory: remove the link") from None
+            raise InputError(f"{path} is a symlink; a job writes only files of its own in its output "
+                             "directory: remove the link") from None
         raise
 
 
@@ -119,7 +133,8 @@ class ShardWriter:
             fcntl.flock(self._lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
             os.close(self._lock)
-            raise RuntimeError(f"{path} is being written by another process") from None
+            raise InputError(f"{path} is being written by another process (the same shard run twice at "
+                             "once?)") from None
         try:
             self._fd = _open_no_symlink(path, os.O_RDWR | os.O_APPEND)
         except BaseException:
@@ -178,7 +193,7 @@ def check_fingerprint(output_dir: Path, fingerprint: Mapping[str, Any]) -> None:
     found = json.loads(path.read_text())
     if found != wanted:
         diff = sorted(k for k in set(found) | set(wanted) if found.get(k) != wanted.get(k))
-        raise ValueError(
+        raise InputError(
             f"{output_dir} holds output of a job with other settings (differs in {diff}: "
             f"{ {k: found.get(k) for k in diff} } there, { {k: wanted.get(k) for k in diff} } now); "
             "use a new output_dir or the same settings"
@@ -211,7 +226,7 @@ def read_output(
         for number, record in iter_lines(path):
             rid = record.get(id_field)
             if rid in merged:
-                raise ValueError(f"id {rid!r} is written twice: {where[rid]} and {path.name}:{number}")
+                raise InputError(f"id {rid!r} is written twice: {where[rid]} and {path.name}:{number}")
             merged[rid], where[rid] = record, f"{path.name}:{number}"
     if expect_ids is None:
         return list(merged.values())
@@ -219,7 +234,7 @@ def read_output(
     missing = [rid for rid in expected if rid not in merged]
     extra = sorted(set(merged) - set(expected))
     if missing or extra:
-        raise ValueError(
+        raise InputError(
             f"output in {output_dir} does not match the expected ids: "
             f"{len(missing)} missing {missing[:10]}, {len(extra)} unexpected {extra[:10]}"
         )

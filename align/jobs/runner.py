@@ -18,6 +18,7 @@ from typing import Any
 
 from tqdm.auto import tqdm
 
+from align.errors import ConfigError, InputError, RecordError
 from align.io.markers import mark_shard_done
 from align.io.shards import (
     ShardWriter,
@@ -66,7 +67,7 @@ class _Source:
         self.records, self.id_field = records, id_field
         if hasattr(records, "column_names") and hasattr(records, "select"):
             if id_field not in records.column_names:
-                raise ValueError(f"dataset has no id column {id_field!r} (columns: {records.column_names})")
+                raise InputError(f"dataset has no id column {id_field!r} (columns: {records.column_names})")
             ids = list(records[id_field])
         else:
             ids = [r.get(id_field) if isinstance(r, Mapping) else None for r in records]
@@ -78,8 +79,6 @@ class _Source:
 
 def _check_ids(ids: list[Any], id_field: str) -> list[str]:
     """Every record needs a distinct non-empty string id: jobs resume by it."""
-    from align.data.records import RecordError
-
     seen: dict[str, int] = {}
     dupes: dict[str, list[int]] = {}
     for index, rid in enumerate(ids):
@@ -91,7 +90,7 @@ def _check_ids(ids: list[Any], id_field: str) -> list[str]:
     if dupes:
         shown = ", ".join(f"{rid!r} (rows {rows})" for rid, rows in list(dupes.items())[:10])
         more = f" and {len(dupes) - 10} more" if len(dupes) > 10 else ""
-        raise ValueError(f"duplicate ids in the input ({id_field!r}): {shown}{more}")
+        raise RecordError(next(iter(dupes)), id_field, f"duplicate ids in the input: {shown}{more}")
     return ids
 
 
@@ -143,7 +142,7 @@ def run_job(
     """
     check_shard(shard_index, num_shards)
     if batch_size < 1:
-        raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+        raise ConfigError(f"batch_size must be >= 1, got {batch_size}")
     output_dir = Path(output_dir)
     output_dir.mkdir(parents=True, exist_ok=True)
     if fingerprint is not None:

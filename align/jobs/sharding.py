@@ -18,7 +18,7 @@ from align.errors import ConfigError
 def shard_of(record_id: str, num_shards: int) -> int:
     """The shard (0..num_shards-1) of an id: blake2b of its UTF-8 bytes, mod N."""
     if num_shards < 1:
-        raise ValueError(f"num_shards must be >= 1, got {num_shards}")
+        raise ConfigError(f"num_shards must be >= 1, got {num_shards}")
     digest = hashlib.blake2b(record_id.encode("utf-8"), digest_size=8).digest()
     return int.from_bytes(digest, "big") % num_shards
 
@@ -29,16 +29,16 @@ def check_shard(shard_index: int, num_shards: int) -> None:
         if isinstance(value, bool) or not isinstance(value, int):
             raise TypeError(f"{name} must be an int, got {value!r}")
     if num_shards < 1:
-        raise ValueError(f"num_shards must be >= 1, got {num_shards}")
+        raise ConfigError(f"num_shards must be >= 1, got {num_shards}")
     if not 0 <= shard_index < num_shards:
-        raise ValueError(f"shard_index must be in 0..{num_shards - 1}, got {shard_index}")
+        raise ConfigError(f"shard_index must be in 0..{num_shards - 1}, got {shard_index}")
 
 
 def _int_env(env: Mapping[str, str], name: str) -> int:
     try:
         return int(env[name])
     except ValueError:
-        raise ValueError(f"environment variable {name}={env[name]!r} is not an integer") from None
+        raise ConfigError(f"environment variable {name}={env[name]!r} is not an integer") from None
 
 
 def shard_from_env(env: Mapping[str, str] | None = None) -> tuple[int, int]:
@@ -50,13 +50,13 @@ def shard_from_env(env: Mapping[str, str] | None = None) -> tuple[int, int]:
     env = os.environ if env is None else env
     if "SLURM_ARRAY_TASK_ID" in env:
         if "SLURM_ARRAY_TASK_COUNT" not in env:
-            raise ValueError("SLURM_ARRAY_TASK_ID is set but SLURM_ARRAY_TASK_COUNT is not")
+            raise ConfigError("SLURM_ARRAY_TASK_ID is set but SLURM_ARRAY_TASK_COUNT is not")
         first = _int_env(env, "SLURM_ARRAY_TASK_MIN") if "SLURM_ARRAY_TASK_MIN" in env else 0
         index = _int_env(env, "SLURM_ARRAY_TASK_ID") - first
         count = _int_env(env, "SLURM_ARRAY_TASK_COUNT")
     elif "RANK" in env or "WORLD_SIZE" in env:
         if "RANK" not in env or "WORLD_SIZE" not in env:
-            raise ValueError("set both RANK and WORLD_SIZE, or neither")
+            raise ConfigError("set both RANK and WORLD_SIZE, or neither")
         index, count = _int_env(env, "RANK"), _int_env(env, "WORLD_SIZE")
     else:
         return 0, 1

@@ -8,6 +8,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from align.errors import AlignError
 from align.io import read_records
 from align.io.fingerprint import json_digest
 from align.manifests.inputs import row_digests
@@ -81,7 +82,7 @@ def _new_rows_for(old_rows: Mapping[str, Any], new: Manifest, old: Mapping[str, 
                 before.get("fingerprint") != entry.get("fingerprint"):
             try:
                 out[key] = row_digests(read_records(entry["path"]))
-            except (ValueError, OSError):
+            except (AlignError, OSError):  # unreadable now: named as changed, without row counts
                 continue
     return out
 

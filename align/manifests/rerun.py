@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from align.errors import InputError
 from align.io import write_json
 from align.manifests.differences import explain
 from align.manifests.inputs import row_digests
@@ -35,7 +36,7 @@ from align.manifests.state import (
 )
 
 
-class StaleOutputError(ValueError):
+class StaleOutputError(InputError):
     """An output directory holds work made from other settings or inputs than this run's."""
 
 

@@ -19,6 +19,7 @@ from typing import Any
 
 import torch
 
+from align.errors import ConfigError
 from align.optim.ademamix import AdEMAMix, alpha_schedule, beta3_schedule
 
 __all__ = ["OPTIMIZERS", "AdEMAMix", "alpha_schedule", "beta3_schedule", "build_optimizer"]
@@ -98,16 +99,16 @@ def build_optimizer(name: str, params: Iterable[Any], **kwargs: Any) -> torch.op
     """
     key = name.lower()
     if key not in OPTIMIZERS:
-        raise ValueError(f"optim: unknown optimizer {name!r}; choose one of {sorted(OPTIMIZERS)}")
+        raise ConfigError(f"optim: unknown optimizer {name!r}; choose one of {sorted(OPTIMIZERS)}")
     builder, accepted = OPTIMIZERS[key]
     unknown = sorted(set(kwargs) - accepted)
     if unknown:
-        raise ValueError(f"optim {key!r} does not use {unknown}; it accepts {sorted(accepted)}")
+        raise ConfigError(f"optim {key!r} does not use {unknown}; it accepts {sorted(accepted)}")
     if "lr" not in kwargs:
-        raise ValueError(f"optim {key!r}: lr is required")
+        raise ConfigError(f"optim {key!r}: lr is required")
     total_steps = kwargs.get("total_steps")
     if total_steps is not None and (
         isinstance(total_steps, bool) or not isinstance(total_steps, int) or total_steps < 1
     ):
-        raise ValueError(f"total_steps must be a positive int, got {total_steps!r}")
+        raise ConfigError(f"total_steps must be a positive int, got {total_steps!r}")
     return builder(params, **kwargs)

@@ -18,6 +18,8 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from align.errors import ConfigError, InputError
+
 __all__ = ["AdEMAMix", "alpha_schedule", "beta3_schedule"]
 
 
@@ -52,25 +54,25 @@ def _check_hyperparameters(
 ) -> None:
     """Reject settings the update rule is undefined or meaningless for, naming the setting."""
     if not lr >= 0:
-        raise ValueError(f"lr must be >= 0, got {lr}")
+        raise ConfigError(f"lr must be >= 0, got {lr}")
     if len(betas) != 3:
-        raise ValueError(f"betas must be (beta1, beta2, beta3), got {betas!r}")
+        raise ConfigError(f"betas must be (beta1, beta2, beta3), got {betas!r}")
     for name, value in zip(("beta1", "beta2", "beta3"), betas):
         if not 0.0 <= value < 1.0:
-            raise ValueError(f"{name} must be in [0, 1), got {value}")
+            raise ConfigError(f"{name} must be in [0, 1), got {value}")
     if t_beta3 and (betas[0] == 0.0 or betas[2] == 0.0):
-        raise ValueError("t_beta3 needs beta1 > 0 and beta3 > 0 (the schedule takes their logs)")
+        raise ConfigError("t_beta3 needs beta1 > 0 and beta3 > 0 (the schedule takes their logs)")
     if not alpha >= 0:
-        raise ValueError(f"alpha must be >= 0, got {alpha}")
+        raise ConfigError(f"alpha must be >= 0, got {alpha}")
     for name, value in (("t_alpha", t_alpha), ("t_beta3", t_beta3)):
         if value is not None and (
             isinstance(value, bool) or not isinstance(value, int) or value < 0
         ):
-            raise ValueError(f"{name} must be a non-negative int or None, got {value!r}")
+            raise ConfigError(f"{name} must be a non-negative int or None, got {value!r}")
     if not eps >= 0:
-        raise ValueError(f"eps must be >= 0, got {eps}")
+        raise ConfigError(f"eps must be >= 0, got {eps}")
     if not weight_decay >= 0:
-        raise ValueError(f"weight_decay must be >= 0, got {weight_decay}")
+        raise ConfigError(f"weight_decay must be >= 0, got {weight_decay}")
 
 
 class AdEMAMix(torch.optim.Optimizer):
@@ -134,9 +136,9 @@ class AdEMAMix(torch.optim.Optimizer):
         """Sparse or complex gradients would be silently mishandled; say so instead."""
         where = f"param_groups[{g_index}]['params'][{p_index}]"
         if param.grad.is_sparse:
-            raise ValueError(f"{where} has a sparse gradient; AdEMAMix needs dense gradients")
+            raise InputError(f"{where} has a sparse gradient; AdEMAMix needs dense gradients")
         if torch.is_complex(param):
-            raise ValueError(f"{where} is complex; AdEMAMix supports real parameters only")
+            raise InputError(f"{where} is complex; AdEMAMix supports real parameters only")
 
     def _update(self, param: Tensor, group: dict[str, Any]) -> None:
         """Apply the update rule (docs/method.md, AdEMAMix) to one parameter, advancing its step count."""

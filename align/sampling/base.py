@@ -16,10 +16,12 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from align.errors import ConfigError, InputError
+
 Conversation = Sequence[Mapping[str, Any]]
 
 
-class PromptTooLongError(ValueError):
+class PromptTooLongError(InputError):
     """A prompt that leaves no room to generate within the model's context length."""
 
     def __init__(self, index: int, num_tokens: int, limit: int):
@@ -78,7 +80,7 @@ def per_conversation_seeds(seed: int | Sequence[int], count: int) -> list[int]:
         return [seed] * count
     seeds = list(seed)
     if len(seeds) != count:
-        raise ValueError(f"got {len(seeds)} seeds for {count} conversations")
+        raise InputError(f"got {len(seeds)} seeds for {count} conversations")
     return seeds
 
 
@@ -96,13 +98,13 @@ def stream_seed(seed: int, prompt_ids: Sequence[int]) -> int:
 def check_sampling_args(n: int, temperature: float, top_p: float, max_tokens: int) -> None:
     """Raise on sampling parameters no backend can honour, naming the parameter."""
     if n < 1:
-        raise ValueError(f"n must be >= 1, got {n}")
+        raise ConfigError(f"n must be >= 1, got {n}")
     if temperature < 0:
-        raise ValueError(f"temperature must be >= 0, got {temperature}")
+        raise ConfigError(f"temperature must be >= 0, got {temperature}")
     if not 0 < top_p <= 1:
-        raise ValueError(f"top_p must be in (0, 1], got {top_p}")
+        raise ConfigError(f"top_p must be in (0, 1], got {top_p}")
     if max_tokens < 1:
-        raise ValueError(f"max_tokens must be >= 1, got {max_tokens}")
+        raise ConfigError(f"max_tokens must be >= 1, got {max_tokens}")
 
 
 class PromptEncoder:
@@ -130,8 +132,8 @@ class PromptEncoder:
         if chat_format == "tokenizer":
             if not getattr(tokenizer, "chat_template", None):
                 name = getattr(tokenizer, "name_or_path", "") or "the model"
-                raise ValueError(f"chat_format='tokenizer' but the tokenizer of {name!r} has no chat_template "
-                                 "(name an align.chat format instead: apertus, llama3, chatml)")
+                raise ConfigError(f"chat_format='tokenizer' but the tokenizer of {name!r} has no chat_template "
+                                  "(name an align.chat format instead: apertus, llama3, chatml)")
             stops, ends = list(stop_tokens or []), []
         else:
             from align.chat import get_format
@@ -148,18 +150,23 @@ class PromptEncoder:
     def _token_id(self, token: str) -> int:
         token_id = self.tokenizer.convert_tokens_to_ids(token)
         if token_id is None or token_id == self.tokenizer.unk_token_id:
-            raise ValueError(f"stop token {token!r} is not a token of this tokenizer")
+            raise ConfigError(f"stop token {token!r} is not a token of this tokenizer")
         return token_id
 
     def render(self, conversation: Conversation, tools: Sequence[Any] | None = None) -> str:
         """The prompt text: the conversation plus the assistant generation prompt."""
         if self.chat_format == "tokenizer":
+            from jinja2 import TemplateError
+
             # the model's own template reads the thinking switch as the template variable
             # `enable_thinking` (Qwen3 and others); a template without one ignores it
-            return self.tokenizer.apply_chat_template(
-                list(conversation), tools=tools, tokenize=False, add_generation_prompt=True,
-                enable_thinking=self.enable_thinking,
-            )
+            try:
+                return self.tokenizer.apply_chat_template(
+                    list(conversation), tools=tools, tokenize=False, add_generation_prompt=True,
+                    enable_thinking=self.enable_thinking,
+                )
+            except (TemplateError, TypeError, KeyError) as err:  # a conversation the template cannot read
+                raise InputError(f"the tokenizer's chat template cannot render it: {err!r}") from None
         from align.chat import render
 
         return render(
@@ -172,7 +179,7 @@ class PromptEncoder:
         ids = list(self.tokenizer(self.render(conversation, tools), add_special_tokens=False)["input_ids"])
         bos = self.tokenizer.bos_token_id
         if bos is not None and len(ids) > 1 and ids[0] == ids[1] == bos:
-            raise ValueError("the rendered prompt starts with a doubled BOS")  # a template bug
+            raise InputError("the rendered prompt starts with a doubled BOS")  # the chat template's
         return ids
 
     def completion(self, ids: Sequence[int], model: str, params: Mapping[str, Any]) -> Completion:

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from align.errors import ConfigError, loading
 from align.io.http import check_api_key_env
 from align.sampling.base import Sampler
 
@@ -67,27 +68,27 @@ class SamplerConfig:
 
     def __post_init__(self) -> None:
         if self.backend not in ("vllm", "transformers", "openai"):
-            raise ValueError(f"backend: {self.backend!r} is not 'vllm', 'transformers' or 'openai'")
+            raise ConfigError(f"backend: {self.backend!r} is not 'vllm', 'transformers' or 'openai'")
         if self.backend == "openai" and not self.base_url:
-            raise ValueError("base_url: the openai backend needs the server's URL (http://host:8000/v1)")
+            raise ConfigError("base_url: the openai backend needs the server's URL (http://host:8000/v1)")
         check_api_key_env(self.api_key_env)
         if "dtype" in self.engine_kwargs:
-            raise ValueError("engine_kwargs.dtype: set the dtype key instead (one dtype for every backend; "
-                             "docs/settings.md)")
+            raise ConfigError("engine_kwargs.dtype: set the dtype key instead (one dtype for every backend; "
+                              "docs/settings.md)")
         if self.batch_size < 1:
-            raise ValueError(f"batch_size: must be >= 1, got {self.batch_size}")
+            raise ConfigError(f"batch_size: must be >= 1, got {self.batch_size}")
         if self.tensor_parallel_size < 1:
-            raise ValueError(f"tensor_parallel_size: must be >= 1, got {self.tensor_parallel_size}")
+            raise ConfigError(f"tensor_parallel_size: must be >= 1, got {self.tensor_parallel_size}")
         if not 0 < self.gpu_memory_utilization <= 1:
-            raise ValueError(f"gpu_memory_utilization: must be in (0, 1], got {self.gpu_memory_utilization}")
+            raise ConfigError(f"gpu_memory_utilization: must be in (0, 1], got {self.gpu_memory_utilization}")
         if self.max_model_len is not None and self.max_model_len < 2:
-            raise ValueError(f"max_model_len: must be >= 2, got {self.max_model_len}")
+            raise ConfigError(f"max_model_len: must be >= 2, got {self.max_model_len}")
 
 
 def build_sampler(config: SamplerConfig) -> Sampler:
     """The sampler a config describes (vLLM is imported only for the vllm backend)."""
     if not config.model:
-        raise ValueError("model: set the path or name of the model to sample from")
+        raise ConfigError("model: set the path or name of the model to sample from")
     if config.backend == "transformers":
         from align.sampling.hf import TransformersSampler
 
@@ -95,7 +96,8 @@ def build_sampler(config: SamplerConfig) -> Sampler:
         if config.tokenizer:
             from transformers import AutoTokenizer
 
-            tokenizer = AutoTokenizer.from_pretrained(config.tokenizer)
+            with loading("tokenizer", config.tokenizer):
+                tokenizer = AutoTokenizer.from_pretrained(config.tokenizer)
         return TransformersSampler(
             config.model, tokenizer, chat_format=config.chat_format, batch_size=config.batch_size,
             max_model_len=config.max_model_len, dtype=config.dtype or "auto", device=config.device,

@@ -14,6 +14,7 @@ from typing import Any
 
 import torch
 
+from align.errors import ConfigError, loading
 from align.sampling.base import (
     Completion,
     Conversation,
@@ -98,15 +99,16 @@ class TransformersSampler(Sampler):
             from transformers import AutoModelForCausalLM, AutoTokenizer
 
             path = str(model)
-            tokenizer = tokenizer if tokenizer is not None else AutoTokenizer.from_pretrained(path)
-            model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype or "auto")
+            with loading("model", path):
+                tokenizer = tokenizer if tokenizer is not None else AutoTokenizer.from_pretrained(path)
+                model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype or "auto")
             if device:
                 model = model.to(device)
             model_name = model_name or path
         if tokenizer is None:
-            raise ValueError("pass the tokenizer along with a model object")
+            raise ConfigError("pass the tokenizer along with a model object")
         if batch_size < 1:
-            raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+            raise ConfigError(f"batch_size must be >= 1, got {batch_size}")
         self.model, self.tokenizer = model.eval(), tokenizer
         self.model_name = model_name or getattr(model.config, "_name_or_path", "") or type(model).__name__
         self.batch_size = batch_size

@@ -19,6 +19,7 @@ from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
+from align.errors import ServiceError, loading
 from align.io.http import api_key_from_env, request_json
 from align.sampling.base import (
     Completion,
@@ -70,7 +71,8 @@ class OpenAISampler(Sampler):
         if isinstance(tokenizer, str):
             from transformers import AutoTokenizer
 
-            tokenizer = AutoTokenizer.from_pretrained(tokenizer)
+            with loading("tokenizer", tokenizer):
+                tokenizer = AutoTokenizer.from_pretrained(tokenizer)
         self.base_url = base_url.rstrip("/")
         self.model, self.api_key = model, api_key if api_key is not None else api_key_from_env(api_key_env)
         self.model_name = model_name or model
@@ -87,9 +89,9 @@ class OpenAISampler(Sampler):
             served = next((m for m in models if m.get("id") == self.model), None)
             if served is None:
                 names = [m.get("id") for m in models]
-                raise RuntimeError(f"{self.base_url}: model {self.model!r} is not served here (served: {names})")
+                raise ServiceError(f"{self.base_url}: model {self.model!r} is not served here (served: {names})")
             if not isinstance(served.get("max_model_len"), int):
-                raise RuntimeError(f"{self.base_url}/models does not say the context length of {self.model!r}: "
+                raise ServiceError(f"{self.base_url}/models does not say the context length of {self.model!r}: "
                                    "pass max_model_len=")
             self._max_model_len = served["max_model_len"]
         return self._max_model_len
@@ -118,7 +120,7 @@ class OpenAISampler(Sampler):
             record_params = self.params(temperature, top_p, max_tokens, conv_seed)
             choices = reply.get("choices")
             if not isinstance(choices, list) or len(choices) != n:
-                raise RuntimeError(f"{self.base_url}/completions: expected {n} choices, got {choices!r:.200}")
+                raise ServiceError(f"{self.base_url}/completions: expected {n} choices, got {choices!r:.200}")
             results.append([self._completion(choice, record_params)
                             for choice in sorted(choices, key=lambda c: c.get("index", 0))])
         return results
@@ -126,7 +128,7 @@ class OpenAISampler(Sampler):
     def _completion(self, choice: dict[str, Any], params: dict[str, Any]) -> Completion:
         ids = choice.get("token_ids")
         if not isinstance(ids, list):
-            raise RuntimeError(f"{self.base_url}/completions: a choice has no token_ids (a vLLM server with "
+            raise ServiceError(f"{self.base_url}/completions: a choice has no token_ids (a vLLM server with "
                                "`return_token_ids` support is needed)")
         return engine_completion(self.encoder, ids, choice.get("finish_reason"), self.model_name, params,
                                  engine="the server")

@@ -23,7 +23,8 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, Literal
 
-from align.data.records import RecordError, record_id, validate_all, validate_prompt
+from align.data.records import record_id, validate_all, validate_prompt
+from align.errors import ConfigError, InputError, RecordError
 from align.io import read_output
 from align.jobs import run_job
 from align.sampling.base import Completion, Sampler, derive_seed
@@ -39,7 +40,7 @@ Overlong = Literal["flag", "drop"]
 
 def _check_overlong(overlong: str) -> None:
     if overlong not in ("flag", "drop"):
-        raise ValueError(f"overlong must be 'flag' (keep, finish_reason='length') or 'drop', got {overlong!r}")
+        raise ConfigError(f"overlong must be 'flag' (keep, finish_reason='length') or 'drop', got {overlong!r}")
 
 
 def _prompt_chars(record: Mapping[str, Any]) -> int:
@@ -62,7 +63,7 @@ def _fits(sampler: Sampler, record: Mapping[str, Any], conversation: Sequence[Ma
     """
     try:
         length = sampler.prompt_length(conversation, record.get("tools"))
-    except (ValueError, TypeError, KeyError) as err:
+    except InputError as err:
         field = "tools" if str(err).lstrip("'").startswith("tool") else "messages"
         raise RecordError(record_id(record), field, f"cannot be rendered: {err}") from None
     if length >= sampler.max_model_len:
@@ -143,7 +144,7 @@ def with_system_prompt(messages: Sequence[Mapping[str, Any]], prompt: SystemProm
         own = messages[0]["content"]
         own_text = own.get("text") if isinstance(own, Mapping) else own
         if not isinstance(own_text, str):
-            raise ValueError(f"system message content must be a string or {{'text': str}}, got {own!r}")
+            raise InputError(f"system message content must be a string or {{'text': str}}, got {own!r}")
         messages[0] = {"role": "system", "content": f"{prompt.text}\n\n{own_text}"}
         return messages
     return [{"role": "system", "content": prompt.text}] + messages
@@ -224,7 +225,7 @@ def sample_offline(
     _check_overlong(overlong)
     validate_all(prompts, validate_prompt)
     if on_unclassified not in UNCLASSIFIED:
-        raise ValueError(f"on_unclassified={on_unclassified!r}: choose one of {list(UNCLASSIFIED)}")
+        raise ConfigError(f"on_unclassified={on_unclassified!r}: choose one of {list(UNCLASSIFIED)}")
     options = {"seed": seed, "controversial_field": controversial_field, "personas": personas,
                "default_prompt": default_prompt, "charter_persona": charter_persona,
                "on_unclassified": on_unclassified}

@@ -21,6 +21,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from align.errors import ConfigError, InputError, MissingInputError
+
 ATTRIBUTES: tuple[str, ...] = ("truthful", "helpful", "honest")
 
 FAMILY_PROMPTS: dict[str, tuple[str, ...]] = {
@@ -234,7 +236,7 @@ def draw_system_prompt(
     rng = record_rng(record_id, seed, "system-prompt")
     if controversial:
         if not personas:
-            raise ValueError("a controversial prompt needs a persona, but the persona pool is empty")
+            raise ConfigError("a controversial prompt needs a persona, but the persona pool is empty")
         index = rng.randrange(len(personas))
         return SystemPrompt("persona", index, PERSONA_TEMPLATE.format(persona=personas[index]))
     family = ATTRIBUTES[rng.randrange(len(ATTRIBUTES))]
@@ -250,18 +252,23 @@ def charter_prompt() -> SystemPrompt:
 def load_personas(path: str | Path, *, field: str = "persona") -> list[str]:
     """Persona descriptions from a text file (one per line) or JSONL (`field` per row)."""
     path = Path(path)
+    if not path.is_file():
+        raise MissingInputError(f"{path}: no such personas file")
     personas: list[str] = []
     for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1):
         if not line.strip():
             continue
         if path.suffix.lower() == ".jsonl":
-            row = json.loads(line)
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError as exc:
+                raise InputError(f"{path}:{number}: not valid JSON ({exc.msg})") from None
             value = row.get(field) if isinstance(row, dict) else None
             if not isinstance(value, str) or not value.strip():
-                raise ValueError(f"{path}:{number}: expected a non-empty string field {field!r}")
+                raise InputError(f"{path}:{number}: expected a non-empty string field {field!r}")
             personas.append(value.strip())
         else:
             personas.append(line.strip())
     if not personas:
-        raise ValueError(f"{path}: no personas found")
+        raise InputError(f"{path}: no personas found")
     return personas

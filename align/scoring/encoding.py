@@ -18,7 +18,8 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from align.chat import encode_completion
-from align.data.records import RecordError, record_id, validate_pair, validate_prompt
+from align.data.records import record_id, validate_pair, validate_prompt
+from align.errors import ConfigError, InputError, RecordError
 
 PAIR_NAMES = ("chosen", "rejected")
 SINGLE_NAMES = ("completion",)
@@ -41,7 +42,7 @@ OVER_MAX_LENGTH_POLICIES = ("exclude", "cut")
 
 def check_over_max_length_policy(over_max_length: str) -> None:
     if over_max_length not in OVER_MAX_LENGTH_POLICIES:
-        raise ValueError(f"over_max_length={over_max_length!r}: choose one of {list(OVER_MAX_LENGTH_POLICIES)}")
+        raise ConfigError(f"over_max_length={over_max_length!r}: choose one of {list(OVER_MAX_LENGTH_POLICIES)}")
 
 
 class OverMaxLengthError(RecordError):
@@ -91,7 +92,7 @@ TRUNCATED_POLICIES = ("exclude", "train_without_end")
 
 def check_truncated_policy(truncated: str) -> None:
     if truncated not in TRUNCATED_POLICIES:
-        raise ValueError(f"truncated={truncated!r}: choose one of {list(TRUNCATED_POLICIES)}")
+        raise ConfigError(f"truncated={truncated!r}: choose one of {list(TRUNCATED_POLICIES)}")
 
 
 def is_truncated_completion(record: Mapping[str, Any], name: str, index: int | None = None) -> bool:
@@ -150,9 +151,7 @@ def encode_record(
                 tools=record.get("tools"), enable_thinking=enable_thinking, chat_date=chat_date,
                 end_of_turn=not cut,
             )
-        except RecordError:
-            raise
-        except ValueError as error:
+        except InputError as error:  # the text or the tokenizer (align.chat); a bug keeps its own class
             raise RecordError(rid, name, f"cannot be encoded: {error}") from error
         if not completion_ids:
             raise RecordError(rid, name, "is empty and truncated: no token to score (without an end-of-turn token)")

@@ -173,11 +173,16 @@ def model_logits(model: torch.nn.Module, inputs: Mapping[str, Any], keep: Tensor
 
 
 def token_logps_at(model: torch.nn.Module, batch: Mapping[str, Any], keep: Tensor, targets: Tensor,
-                   *, tiled: bool | None = None) -> Tensor:
-    """log π(target | prefix) at the ``keep`` positions, float32, shape (K,).
+                   *, tiled: bool | None = None, sources: Tensor | None = None) -> Tensor:
+    """log π(target | prefix) at the ``keep`` positions, float32, shape (T,).
+
+    ``sources`` (T,) names, for each target, the kept position (an index into the K kept
+    positions, row-major) whose logits predict it; None: one target per kept position, in
+    order (T = K). A position may predict several targets: in the prefix-shared layout the
+    last prompt token predicts the first token of every completion of its prompt.
 
     ``tiled`` (None: wherever ``tiled_head`` allows) projects the final hidden states through
-    the LM head in tiles, so the (K, V) logits never exist at once; else the model's head
+    the LM head in tiles, so the (T, V) logits never exist at once; else the model's head
     computes the kept positions' logits.
     """
     inputs = model_inputs(batch)
@@ -186,8 +191,16 @@ def token_logps_at(model: torch.nn.Module, batch: Mapping[str, Any], keep: Tenso
         raise ValueError("this model's LM head cannot be tiled (ZeRO-3, scaled logits, an adapter on the head, "
                          "or no backbone module whose last hidden state it reads)")
     if head is None:
-        return _logits_token_logps(model_logits(model, inputs, keep), targets)
-    return tiled_token_logps(last_hidden_state(model, inputs, keep), head, targets)
+        return _logits_token_logps(model_logits(model, inputs, keep), targets, sources=sources)
+    hidden = last_hidden_state(model, inputs, keep)
+    if sources is not None and not _is_identity(sources, hidden.shape[0]):
+        hidden = hidden.index_select(0, sources)  # (T, d): a shared position's row repeated, not its logits
+    return tiled_token_logps(hidden, head, targets)
+
+
+def _is_identity(sources: Tensor, size: int) -> bool:
+    """Whether ``sources`` is 0, 1, ..., size - 1 (each kept position predicts one target, in order)."""
+    return sources.numel() == size and bool(torch.equal(sources, torch.arange(size, device=sources.device)))
 
 
 class _LastHidden:
@@ -226,11 +239,24 @@ def last_hidden_state(model: torch.nn.Module, inputs: Mapping[str, Any], keep: T
     return hidden[keep]
 
 
-def _logits_token_logps(logits: Tensor, targets: Tensor, tile_bytes: int = HEAD_TILE_BYTES) -> Tensor:
-    """Target log-probs from the model's logits, upcast to float32 one tile at a time."""
+def _logits_token_logps(logits: Tensor, targets: Tensor, tile_bytes: int = HEAD_TILE_BYTES,
+                        sources: Tensor | None = None) -> Tensor:
+    """Target log-probs from the model's logits, upcast to float32 one tile at a time.
+
+    With ``sources`` target i is scored on logits row ``sources[i]``; the rows are picked a
+    tile at a time, so no (T, V) copy of the logits is made.
+    """
     rows = tile_rows(logits.shape[-1], tile_bytes)
-    recompute = logits.shape[0] > rows and torch.is_grad_enabled() and logits.requires_grad
-    return _map_tiles(_logps_from_logits, (logits, targets), (), rows, recompute)
+    if sources is None or _is_identity(sources, logits.shape[0]):
+        recompute = logits.shape[0] > rows and torch.is_grad_enabled() and logits.requires_grad
+        return _map_tiles(_logps_from_logits, (logits, targets), (), rows, recompute)
+    recompute = targets.shape[0] > rows and torch.is_grad_enabled() and logits.requires_grad
+    return _map_tiles(_picked_logps, (sources, targets), (logits,), rows, recompute)
+
+
+def _picked_logps(sources: Tensor, targets: Tensor, logits: Tensor) -> Tensor:
+    """log softmax of the logits rows ``sources`` at ``targets`` (one tile)."""
+    return _logps_from_logits(logits.index_select(0, sources), targets)
 
 
 def completion_logps(model: torch.nn.Module, batch: Mapping[str, Any], *, tiled: bool | None = None) -> Tensor:
@@ -239,13 +265,20 @@ def completion_logps(model: torch.nn.Module, batch: Mapping[str, Any], *, tiled:
     ``batch`` is a collated batch (``align.scoring.collators``) of S sequences. Token
     log-probs are float32; the sums are float64 so that they do not depend on how many
     tokens share a batch (fp32 sums of ~10³ tokens would differ in the 5th digit).
+
+    The token at column t is predicted by the logits at column t − 1, or, where the batch
+    has ``predicted_from`` (the prefix-shared layout), at the column it names.
     """
     labels, owners = batch["labels"], batch["sequence_index"]
-    targets_at = labels[:, 1:] != IGNORE_INDEX  # position t predicts token t + 1
+    targets_at = labels != IGNORE_INDEX
+    row, column = targets_at.nonzero(as_tuple=True)  # row-major, the order of the kept positions
+    source = batch["predicted_from"][targets_at] if "predicted_from" in batch else column - 1
     keep = torch.zeros_like(labels, dtype=torch.bool)
-    keep[:, :-1] = targets_at
-    logps = token_logps_at(model, batch, keep, labels[:, 1:][targets_at], tiled=tiled)
+    keep[row, source] = True
+    kept_rank = keep.flatten().cumsum(0) - 1  # position (flattened) -> its index among the kept ones
+    sources = kept_rank[row * labels.shape[1] + source]
+    logps = token_logps_at(model, batch, keep, labels[targets_at], tiled=tiled, sources=sources)
     num_sequences = batch["lengths"].numel()
     sums_dtype = torch.float32 if logps.device.type == "mps" else torch.float64
     sums = torch.zeros(num_sequences, dtype=sums_dtype, device=logps.device)
-    return sums.index_add(0, owners[:, 1:][targets_at], logps.to(sums_dtype))
+    return sums.index_add(0, owners[targets_at], logps.to(sums_dtype))

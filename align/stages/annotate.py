@@ -27,6 +27,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from align.errors import ConfigError
 from align.manifests import begin, start
 from align.stages.common import check_model_path, check_output_dir, finish, read_input
 from rewards.config import RewardProviderConfig, build_reward_provider
@@ -54,7 +55,7 @@ def run(config: Config) -> dict:
     from rewards.classifier import classify_records
 
     if not config.input:
-        raise ValueError("annotate: set input (records with completions, e.g. the sample stage's output)")
+        raise ConfigError("annotate: set input (records with completions, e.g. the sample stage's output)")
     check_output_dir(config.output_dir, "annotate")
     begun = begin("annotate", config, config.output_dir, overwrite=config.overwrite)
     if begun.skip:

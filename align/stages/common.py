@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from align.config import to_dict
+from align.errors import ConfigError, InputError, MissingInputError
 from align.io import STAGE_COMPLETE_MARKER, mark_stage_complete, stage_completion_info
 from align.io.records import looks_local
 from align.manifests import Begun, completion_fields, redact
@@ -31,14 +32,14 @@ def check_stage_input(path: str | Path, stage: str, key: str) -> None:
     info = stage_completion_info(path)
     if info is None:
         if (path / "_job.json").exists() or any(path.glob("shard-*-of-*.jsonl")):
-            raise ValueError(
+            raise InputError(
                 f"{stage}: {key}={str(path)!r} is an unfinished stage output (no {STAGE_COMPLETE_MARKER}): "
                 "finish the stage that writes it first (rerun it; for a SLURM array, every task)"
             )
         return
     if info.get("stage") in DATA_FILES:
         wanted = path / DATA_FILES[info["stage"]]
-        raise ValueError(
+        raise InputError(
             f"{stage}: {key}={str(path)!r} is the {info['stage']} stage's output, which holds more than one "
             f"kind of row; name the file instead: {key}={wanted}"
         )
@@ -47,9 +48,9 @@ def check_stage_input(path: str | Path, stage: str, key: str) -> None:
 def check_input_exists(path: str | Path, stage: str, key: str) -> None:
     """A missing local input is an error naming the key, not a hub lookup failing deep in `datasets`."""
     if not str(path).strip():
-        raise ValueError(f"{stage}: set {key} (an empty path is never read as the current directory)")
+        raise ConfigError(f"{stage}: set {key} (an empty path is never read as the current directory)")
     if not Path(path).exists() and looks_local(str(path)):
-        raise FileNotFoundError(f"{stage}: {key}={str(path)!r} does not exist")
+        raise MissingInputError(f"{stage}: {key}={str(path)!r} does not exist")
 
 
 def check_model_path(model: str | Path | None, stage: str, key: str) -> None:
@@ -59,14 +60,14 @@ def check_model_path(model: str | Path | None, stage: str, key: str) -> None:
     missing directory surfaces as the hub client refusing it as a repo id.
     """
     if not model:
-        raise ValueError(f"{stage}: set {key} (a model directory or name)")
+        raise ConfigError(f"{stage}: set {key} (a model directory or name)")
     path = Path(model).expanduser()
     if path.exists():
         if not (path / "config.json").is_file():
-            raise FileNotFoundError(f"{stage}: {key}={str(model)!r} has no config.json (not a saved model)")
+            raise InputError(f"{stage}: {key}={str(model)!r} has no config.json (not a saved model)")
         return
     if looks_local(str(model)):
-        raise FileNotFoundError(f"{stage}: {key}={str(model)!r} does not exist (a model directory, or a hub "
+        raise MissingInputError(f"{stage}: {key}={str(model)!r} does not exist (a model directory, or a hub "
                                 "name such as org/name)")
 
 
@@ -78,10 +79,10 @@ def check_output_dir(path: str | Path, stage: str, key: str = "output_dir") -> N
     for ancestor in (path, *path.parents):
         if ancestor.exists():
             if not ancestor.is_dir():
-                raise NotADirectoryError(f"{stage}: {key}={str(path)!r}: {str(ancestor)!r} is a file, not a "
-                                         "directory")
+                raise InputError(f"{stage}: {key}={str(path)!r}: {str(ancestor)!r} is a file, not a "
+                                 "directory")
             if not os.access(ancestor, os.W_OK | os.X_OK):
-                raise PermissionError(f"{stage}: {key}={str(path)!r}: {str(ancestor)!r} is not writable")
+                raise InputError(f"{stage}: {key}={str(path)!r}: {str(ancestor)!r} is not writable")
             return
 
 
@@ -94,7 +95,7 @@ def read_input(path: str | Path, stage: str, key: str) -> list[dict[str, Any]]:
     check_stage_input(path, stage, key)
     rows = read_records(path)
     if not rows:
-        raise ValueError(f"{stage}: {key}={str(path)!r} holds no rows")
+        raise InputError(f"{stage}: {key}={str(path)!r} holds no rows")
     return rows
 
 

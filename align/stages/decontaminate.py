@@ -22,7 +22,7 @@ from typing import Any
 
 from align.data.decontaminate import BenchmarkPrompts, MatchSettings, decontaminate
 from align.data.decontaminate_report import summary_lines
-from align.data.records import RecordError
+from align.errors import ConfigError, InputError, MissingInputError, RecordError
 from align.io import iter_jsonl, read_records, write_json, write_jsonl
 from align.io.records import data_suffix
 from align.manifests import begin, start
@@ -63,7 +63,7 @@ class BenchmarkSpec:
         for key in ("name", "path", "text_field"):
             value = getattr(self, key)
             if not isinstance(value, str) or not value:
-                raise ValueError(f"benchmarks: {key!r} must be a non-empty string, got {value!r}")
+                raise ConfigError(f"benchmarks: {key!r} must be a non-empty string, got {value!r}")
 
 
 @dataclass
@@ -92,16 +92,16 @@ class DecontaminationConfig(MatchSettings):
         self.benchmarks = [_as_benchmark_spec(b, i) for i, b in enumerate(self.benchmarks)]
         names = [b.name for b in self.benchmarks]
         if len(set(names)) != len(names):
-            raise ValueError(f"benchmarks: names must be unique, got {names}")
+            raise ConfigError(f"benchmarks: names must be unique, got {names}")
         super().__post_init__()
 
     def check_file_run(self) -> None:
         """Check the fields that only the file-based run needs."""
         missing = [k for k in ("input", "output_dir") if not getattr(self, k)]
         if missing:
-            raise ValueError(f"decontaminate: {', '.join(missing)} must be set to run on files")
+            raise ConfigError(f"decontaminate: {', '.join(missing)} must be set to run on files")
         if not self.benchmarks:
-            raise ValueError(
+            raise ConfigError(
                 "decontaminate: benchmarks is empty; list at least one {name, path, text_field}"
             )
 
@@ -113,16 +113,16 @@ def _as_benchmark_spec(entry: BenchmarkSpec | Mapping[str, Any], i: int) -> Benc
     if isinstance(entry, BenchmarkSpec):
         return entry
     if not isinstance(entry, Mapping):
-        raise ValueError(
+        raise ConfigError(
             f"benchmarks[{i}]: expected a mapping with name, path, text_field; got {entry!r}"
         )
     known = {f.name for f in fields(BenchmarkSpec)}
     unknown = sorted(set(entry) - known)
     if unknown:
-        raise ValueError(f"benchmarks[{i}]: unknown keys {unknown}; valid keys: {sorted(known)}")
+        raise ConfigError(f"benchmarks[{i}]: unknown keys {unknown}; valid keys: {sorted(known)}")
     missing = [k for k in ("name", "path") if k not in entry]
     if missing:
-        raise ValueError(f"benchmarks[{i}]: missing {missing}")
+        raise ConfigError(f"benchmarks[{i}]: missing {missing}")
     return BenchmarkSpec(**entry)
 
 
@@ -138,16 +138,17 @@ def read_rows(path: str, *, split: str = "train", subset: str | None = None) -> 
     """Rows of a ``.jsonl``/``.parquet`` file (list of dicts) or a ``load_dataset`` source."""
     if data_suffix(path) in (".jsonl", ".parquet"):
         if not Path(path).is_file():
-            raise ValueError(f"{path}: file not found")
+            raise MissingInputError(f"{path}: file not found")
         if data_suffix(path) == ".jsonl":
             return [row for _, row in iter_jsonl(path, where=_file_line)]
         return read_records(path)
     import datasets
+    from datasets.exceptions import DatasetsError
 
     try:
         return datasets.load_dataset(path, subset, split=split)
-    except Exception as err:  # report which source failed, keep the cause
-        raise ValueError(
+    except (OSError, ValueError, DatasetsError) as err:  # a source the recipe names: not found, no such split
+        raise InputError(
             f"{path}: could not load split {split!r} with datasets.load_dataset: {err}"
         ) from err
 
@@ -157,7 +158,7 @@ def load_benchmark(spec: BenchmarkSpec) -> BenchmarkPrompts:
     rows = read_rows(spec.path, split=spec.split, subset=spec.subset)
     source = spec.path
     if len(rows) == 0:
-        raise ValueError(f"{source}: benchmark {spec.name!r} is empty (split {spec.split!r})")
+        raise InputError(f"{source}: benchmark {spec.name!r} is empty (split {spec.split!r})")
     wanted = [spec.text_field] + ([spec.id_field] if spec.id_field else [])
     columns = getattr(rows, "column_names", None)
     for key in wanted:
@@ -216,7 +217,7 @@ def decontaminate_files(config: DecontaminationConfig) -> dict[str, Any]:
 def run(config: DecontaminationConfig) -> dict:
     """Decontaminate the training file against every benchmark in the recipe."""
     if config.output_dir is None:
-        raise ValueError("decontaminate: output_dir is required (where kept.jsonl and removed.jsonl go)")
+        raise ConfigError("decontaminate: output_dir is required (where kept.jsonl and removed.jsonl go)")
     begun = begin("decontaminate", config, config.output_dir, overwrite=config.overwrite)
     if begun.skip:
         return {}

@@ -20,6 +20,7 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
+from align.errors import ConfigError, MissingInputError
 from align.eval.evaluate import EvalSettings
 from align.manifests import begin, start
 from align.sampling.config import SamplerConfig
@@ -42,9 +43,9 @@ class PolicyConfig:
 
     def __post_init__(self) -> None:
         if not self.name:
-            raise ValueError("policies: every policy needs a name")
+            raise ConfigError("policies: every policy needs a name")
         if (self.model is None) == (self.completions is None):
-            raise ValueError(f"policy {self.name!r}: set exactly one of model and completions")
+            raise ConfigError(f"policy {self.name!r}: set exactly one of model and completions")
 
 
 def _eval_reward() -> RewardProviderConfig:
@@ -77,8 +78,8 @@ class Config(EvalSettings):
     def __post_init__(self) -> None:
         super().__post_init__()
         if self.reward.provider == "classifier":
-            raise ValueError("reward.provider: evaluate scores with reward_model, judge or verifiable "
-                             "(the classifier labels prompts; it gives no reward)")
+            raise ConfigError("reward.provider: evaluate scores with reward_model, judge or verifiable "
+                              "(the classifier labels prompts; it gives no reward)")
 
     def eval_settings(self, shard_index: int, num_shards: int) -> EvalSettings:
         """The library's settings object: this config's `EvalSettings` fields, with the shard resolved."""
@@ -97,12 +98,12 @@ def build_policies(config: Config) -> list[Any]:
     for i, spec in enumerate(config.policies):
         if spec.completions is not None:
             if not Path(spec.completions).exists():
-                raise FileNotFoundError(f"policies[{i}] ({spec.name!r}): completions={spec.completions!r} does not exist")
+                raise MissingInputError(f"policies[{i}] ({spec.name!r}): completions={spec.completions!r} does not exist")
             check_stage_input(spec.completions, "evaluate", f"policies[{i}].completions")
             policies.append(EvalPolicy(spec.name, completions=spec.completions))
             continue
         if not _model_exists(spec.model):
-            raise FileNotFoundError(f"policies[{i}] ({spec.name!r}): model={spec.model!r} does not exist "
+            raise MissingInputError(f"policies[{i}] ({spec.name!r}): model={spec.model!r} does not exist "
                                     "(a directory with config.json, or a model name)")
         sampler_config = replace(config.sampler, model=spec.model)
         policies.append(EvalPolicy(spec.name, sampler=lambda c=sampler_config: build_sampler(c)))
@@ -125,9 +126,9 @@ def run(config: Config) -> dict:
     from align.jobs import resolve_shard
 
     if not config.prompts:
-        raise ValueError("evaluate: set prompts (the held-out prompt records)")
+        raise ConfigError("evaluate: set prompts (the held-out prompt records)")
     if not Path(config.prompts).exists():
-        raise FileNotFoundError(f"evaluate: prompts={config.prompts!r} does not exist")
+        raise MissingInputError(f"evaluate: prompts={config.prompts!r} does not exist")
     check_policies([p.name for p in config.policies], config.baseline)  # before loading any model
     check_output_dir(config.output_dir, "evaluate")
     begun = begin("evaluate", config, config.output_dir, overwrite=config.overwrite)

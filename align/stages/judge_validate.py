@@ -22,6 +22,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from align.errors import ConfigError
 from align.manifests import begin, start
 from align.stages.common import check_model_path, check_output_dir, finish, read_input
 from rewards.config import GeneratorConfig, JudgeModelConfig, build_generator, build_judge
@@ -65,11 +66,11 @@ class Config(JudgeModelConfig):
     def __post_init__(self) -> None:
         super().__post_init__()
         if self.steps < 1:
-            raise ValueError(f"steps: must be >= 1, got {self.steps}")
+            raise ConfigError(f"steps: must be >= 1, got {self.steps}")
         if self.degrader == "llm" and not self.generator.model:
-            raise ValueError("generator.model: the llm degrader needs a generation model")
+            raise ConfigError("generator.model: the llm degrader needs a generation model")
         if self.qualify_on == "pairwise" and not self.pairwise:
-            raise ValueError("qualify_on: pairwise needs pairwise=true")
+            raise ConfigError("qualify_on: pairwise needs pairwise=true")
 
 
 def build_degrader(config: Config) -> Any:
@@ -87,9 +88,9 @@ def run(config: Config) -> dict:
     from rewards.validation import validate_judge
 
     if not config.input:
-        raise ValueError("judge-validate: set input (prompts with good completions)")
+        raise ConfigError("judge-validate: set input (prompts with good completions)")
     if not config.model:
-        raise ValueError("judge-validate: set model (the judge to validate: a model path or name)")
+        raise ConfigError("judge-validate: set model (the judge to validate: a model path or name)")
     check_output_dir(config.output_dir, "judge-validate")
     begun = begin("judge-validate", config, config.output_dir, overwrite=config.overwrite)
     if begun.skip:

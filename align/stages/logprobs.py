@@ -18,6 +18,7 @@ from pathlib import Path
 
 import torch
 
+from align.errors import ConfigError, InputError, loading
 from align.io import job_is_complete, read_records
 from align.jobs import shard_from_env
 from align.logprobs import (
@@ -93,13 +94,13 @@ class LogprobsConfig:
         check_truncated_policy(self.truncated)
         check_over_max_length_policy(self.over_max_length)
         if self.output_dir is None and self.cache_dir is None:
-            raise ValueError("set output_dir, or cache_dir to keep outputs under their cache key")
+            raise ConfigError("set output_dir, or cache_dir to keep outputs under their cache key")
         if self.batch_size < 1:
-            raise ValueError(f"batch_size={self.batch_size}: must be >= 1")
+            raise ConfigError(f"batch_size={self.batch_size}: must be >= 1")
         if self.max_length is not None and self.max_length < 2:
-            raise ValueError(f"max_length={self.max_length}: must be >= 2, or None")
+            raise ConfigError(f"max_length={self.max_length}: must be >= 2, or None")
         if self.dtype not in ("float32", "bfloat16", "float16"):
-            raise ValueError(f"dtype={self.dtype!r}: choose float32, bfloat16 or float16")
+            raise ConfigError(f"dtype={self.dtype!r}: choose float32, bfloat16 or float16")
 
 
 Config = LogprobsConfig
@@ -118,7 +119,7 @@ def run(config: Config) -> dict:
     check_model_path(config.model_name_or_path, "logprobs", "model_name_or_path")
     records = read_records(config.input)
     if not records:
-        raise ValueError(f"logprobs: input={config.input!r} holds no rows (a directory is read as job "
+        raise InputError(f"logprobs: input={config.input!r} holds no rows (a directory is read as job "
                          "shards, shard-*.jsonl; for the pairs stage's output name the file: .../pairs.jsonl)")
     if begun is not None:
         start(begun, {"input": records})
@@ -172,7 +173,8 @@ def run_pass(config: LogprobsConfig) -> Path:
 
     shard_index, num_shards = shard_from_env()
     records = read_records(config.input)
-    tokenizer = AutoTokenizer.from_pretrained(config.model_name_or_path)
+    with loading("model_name_or_path", config.model_name_or_path):
+        tokenizer = AutoTokenizer.from_pretrained(config.model_name_or_path)
     if config.chat_date is None:
         logger.warning("chat_date is None (today's date): pin it so the trainer renders the same prompts")
     fields = cache_fields_for(

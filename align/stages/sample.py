@@ -16,6 +16,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Literal
 
+from align.errors import ConfigError
 from align.manifests import begin, start
 from align.sampling.config import SamplerConfig
 from align.stages.common import check_model_path, check_output_dir, finish, read_input
@@ -56,7 +57,7 @@ def run(config: Config) -> dict:
     from align.sampling.stages import sample_offline, sample_references
 
     if not config.prompts:
-        raise ValueError("sample: set prompts (the prompt records to sample for)")
+        raise ConfigError("sample: set prompts (the prompt records to sample for)")
     check_output_dir(config.output_dir, "sample")
     begun = begin("sample", config, config.output_dir, overwrite=config.overwrite)
     if begun.skip:

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from align.errors import ConfigError
 from align.manifests import begin, start
 from align.stages.common import (
     check_model_path,
@@ -45,9 +46,9 @@ def run(config: Config) -> dict:
     from align.trainers.sft_trainer import train_sft
 
     if not config.input:
-        raise ValueError("sft: set input (the conversation rows to train on)")
+        raise ConfigError("sft: set input (the conversation rows to train on)")
     if not config.model_name_or_path:
-        raise ValueError("sft: set model_name_or_path (the base model)")
+        raise ConfigError("sft: set model_name_or_path (the base model)")
     check_output_dir(config.output_dir, "sft")
     keep_hub_token_out_of_outputs(config)
     begun = begin("sft", config, config.output_dir, overwrite=config.overwrite)

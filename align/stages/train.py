@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from align.errors import ConfigError
 from align.manifests import begin, start
 from align.stages.common import (
     check_model_path,
@@ -45,7 +46,7 @@ def run(config: Config) -> dict:
     from align.trainers.preference_trainer import train
 
     if not config.input:
-        raise ValueError("train: set input (pair rows with reference log-probs, from `align logprobs`)")
+        raise ConfigError("train: set input (pair rows with reference log-probs, from `align logprobs`)")
     check_output_dir(config.output_dir, "train")
     keep_hub_token_out_of_outputs(config)
     begun = begin("train", config, config.output_dir, overwrite=config.overwrite)

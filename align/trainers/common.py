@@ -23,11 +23,13 @@ import contextlib
 import logging
 import copy
 import dataclasses
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 
+from align.errors import AlignError, ConfigError, MissingDependencyError, loading, optional_import
 from align.optim import OPTIMIZERS, build_optimizer
 
 __all__ = [
@@ -42,6 +44,7 @@ __all__ = [
     "create_optimizer",
     "deepspeed_reference",
     "is_peft_model",
+    "library_checks",
     "load_causal_lm",
     "lora_config",
     "optimizer_kwargs",
@@ -127,14 +130,27 @@ class OptimizerFields:
         return optimizer_kwargs(self, total_steps)
 
 
+@contextlib.contextmanager
+def library_checks() -> Iterator[None]:
+    """Around ``TrainingArguments.__post_init__`` (and TRL's): their own checks of a setting
+    raise ValueError naming it (bf16 without a GPU, a save and eval strategy that disagree),
+    a recipe mistake like any other, so a ``ConfigError``."""
+    try:
+        yield
+    except ValueError as exc:
+        if isinstance(exc, AlignError):
+            raise
+        raise ConfigError(" ".join(str(exc).split())) from exc
+
+
 def check_model_fields(config: Any) -> None:
     if config.dtype not in MODEL_DTYPES:
-        raise ValueError(f"dtype={config.dtype!r}: choose one of {list(MODEL_DTYPES)}")
+        raise ConfigError(f"dtype={config.dtype!r}: choose one of {list(MODEL_DTYPES)}")
 
 
 def check_lora_fields(config: Any) -> None:
     if config.lora_r is not None and config.lora_r < 1:
-        raise ValueError(f"lora_r={config.lora_r}: a LoRA rank must be >= 1 (None trains every weight)")
+        raise ConfigError(f"lora_r={config.lora_r}: a LoRA rank must be >= 1 (None trains every weight)")
 
 
 def _default_optim(config: Any) -> Any:
@@ -148,22 +164,22 @@ def check_optimizer_fields(config: Any) -> None:
         return
     name = config.optimizer.lower()
     if name not in OPTIMIZERS:
-        raise ValueError(f"optimizer={config.optimizer!r}: choose one of {sorted(OPTIMIZERS)}, "
-                         "or None to use transformers' `optim`")
+        raise ConfigError(f"optimizer={config.optimizer!r}: choose one of {sorted(OPTIMIZERS)}, "
+                          "or None to use transformers' `optim`")
     config.optimizer = name
     optim = getattr(config.optim, "value", config.optim)
     default = getattr(_default_optim(config), "value", _default_optim(config))
     if optim != default:
-        raise ValueError(f"optim={optim!r} is ignored while optimizer={config.optimizer!r} picks the "
-                         "optimizer: set optimizer=None to use transformers' optimizers")
+        raise ConfigError(f"optim={optim!r} is ignored while optimizer={config.optimizer!r} picks the "
+                          "optimizer: set optimizer=None to use transformers' optimizers")
     if not 0.0 <= config.ademamix_beta3 < 1.0:
-        raise ValueError(f"ademamix_beta3={config.ademamix_beta3}: must be in [0, 1) (Apertus: 0.99)")
+        raise ConfigError(f"ademamix_beta3={config.ademamix_beta3}: must be in [0, 1) (Apertus: 0.99)")
     if not config.ademamix_alpha >= 0:
-        raise ValueError(f"ademamix_alpha={config.ademamix_alpha}: must be >= 0 (Apertus: 8)")
+        raise ConfigError(f"ademamix_alpha={config.ademamix_alpha}: must be >= 0 (Apertus: 8)")
     for key in ("ademamix_t_alpha", "ademamix_t_beta3"):
         value = getattr(config, key)
         if value is not None and value < 0:
-            raise ValueError(f"{key}={value}: must be >= 0, or None for the total number of steps")
+            raise ConfigError(f"{key}={value}: must be >= 0, or None for the total number of steps")
 
 
 # --------------------------------------------------------------------------- optimizer
@@ -205,7 +221,7 @@ def check_optimizer_offload(ds_config: dict | None, optimizer: str | None) -> No
     device = str((zero.get("offload_optimizer") or {}).get("device", "none") or "none").lower()
     if device == "none" or ds_config.get("zero_force_ds_cpu_optimizer", True) is False:
         return
-    raise ValueError(
+    raise ConfigError(
         f"offload_optimizer_device={device!r} (DeepSpeed zero_optimization.offload_optimizer.device) with "
         "optimizer='ademamix': accelerate would replace AdEMAMix by DeepSpeed's CPU Adam, silently. Set "
         "offload_optimizer_device: none in the accelerate config (shard further instead: ZeRO-3, more GPUs), or "
@@ -251,11 +267,11 @@ def accumulation_from_global_batch(args: Any, unit: str = "sequences") -> None:
     per_device, world_size = args.per_device_train_batch_size, args.world_size
     steps, rest = divmod(global_batch, per_device * world_size)
     if rest or steps < 1:
-        raise ValueError(
+        raise ConfigError(
             f"global_batch_size={global_batch} is not a multiple of per_device_train_batch_size={per_device} "
             f"× world size {world_size} (= {per_device * world_size} {unit} per micro-step); change one of them")
     if args.gradient_accumulation_steps not in (1, steps):
-        raise ValueError(
+        raise ConfigError(
             f"gradient_accumulation_steps={args.gradient_accumulation_steps} contradicts global_batch_size="
             f"{global_batch} (which needs {steps} with per_device_train_batch_size={per_device} × world size "
             f"{world_size}); set only one of them")
@@ -268,9 +284,8 @@ def lora_config(config: Any) -> Any:
     """The PEFT LoRA config of the ``lora_*`` keys (all linear layers unless told otherwise), or None."""
     if config.lora_r is None:
         return None
-    from peft import LoraConfig
-
-    return LoraConfig(r=config.lora_r, lora_alpha=config.lora_alpha, lora_dropout=config.lora_dropout,
+    peft = optional_import("peft", needed_by=f"lora_r={config.lora_r}", install="pip install 'peft>=0.21,<1'")
+    return peft.LoraConfig(r=config.lora_r, lora_alpha=config.lora_alpha, lora_dropout=config.lora_dropout,
                       target_modules=config.lora_target_modules or "all-linear", task_type="CAUSAL_LM")
 
 
@@ -304,7 +319,12 @@ def load_causal_lm(path: str, config: Any) -> Any:
     if config.attn_implementation:
         kwargs["attn_implementation"] = config.attn_implementation
     kwargs.update(getattr(config, "model_init_kwargs", None) or {})
-    return AutoModelForCausalLM.from_pretrained(path, **kwargs)
+    try:
+        with loading("model_name_or_path", path):
+            return AutoModelForCausalLM.from_pretrained(path, **kwargs)
+    except ImportError as exc:  # an attention backend not installed (flash_attn for flash_attention_2)
+        raise MissingDependencyError(f"attn_implementation={config.attn_implementation!r}: "
+                                     f"{' '.join(str(exc).split())}") from exc
 
 
 # --------------------------------------------------------------------------- DeepSpeed
@@ -331,8 +351,8 @@ def _fill_auto(ds_config: dict, args: Any, hidden_size: int | None) -> dict:
 
 def deepspeed_reference(model: Any, accelerator: Any, args: Any) -> torch.nn.Module:
     """Wrap a frozen reference for DeepSpeed: sharded like the policy under ZeRO-3, replicated otherwise."""
-    import deepspeed
-
+    deepspeed = optional_import("deepspeed", needed_by="a DeepSpeed reference model",
+                                install="pip install 'deepspeed>=0.19,<1'")
     ds_config = copy.deepcopy(accelerator.state.deepspeed_plugin.deepspeed_config)
     stage = ds_config.get("zero_optimization", {}).get("stage", 0)
     if stage != 3:

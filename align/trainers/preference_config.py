@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 import torch
 from transformers import TrainingArguments
 
+from align.errors import ConfigError
 from align.losses import LossType
 from align.trainers.common import (
     LoraFields,
@@ -15,6 +16,7 @@ from align.trainers.common import (
     check_lora_fields,
     check_model_fields,
     check_optimizer_fields,
+    library_checks,
 )
 
 REFERENCE_MODES = ("precomputed", "model", "adapter")
@@ -116,6 +118,15 @@ class PreferenceConfig(ModelFields, LoraFields, OptimizerFields, TrainingArgumen
         always gets one row (it takes the sequence boundaries directly).
     pad_to_multiple_of (`int` or `None`, defaults to `None`):
         Round padded widths up to a multiple (tensor-core friendly shapes).
+    prefix_sharing (`"auto"`, `true` or `false`, defaults to `"auto"`):
+        Put a pair's prompt once before its chosen and its rejected completion, each
+        completion attending to the prompt and to itself only (positions restart at the
+        prompt's length), so the prompt's forward and backward run once per pair, not twice;
+        log-probs, losses and gradients are those of separate sequences
+        (`align.scoring.collators`, the prefix-shared layout). Works padded or padding-free.
+        `"auto"`: on where the attention takes a 4D mask (`sdpa`, `eager`), off for
+        FlashAttention, whose varlen kernels cannot keep two completions of one prompt apart;
+        `true` there is an error.
 
     > Parameters that control the optimizer, the model and the LoRA adapter
 
@@ -155,6 +166,8 @@ class PreferenceConfig(ModelFields, LoraFields, OptimizerFields, TrainingArgumen
     padding_free: bool = field(default=True, metadata={"help": "pack sequences instead of padding"})
     max_row_tokens: int | None = field(default=None, metadata={"help": "padding-free row budget (sdpa/eager)"})
     pad_to_multiple_of: int | None = field(default=None, metadata={"help": "round padded widths up"})
+    prefix_sharing: bool | str = field(default="auto", metadata={"help": "auto | true | false: each prompt once "
+                                                                          "per pair"})
     # Entry point (the model, LoRA and optimizer keys: align.trainers.common)
     ref_model_name_or_path: str | None = field(default=None, metadata={"help": "reference to load"})
     # TrainingArguments defaults that differ
@@ -171,7 +184,8 @@ class PreferenceConfig(ModelFields, LoraFields, OptimizerFields, TrainingArgumen
         check_model_fields(self)
         check_lora_fields(self)
         check_optimizer_fields(self)
-        super().__post_init__()
+        with library_checks():
+            super().__post_init__()
 
     @property
     def loss(self) -> LossType:
@@ -182,35 +196,39 @@ class PreferenceConfig(ModelFields, LoraFields, OptimizerFields, TrainingArgumen
         try:
             LossType(self.loss_type)
         except ValueError:
-            raise ValueError(f"loss_type={self.loss_type!r}: choose one of {[t.value for t in LossType]}") from None
+            raise ConfigError(f"loss_type={self.loss_type!r}: choose one of {[t.value for t in LossType]}") from None
         if self.beta is None:
             self.beta = 5.0 if self.length_normalize else 0.1
         if not self.beta > 0:
-            raise ValueError(f"beta={self.beta}: must be > 0 (Apertus: 5.0 with length_normalize)")
+            raise ConfigError(f"beta={self.beta}: must be > 0 (Apertus: 5.0 with length_normalize)")
         if self.beta_clamp is not None and not self.beta_clamp > 0:
-            raise ValueError(f"beta_clamp={self.beta_clamp}: must be > 0, or None for no clamp")
+            raise ConfigError(f"beta_clamp={self.beta_clamp}: must be > 0, or None for no clamp")
         if self.beta_clamp is not None and self.loss is not LossType.QRPO:
-            raise ValueError("beta_clamp applies to QRPO only: set beta_clamp=None or loss_type='qrpo'")
+            raise ConfigError("beta_clamp applies to QRPO only: set beta_clamp=None or loss_type='qrpo'")
         if self.normalize_loss_by_length and self.loss is not LossType.QRPO:
-            raise ValueError("normalize_loss_by_length applies to QRPO only: set it False or loss_type='qrpo'")
+            raise ConfigError("normalize_loss_by_length applies to QRPO only: set it False or loss_type='qrpo'")
 
     def _check_data(self) -> None:
         if self.max_length is not None and self.max_length < 2:
-            raise ValueError(f"max_length={self.max_length}: needs room for a prompt and a completion token (or None)")
+            raise ConfigError(f"max_length={self.max_length}: needs room for a prompt and a completion token (or None)")
         if self.num_ref_rewards is not None and self.num_ref_rewards < 1:
-            raise ValueError(f"num_ref_rewards={self.num_ref_rewards}: must be >= 1 (Apertus: 10), or None")
+            raise ConfigError(f"num_ref_rewards={self.num_ref_rewards}: must be >= 1 (Apertus: 10), or None")
         if self.max_row_tokens is not None and self.max_row_tokens < 2:
-            raise ValueError(f"max_row_tokens={self.max_row_tokens}: must be >= 2, or None")
+            raise ConfigError(f"max_row_tokens={self.max_row_tokens}: must be >= 2, or None")
         if self.pad_to_multiple_of is not None and self.pad_to_multiple_of < 1:
-            raise ValueError(f"pad_to_multiple_of={self.pad_to_multiple_of}: must be >= 1, or None")
+            raise ConfigError(f"pad_to_multiple_of={self.pad_to_multiple_of}: must be >= 1, or None")
         if self.truncated not in ("exclude", "train_without_end"):
-            raise ValueError(f"truncated={self.truncated!r}: choose 'exclude' or 'train_without_end'")
+            raise ConfigError(f"truncated={self.truncated!r}: choose 'exclude' or 'train_without_end'")
         if self.over_max_length not in ("exclude", "cut"):
-            raise ValueError(f"over_max_length={self.over_max_length!r}: choose 'exclude' or 'cut'")
+            raise ConfigError(f"over_max_length={self.over_max_length!r}: choose 'exclude' or 'cut'")
+        if self.prefix_sharing in ("true", "false"):  # from a command line that kept the text
+            self.prefix_sharing = self.prefix_sharing == "true"
+        if self.prefix_sharing not in ("auto", True, False):
+            raise ConfigError(f"prefix_sharing={self.prefix_sharing!r}: choose auto, true or false")
         if self.global_batch_size is not None and self.global_batch_size < 1:
-            raise ValueError(f"global_batch_size={self.global_batch_size}: must be a positive number of pairs, "
-                             "or None")
+            raise ConfigError(f"global_batch_size={self.global_batch_size}: must be a positive number of pairs, "
+                              "or None")
 
     def _check_reference(self) -> None:
         if self.reference not in REFERENCE_MODES:
-            raise ValueError(f"reference={self.reference!r}: choose one of {list(REFERENCE_MODES)}")
+            raise ConfigError(f"reference={self.reference!r}: choose one of {list(REFERENCE_MODES)}")

@@ -29,7 +29,8 @@ from typing import Any
 import datasets
 
 from align.data.quantiles import quantile_rewards
-from align.data.records import RecordError, record_id, validate_pair
+from align.data.records import record_id, validate_pair
+from align.errors import ConfigError, InputError, RecordError
 from align.io import read_records, rows_to_dataset
 from align.logprobs import check_ref_tokens, pass_settings, reference_fingerprint
 from align.scoring import PAIR_NAMES, OverMaxLengthError, count_truncated, encode_record
@@ -102,7 +103,7 @@ def pair_quantiles(row: Mapping[str, Any], num_ref_rewards: int | None, index: i
     rewards = [_number(row, "chosen_reward", rid), _number(row, "rejected_reward", rid)]
     try:
         qc, qr = quantile_rewards(rewards, row["ref_rewards"], expected_n=n)
-    except ValueError as error:
+    except InputError as error:
         raise RecordError(rid, "ref_rewards", str(error)) from error
     return qc, qr
 
@@ -210,7 +211,7 @@ def prepare_dataset(dataset: Any, tokenizer: Any, config: Any, model: Any = None
     if isinstance(dataset, datasets.Dataset) and "prompt_ids" in dataset.column_names:
         return dataset
     if len(dataset) == 0:
-        raise ValueError("the preference dataset is empty")
+        raise InputError("the preference dataset is empty")
     if not isinstance(dataset, datasets.Dataset):
         dataset = rows_to_dataset({_JSON_ROW: json.dumps(dict(row))} for row in dataset)
     expected = expected_ref_fingerprint(config, model) if config.reference == "precomputed" else None
@@ -238,8 +239,8 @@ def prepare_dataset(dataset: Any, tokenizer: Any, config: Any, model: Any = None
         logger.warning("preference data: %d rows exceed max_length=%s and are trained on the completion's head, "
                        "without its end-of-turn token (over_max_length=cut)", num_cut, config.max_length)
     if len(prepared) == 0:
-        raise ValueError(f"every one of the {len(dataset)} preference rows exceeds max_length={config.max_length} "
-                         f"(e.g. {skips[0][0]}: {skips[0][1]}): raise max_length, or set over_max_length=cut")
+        raise ConfigError(f"every one of the {len(dataset)} preference rows exceeds max_length={config.max_length} "
+                          f"(e.g. {skips[0][0]}: {skips[0][1]}): raise max_length, or set over_max_length=cut")
     if config.truncated == "train_without_end":
         num_cut = _count_cut(dataset)
         if num_cut:

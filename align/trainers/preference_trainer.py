@@ -9,7 +9,8 @@ Stages, each a small function:
    pass scored exactly these token ids (its lengths, its per-completion token hash) with
    the same reference checkpoint; a ``datasets.map`` run on the main process first.
 2. ``PreferenceCollator``: chosen and rejected of a batch in one padded or padding-free
-   batch (``align.scoring.collators``).
+   batch, each pair's prompt once before its two completions where the attention allows
+   (``prefix_sharing``; ``align.scoring.collators``).
 3. ``PreferenceTrainer.compute_loss``: one policy forward scores all 2B completions; the
    reference log-probs come from the dataset (default), a frozen model, or the policy
    with its PEFT adapter disabled; ``align.losses`` gives per-sample losses.
@@ -32,8 +33,15 @@ import torch
 from torch import Tensor
 from transformers import AutoTokenizer, PreTrainedModel, Trainer
 
+from align.errors import ConfigError, InputError, loading
 from align.losses import LossType, dpo_loss, qrpo_terms
-from align.scoring import PreferenceCollator, completion_logps, is_flash_attention, unwrap_model
+from align.scoring import (
+    PreferenceCollator,
+    completion_logps,
+    is_flash_attention,
+    resolve_prefix_sharing,
+    unwrap_model,
+)
 from align.trainers.callbacks import bind_callbacks
 from align.trainers.common import (
     accumulation_from_global_batch,
@@ -120,8 +128,8 @@ class PreferenceTrainer(Trainer):
             optimizers=optimizers,
         )
         if self.args.n_gpu > 1:
-            raise ValueError("one process drives several GPUs (torch DataParallel), which would split packed "
-                             "batches: launch one process per GPU with `accelerate launch` or `torchrun`")
+            raise ConfigError("one process drives several GPUs (torch DataParallel), which would split packed "
+                              "batches: launch one process per GPU with `accelerate launch` or `torchrun`")
         self.ref_model = self._prepare_reference(ref_model) if ref_model is not None else None
         self._metric_sums: dict[str, dict[str, list[Tensor]]] = {"train": {}, "eval": {}}
         bind_callbacks(self)
@@ -132,13 +140,13 @@ class PreferenceTrainer(Trainer):
     @staticmethod
     def _check_reference(model: torch.nn.Module, ref_model: Any, args: PreferenceConfig) -> None:
         if args.reference == "model" and ref_model is None:
-            raise ValueError("reference='model' needs ref_model=...: pass the frozen reference, or set "
-                             "reference='precomputed' and run `align logprobs` first")
+            raise ConfigError("reference='model' needs ref_model=...: pass the frozen reference, or set "
+                              "reference='precomputed' and run `align logprobs` first")
         if args.reference != "model" and ref_model is not None:
-            raise ValueError(f"a ref_model was given but reference={args.reference!r} does not use it: "
-                             "set reference='model'")
+            raise ConfigError(f"a ref_model was given but reference={args.reference!r} does not use it: "
+                              "set reference='model'")
         if args.reference == "adapter" and not is_peft_model(model):
-            raise ValueError("reference='adapter' needs a PEFT policy: set lora_r or pass peft_config")
+            raise ConfigError("reference='adapter' needs a PEFT policy: set lora_r or pass peft_config")
 
     @staticmethod
     def _build_collator(model: torch.nn.Module, tokenizer: Any, args: PreferenceConfig) -> PreferenceCollator:
@@ -148,8 +156,8 @@ class PreferenceTrainer(Trainer):
         if args.bf16 and attn == "eager":
             dtype = torch.bfloat16
         if args.padding_free and not (attn in ("sdpa", "eager") or is_flash_attention(attn)):
-            raise ValueError(f"padding_free=True supports sdpa, eager and flash attention, the model uses "
-                             f"{attn!r}: set padding_free=False or attn_implementation='sdpa'")
+            raise ConfigError(f"padding_free=True supports sdpa, eager and flash attention, the model uses "
+                              f"{attn!r}: set padding_free=False or attn_implementation='sdpa'")
         return PreferenceCollator(
             pad_token_id=tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0,
             padding_free=args.padding_free,
@@ -157,6 +165,7 @@ class PreferenceTrainer(Trainer):
             mask_dtype=dtype if attn == "eager" else None,
             max_row_tokens=args.max_row_tokens,
             pad_to_multiple_of=args.pad_to_multiple_of,
+            prefix_sharing=resolve_prefix_sharing(args.prefix_sharing, attn),
         )
 
     def _prepare_reference(self, ref_model: PreTrainedModel) -> torch.nn.Module:
@@ -170,9 +179,9 @@ class PreferenceTrainer(Trainer):
         args = self.args
         pairs = args.per_device_train_batch_size * args.gradient_accumulation_steps * args.world_size
         per_pair = 2 if args.loss.uses_quantile_rewards else 1
-        logger.info("preference training: loss=%s beta=%s reference=%s padding_free=%s; %d pairs (%d loss samples) "
-                    "per optimizer step", args.loss_type, args.beta, args.reference, args.padding_free,
-                    pairs, pairs * per_pair)
+        logger.info("preference training: loss=%s beta=%s reference=%s padding_free=%s prefix_sharing=%s; %d pairs "
+                    "(%d loss samples) per optimizer step", args.loss_type, args.beta, args.reference,
+                    args.padding_free, self.data_collator.prefix_sharing, pairs, pairs * per_pair)
 
     # ----- Trainer hooks
 
@@ -229,7 +238,7 @@ class PreferenceTrainer(Trainer):
         """Reference log-probs of the batch's sequences, by ``args.reference``."""
         if self.args.reference == "precomputed":
             if "ref_logps" not in inputs:
-                raise ValueError("the batch has no reference log-probs: run `align logprobs` on the dataset "
+                raise InputError("the batch has no reference log-probs: run `align logprobs` on the dataset "
                                  "or set reference='model'")
             return inputs["ref_logps"]
         with torch.no_grad():
@@ -327,10 +336,12 @@ def train(
     """
     if model is None:
         if not config.model_name_or_path:
-            raise ValueError("pass a model or set model_name_or_path")
+            raise ConfigError("pass a model or set model_name_or_path")
         model = load_causal_lm(config.model_name_or_path, config)
     if tokenizer is None:
-        tokenizer = AutoTokenizer.from_pretrained(config.model_name_or_path or unwrap_model(model).name_or_path)
+        source = config.model_name_or_path or unwrap_model(model).name_or_path
+        with loading("model_name_or_path", source):
+            tokenizer = AutoTokenizer.from_pretrained(source)
     if config.reference == "model" and ref_model is None:
         ref_model = load_causal_lm(config.ref_model_name_or_path or config.model_name_or_path
                                    or unwrap_model(model).name_or_path, config)

@@ -14,6 +14,7 @@ from typing import Any
 from transformers import TrainingArguments
 from trl import SFTConfig as TRLSFTConfig
 
+from align.errors import ConfigError
 from align.trainers.common import (
     LoraFields,
     ModelFields,
@@ -21,6 +22,7 @@ from align.trainers.common import (
     check_lora_fields,
     check_model_fields,
     check_optimizer_fields,
+    library_checks,
 )
 
 __all__ = ["APERTUS_SFT_SIZES", "SFTConfig", "apertus_sft_defaults", "checkpointing_field"]
@@ -54,7 +56,7 @@ def apertus_sft_defaults(size: str = "8b") -> dict[str, Any]:
     """
     key = size.lower()
     if key not in APERTUS_SFT_SIZES:
-        raise ValueError(
+        raise ConfigError(
             f"size: unknown Apertus size {size!r}; choose one of {sorted(APERTUS_SFT_SIZES)}"
         )
     global_batch, lr = APERTUS_SFT_SIZES[key]
@@ -162,28 +164,29 @@ class SFTConfig(ModelFields, LoraFields, OptimizerFields, TRLSFTConfig):
     )
 
     def __post_init__(self) -> None:
-        super().__post_init__()
+        with library_checks():
+            super().__post_init__()
         self._check_align_fields()
 
     def _check_align_fields(self) -> None:
         """Reject values the trainer could not honour, naming the field and the fix."""
         if self.assistant_only_loss or self.completion_only_loss:
-            raise ValueError(
+            raise ConfigError(
                 "assistant_only_loss/completion_only_loss: align builds the loss mask with "
                 "align.chat "
                 "(assistant-only by default); leave these unset and use prompt_loss_weight instead"
             )
         if not 0.0 <= self.prompt_loss_weight <= 1.0:
-            raise ValueError(f"prompt_loss_weight must be in [0, 1], got {self.prompt_loss_weight}")
+            raise ConfigError(f"prompt_loss_weight must be in [0, 1], got {self.prompt_loss_weight}")
         check_model_fields(self)
         check_lora_fields(self)
         check_optimizer_fields(self)
         if self.global_batch_size is not None and self.global_batch_size < 1:
-            raise ValueError(
+            raise ConfigError(
                 f"global_batch_size must be a positive int, got {self.global_batch_size}"
             )
         if self.identity_keywords is not None and not [k for k in self.identity_keywords if k]:
-            raise ValueError("identity_keywords: give at least one name, or None for the built-in list")
+            raise ConfigError("identity_keywords: give at least one name, or None for the built-in list")
 
     @classmethod
     def apertus(cls, size: str = "8b", **overrides: Any) -> SFTConfig:

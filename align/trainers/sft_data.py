@@ -31,7 +31,8 @@ from datasets import Dataset
 
 from align.chat import encode
 from align.chat.encode import IGNORE_INDEX
-from align.data.records import RecordError, list_field, record_id
+from align.data.records import list_field, record_id
+from align.errors import ConfigError, InputError, RecordError, loading
 from align.io import rows_to_dataset
 from align.trainers.sft_hygiene import IDENTITY_KEYWORDS, filter_identity, strip_boxed_messages
 
@@ -54,7 +55,7 @@ logger = logging.getLogger(__name__)
 def labels_from_mask(input_ids: Sequence[int], loss_mask: Sequence[int]) -> list[int]:
     """Token id where the mask is 1, -100 (ignored by the loss) where it is 0."""
     if len(input_ids) != len(loss_mask):
-        raise ValueError(
+        raise RuntimeError(
             f"input_ids ({len(input_ids)}) and loss_mask ({len(loss_mask)}) differ in length"
         )
     return [tok if keep else IGNORE_INDEX for tok, keep in zip(input_ids, loss_mask)]
@@ -105,7 +106,7 @@ def encode_sft_row(
             enable_thinking=bool(thinking),
             chat_date=chat_date,
         )
-    except ValueError as err:
+    except InputError as err:
         raise RecordError(rid, "messages", str(err)) from None
     if not any(encoded.loss_mask):
         raise RecordError(
@@ -148,7 +149,7 @@ def truncate_sft_dataset(dataset: Dataset, max_length: int | None) -> Dataset:
     if max_length is None:
         return dataset
     if max_length < 2:
-        raise ValueError(f"max_length must be >= 2 to hold a prediction target, got {max_length}")
+        raise ConfigError(f"max_length must be >= 2 to hold a prediction target, got {max_length}")
     cut = dataset.map(
         lambda row: {
             "input_ids": row["input_ids"][:max_length],
@@ -187,7 +188,7 @@ def clean_sft_dataset(
     if not (strip_boxed or identity_filter):
         return dataset
     if "messages" not in dataset.column_names:
-        raise ValueError("strip_boxed / identity_filter read conversations: the SFT dataset needs a "
+        raise InputError("strip_boxed / identity_filter read conversations: the SFT dataset needs a "
                          "'messages' column (not pre-tokenized input_ids + labels)")
     summary = {} if summary is None else summary
     if identity_filter:
@@ -237,11 +238,11 @@ def prepare_sft_dataset(
     columns = set(dataset.column_names)
     if "input_ids" in columns:
         if strip_boxed or identity_filter:
-            raise ValueError("strip_boxed / identity_filter read conversations, but this SFT dataset is "
-                             "pre-tokenized (input_ids + labels): clean the rows before tokenizing them, or "
-                             "turn both off")
+            raise ConfigError("strip_boxed / identity_filter read conversations, but this SFT dataset is "
+                              "pre-tokenized (input_ids + labels): clean the rows before tokenizing them, or "
+                              "turn both off")
         if "labels" not in columns:
-            raise ValueError(
+            raise InputError(
                 "pre-tokenized SFT dataset has 'input_ids' but no 'labels' column; "
                 "add labels (-100 off the loss) or pass 'messages' rows instead"
             )
@@ -250,12 +251,12 @@ def prepare_sft_dataset(
         dataset = clean_sft_dataset(dataset, strip_boxed=strip_boxed, identity_filter=identity_filter,
                                     identity_keywords=identity_keywords, summary=summary)
         if len(dataset) == 0:
-            raise ValueError("SFT dataset: no row left after the identity filter")
+            raise InputError("SFT dataset: no row left after the identity filter")
         dataset = tokenize_sft_dataset(
             dataset, tokenizer, chat_format=chat_format, chat_date=chat_date, num_proc=num_proc
         )
     else:
-        raise ValueError(
+        raise InputError(
             f"SFT dataset needs a 'messages' column (or 'input_ids' + 'labels'); "
             f"it has {sorted(columns)}"
         )
@@ -329,7 +330,8 @@ def load_sft_dataset(
         from datasets import load_dataset
 
         kind = "parquet" if source.endswith(".parquet") else "json"
-        return load_dataset(kind, data_files=source, split=split)
+        with loading("input", source):
+            return load_dataset(kind, data_files=source, split=split)
     if isinstance(source, Sequence):
         rows = [dict(row) for row in source]
         if not any("messages" in row for row in rows):  # pre-tokenized rows (input_ids + labels)

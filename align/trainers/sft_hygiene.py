@@ -18,7 +18,8 @@ from typing import Any
 
 from datasets import Dataset
 
-from align.data.records import RecordError, list_field, record_id
+from align.data.records import list_field, record_id
+from align.errors import ConfigError, InputError, RecordError
 
 __all__ = [
     "IDENTITY_KEYWORDS",
@@ -95,10 +96,10 @@ def strip_boxed(text: str) -> str:
         while brace < len(text) and text[brace] == " ":
             brace += 1
         if brace >= len(text) or text[brace] != "{":
-            raise ValueError(f"\\boxed at char {start} is not followed by '{{'")
+            raise InputError(f"\\boxed at char {start} is not followed by '{{'")
         end = _closing_brace(text, brace)
         if end == -1:
-            raise ValueError(f"\\boxed{{ at char {start} is never closed")
+            raise InputError(f"\\boxed{{ at char {start} is never closed")
         out.append(text[pos:start])
         out.append(strip_boxed(text[brace + 1 : end]))
         pos = end + 1
@@ -161,7 +162,7 @@ def _strip_content(content: Any, rid: str, where: str) -> Any:
                 for b in content["blocks"]
             ]
             return {**content, "blocks": blocks}
-    except ValueError as err:
+    except InputError as err:
         raise RecordError(rid, where, str(err)) from None
     return content
 
@@ -179,7 +180,7 @@ def _keyword_pattern(keywords: Iterable[str]) -> re.Pattern[str]:
     """Whole-word alternation, longest first so 'GPT-3.5' wins over 'GPT-3'."""
     words = sorted({k for k in keywords if k}, key=len, reverse=True)
     if not words:
-        raise ValueError("identity filter needs at least one keyword")
+        raise ConfigError("identity filter needs at least one keyword")
     return re.compile(r"(?<![\w-])(" + "|".join(re.escape(w) for w in words) + r")(?![\w-]|\.\d)")
 
 

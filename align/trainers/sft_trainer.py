@@ -42,6 +42,7 @@ from datasets import Dataset
 from trl import SFTTrainer as TRLSFTTrainer
 
 from align.chat import install_format
+from align.errors import ConfigError, loading
 from align.trainers.callbacks import bind_callbacks
 from align.trainers.common import (
     accumulation_from_global_batch,
@@ -82,7 +83,7 @@ def _transformers_masks_packed_sequences() -> bool:
 def check_padding_free(args: SFTConfig, attn_implementation: str | None) -> None:
     """Refuse flattened batches where sequences would silently attend to each other."""
     if args.packing and args.packing_strategy == "wrapped":
-        raise ValueError(
+        raise ConfigError(
             "packing_strategy='wrapped' cuts conversations mid-way and lets them attend to each "
             "other; use packing_strategy='bfd' (or packing=False)"
         )
@@ -93,7 +94,7 @@ def check_padding_free(args: SFTConfig, attn_implementation: str | None) -> None
         return
     if impl in POSITION_MASK_IMPLEMENTATIONS and _transformers_masks_packed_sequences():
         return
-    raise ValueError(
+    raise ConfigError(
         f"padding_free/packing with attn_implementation={impl!r} would let packed sequences "
         "attend to each other. Use one of "
         f"{VARLEN_IMPLEMENTATIONS + POSITION_MASK_IMPLEMENTATIONS} (sdpa/eager need "
@@ -115,7 +116,7 @@ def token_weights(batch: dict[str, torch.Tensor], prompt_loss_weight: float) -> 
     elif "position_ids" in batch:
         real = batch["position_ids"] != 0
     else:
-        raise ValueError("token_weights needs a 2D 'attention_mask' or 'position_ids' in the batch")
+        raise RuntimeError("token_weights needs a 2D 'attention_mask' or 'position_ids' in the batch")
     trained = labels != IGNORE_INDEX
     weights = torch.where(trained, 1.0, torch.where(real, float(prompt_loss_weight), 0.0))
     weights[:, 0] = 0.0
@@ -310,13 +311,14 @@ def _load(config: SFTConfig, model: Any, tokenizer: Any) -> tuple[Any, Any]:
     if model is not None and tokenizer is not None:
         return model, tokenizer
     if config.model_name_or_path is None:
-        raise ValueError(
+        raise ConfigError(
             "model_name_or_path: required when train_sft is called without a model and tokenizer"
         )
     from transformers import AutoTokenizer
 
     if tokenizer is None:
-        tokenizer = AutoTokenizer.from_pretrained(config.model_name_or_path)
+        with loading("model_name_or_path", config.model_name_or_path):
+            tokenizer = AutoTokenizer.from_pretrained(config.model_name_or_path)
     if model is None:
         model = load_causal_lm(config.model_name_or_path, config)
     return model, tokenizer

@@ -7,6 +7,8 @@ from abc import ABC, abstractmethod
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from align.errors import ConfigError, InputError
+
 LabelLogprobs = dict[str, float]
 """Log-probability of each answer label at the first answer position; a label missing
 from the dict was not among the tokens the backend could see (outside the top-k)."""
@@ -44,7 +46,7 @@ class JudgeBackend(ABC):
         self.tokenizer = tokenizer
         self.chat_template_kwargs = dict(DEFAULT_CHAT_TEMPLATE_KWARGS if chat_template_kwargs is None else chat_template_kwargs)
         if max_model_len is not None and max_model_len < 2:
-            raise ValueError(f"max_model_len: must be >= 2, got {max_model_len}")
+            raise ConfigError(f"max_model_len: must be >= 2, got {max_model_len}")
         self.max_model_len = max_model_len
 
     def prompt_length(self, prompt: str) -> int:
@@ -62,7 +64,7 @@ class JudgeBackend(ABC):
     def render(self, user_message: str) -> str:
         """The full prompt text: one user turn, generation prompt added, thinking disabled."""
         if getattr(self.tokenizer, "chat_template", None) is None:
-            raise ValueError(
+            raise InputError(
                 f"{self.name}: the judge tokenizer has no chat template; give it one "
                 "(e.g. align.chat.install_format(tokenizer)) so the prompt matches how the judge was trained"
             )
@@ -124,9 +126,9 @@ def label_token_ids(tokenizer: Any, labels: Sequence[str]) -> dict[str, list[int
     for label in labels:
         key = label_text(label)
         if not key:
-            raise ValueError(f"answer label {label!r} is empty once whitespace is stripped")
+            raise ConfigError(f"answer label {label!r} is empty once whitespace is stripped")
         if key in wanted:
-            raise ValueError(f"answer labels {wanted[key]!r} and {label!r} are the same once whitespace is stripped")
+            raise ConfigError(f"answer labels {wanted[key]!r} and {label!r} are the same once whitespace is stripped")
         wanted[key] = label
     special = set(getattr(tokenizer, "all_special_ids", []) or [])
     quick = all(key.isascii() for key in wanted)  # ASCII label characters appear verbatim in raw tokens
@@ -145,7 +147,7 @@ def label_token_ids(tokenizer: Any, labels: Sequence[str]) -> dict[str, list[int
         spelled = {
             label: tokenizer.convert_ids_to_tokens(tokenizer(label, add_special_tokens=False)["input_ids"]) for label in missing
         }
-        raise ValueError(
+        raise ConfigError(
             f"answer labels {missing} are not a single token in this tokenizer (spelled {spelled}); the judge reads "
             "one answer token, so every label must be one token, with or without a leading space (e.g. use the scale 1-9)"
         )
@@ -163,13 +165,13 @@ def single_token_ids(tokenizer: Any, labels: Sequence[str]) -> dict[str, int]:
         pieces = tokenizer(label, add_special_tokens=False)["input_ids"]
         if len(pieces) != 1:
             shown = tokenizer.convert_ids_to_tokens(pieces)
-            raise ValueError(
+            raise ConfigError(
                 f"answer label {label!r} is {len(pieces)} tokens {shown} in this tokenizer; the judge reads "
                 "one answer token, so every label must be a single token (e.g. use the scale 1-9)"
             )
         ids[label] = pieces[0]
     if len(set(ids.values())) != len(ids):
-        raise ValueError(f"answer labels {list(labels)} do not map to distinct tokens: {ids}")
+        raise ConfigError(f"answer labels {list(labels)} do not map to distinct tokens: {ids}")
     return ids
 
 

@@ -22,6 +22,7 @@ from typing import Any
 import torch
 from tqdm.auto import tqdm
 
+from align.errors import ConfigError, loading
 from rewards.judge_backends.base import JudgeBackend, LabelLogprobs
 from rewards.reward_model import resolve_device, resolve_dtype
 from rewards.text import encode_rendered, sorted_batches
@@ -53,14 +54,15 @@ class TransformersJudgeBackend(JudgeBackend):
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
         if batch_size < 1:
-            raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+            raise ConfigError(f"batch_size must be >= 1, got {batch_size}")
         self.device = resolve_device(device)
         self.dtype = resolve_dtype(dtype, self.device)
         if isinstance(model, (str, Path)):
-            tokenizer = tokenizer or AutoTokenizer.from_pretrained(str(model))
-            model = AutoModelForCausalLM.from_pretrained(str(model), dtype=self.dtype)
+            with loading("model", model):
+                tokenizer = tokenizer or AutoTokenizer.from_pretrained(str(model))
+                model = AutoModelForCausalLM.from_pretrained(str(model), dtype=self.dtype)
         if tokenizer is None:
-            raise ValueError("pass the tokenizer along with a loaded model")
+            raise ConfigError("pass the tokenizer along with a loaded model")
         super().__init__(tokenizer, chat_template_kwargs, max_model_len)
         self.model = model.to(device=self.device, dtype=self.dtype).eval()
         self.batch_size, self.reuse_prefix, self.show_progress = batch_size, reuse_prefix, show_progress

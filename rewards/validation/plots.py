@@ -7,11 +7,13 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from align.errors import optional_import
+
 
 def plot_scores(report: Mapping[str, Any], path: str | Path) -> None:
     """Mean pointwise score (with its CI) against degradation step, one line per language."""
-    import matplotlib
-
+    matplotlib = optional_import("matplotlib", needed_by="judge validation's plot",
+                                 install="pip install 'matplotlib>=3.7'")
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 

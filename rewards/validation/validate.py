@@ -8,6 +8,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from align.errors import ConfigError, InputError
 from rewards.degrade import Degrader, Ladder, RuleDegrader, build_ladders
 from rewards.validation.metrics import LadderResult, ladder_metrics, qualification
 from rewards.validation.report import write_report
@@ -75,9 +76,9 @@ def validate_judge(
     for pairwise, `compare_pairs`). `degrader` defaults to the rule-based one.
     """
     if qualify_on not in ("pointwise", "pairwise"):
-        raise ValueError(f"qualify_on must be 'pointwise' or 'pairwise', got {qualify_on!r}")
+        raise ConfigError(f"qualify_on must be 'pointwise' or 'pairwise', got {qualify_on!r}")
     if qualify_on == "pairwise" and not pairwise:
-        raise ValueError("qualify_on='pairwise' needs pairwise=True")
+        raise ConfigError("qualify_on='pairwise' needs pairwise=True")
     degrader = degrader or RuleDegrader()
     skipped: list[dict[str, Any]] = []
     if ladders is None:
@@ -92,7 +93,7 @@ def validate_judge(
         ladders, more = build_ladders(items, degrader, steps=steps, kinds=kinds, seed=seed)
         skipped += more
     if not ladders:
-        raise ValueError(f"no ladder could be built ({len(skipped)} prompts skipped: "
+        raise InputError(f"no ladder could be built ({len(skipped)} prompts skipped: "
                          f"{Counter(s['reason'] for s in skipped).most_common(3)})")
     results = judge_ladders(judge, ladders, pairwise=pairwise)
     scale = tuple(judge.config.scale) if hasattr(judge, "config") else None

@@ -11,6 +11,7 @@ import pytest
 from align.cli import main
 from align.demo.output import DEMO_MANIFEST, RUN_OUTPUTS, check_demo_output_dir
 from align.demo.output import clear_previous_run as _clear_previous_run
+from align.errors import InputError
 
 
 def _demo(args: list[str]) -> tuple[int, str]:
@@ -54,7 +55,7 @@ def test_an_earlier_run_is_removed_exactly_as_its_manifest_lists(tmp_path):
 def test_a_file_next_to_an_earlier_run_is_refused(tmp_path):
     _earlier_run(tmp_path)
     (tmp_path / "notes.md").write_text("keep me")
-    with pytest.raises(FileExistsError, match=r"\(notes.md\)"):
+    with pytest.raises(InputError, match=r"\(notes.md\)"):
         check_demo_output_dir(tmp_path)
 
 

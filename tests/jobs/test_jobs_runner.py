@@ -7,6 +7,7 @@ import json
 import pytest
 
 from align.data.records import RecordError
+from align.errors import InputError
 from align.io import job_is_complete, output_files, read_output, shard_name
 from align.io.shards import ShardWriter
 from align.jobs import done_ids, run_job, shard_from_env, shard_of
@@ -153,7 +154,7 @@ def test_resuming_with_other_settings_is_refused(tmp_path):
 
 def test_a_shard_cannot_be_written_by_two_processes_at_once(tmp_path):
     path = tmp_path / shard_name(0, 1)
-    with ShardWriter(path), pytest.raises(RuntimeError, match="another process"):
+    with ShardWriter(path), pytest.raises(InputError, match="another process"):
         run_job(_records(1), _square, tmp_path)
 
 

@@ -77,5 +77,5 @@ def test_annotate_with_a_missing_charter_stops_naming_it(tiny_dirs, tmp_path, ca
                f"model={tiny_dirs['policy']}", f"charter={missing}", "device=cpu"])
     err = capsys.readouterr().err
     assert rc == 2, err
-    assert f"align annotate: FileNotFoundError: no charter {str(missing)!r}: file not found" in err, err
+    assert f"align annotate: MissingInputError: no charter {str(missing)!r}: file not found" in err, err
     assert not (tmp_path / "out" / "_COMPLETE.json").exists()

@@ -1,7 +1,9 @@
 """PreferenceTrainer across 2 processes: DDP and DeepSpeed ZeRO-2/3 on CPU (slow, marked distributed).
 
 Invariant: 2 ranks × per-device batch 4 give the same losses as 1 process × batch 8, and
-every rank ends with the same weights (the processes really synchronise). The reference is
+every rank ends with the same weights (the processes really synchronise). The ranks run the
+default batch layout (prefix-shared, padding-free) and the one process the plain padded
+layout, so the comparison covers the layouts' equality under DDP and ZeRO too. The reference is
 precomputed (the default) or a live model, which under ZeRO-3 is sharded like the policy.
 """
 
@@ -136,9 +138,10 @@ def _failure(output: str) -> str:
 
 @pytest.fixture(scope="module")
 def single(workdir) -> dict:
-    """One process, per-device batch 8: the trajectory the 2-rank runs must reproduce."""
+    """One process, per-device batch 8, padded rows, no prefix sharing: the trajectory the 2-rank runs must reproduce."""
     script = workdir / "single.py"
-    script.write_text(WORKER.replace("per_device_train_batch_size=4", "per_device_train_batch_size=8"))
+    script.write_text(WORKER.replace("per_device_train_batch_size=4",
+                                     "per_device_train_batch_size=8, padding_free=False, prefix_sharing=False"))
     out = workdir / "single.json"
     command = [sys.executable, str(script), str(workdir / "data.jsonl"), str(out), "precomputed", "ddp"]
     done = subprocess.run(command, env=_env(), cwd=workdir, timeout=600, capture_output=True, text=True, check=False)
