@@ -109,8 +109,8 @@ class StageJob:
                 "launch": f"{self.settings.nodes} node(s) x {self.settings.ranks_per_node} rank(s)",
                 "single": "one task"}[self.kind]
         lines = ["#!/bin/bash",
-                 f"# align {self.stage} of {source}, as {what}. Written by `align submit`; "
-                 "`sbatch THIS_FILE` runs it alone.",
+                 (f"# align {self.stage} of {source}, as {what}. Written by `align submit`; "
+                  "`sbatch THIS_FILE` runs it alone."),
                  *(f"#SBATCH {option}" for option in self.sbatch_options()),
                  "",
                  "set -euo pipefail",

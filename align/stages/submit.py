@@ -41,7 +41,15 @@ import yaml
 from align.config import to_dict
 from align.errors import ConfigError, InputError
 from align.io import write_json
-from align.slurm import SHIPPED_SCRIPTS, StageJob, active_jobs, array_spec, dependency_options, kind_of, sbatch
+from align.slurm import (
+    SHIPPED_SCRIPTS,
+    StageJob,
+    active_jobs,
+    array_spec,
+    dependency_options,
+    kind_of,
+    sbatch,
+)
 from align.stages.pipeline import ORDER
 from align.stages.pipeline import Config as PipelineConfig
 from align.stages.status import missing_shards, stage_status
@@ -134,6 +142,9 @@ def _write_script(job: StageJob, index: int, source: str) -> Path:
 
 def run(config: Config) -> dict[str, str]:
     """Submit the stages that are not done, in order, each after the previous; {stage: job id}."""
+    if getattr(config, "rounds", None) is not None:
+        raise ConfigError("rounds: align submit submits each stage of a recipe once, and a recipe with rounds is "
+                          "not submitted yet; run `align pipeline RECIPE` inside one allocation (docs/slurm.md)")
     if config.overwrite:
         raise ConfigError("overwrite=true: align submit redoes no stage made from other settings (array tasks "
                           "would remove each other's shards); redo it with `align pipeline RECIPE overwrite=true`, "
@@ -153,8 +164,8 @@ def run(config: Config) -> dict[str, str]:
     planned = plan(config, recipe, workdir, log_dir, scripts_dir, queued, jobs)
 
     submitted: dict[str, str] = {}
-    chain = ["#!/bin/bash", f"# Written by `align submit ... dry_run=true`: the jobs of {recipe.name}, "
-             "each after the one before.", "set -euo pipefail", f"cd {shlex.quote(str(workdir))}"]
+    chain = ["#!/bin/bash", (f"# Written by `align submit ... dry_run=true`: the jobs of {recipe.name}, "
+                             "each after the one before."), "set -euo pipefail", f"cd {shlex.quote(str(workdir))}"]
     after: list[str] = []  # the job the next stage waits for (a shell variable in submit.sh)
     for item in planned:
         if item.job is None:

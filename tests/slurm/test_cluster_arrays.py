@@ -16,7 +16,16 @@ from pathlib import Path
 
 import pytest
 import yaml
-from slurm_helpers import NO_GPU, REPO, SLURM_SCRIPTS, assert_states, run, sbatch, wait_for, wait_for_file
+from slurm_helpers import (
+    NO_GPU,
+    REPO,
+    SLURM_SCRIPTS,
+    assert_states,
+    run,
+    sbatch,
+    wait_for,
+    wait_for_file,
+)
 
 from align.io import STAGE_COMPLETE_MARKER, read_records
 from align.jobs import shard_of
@@ -107,7 +116,7 @@ def test_a_task_cancelled_mid_shard_is_resubmitted_from_status(tmp_path, job_env
     assert not (out / STAGE_COMPLETE_MARKER).exists()
 
     status = run([sys.executable, "-m", "align", "status", path], job_env, cwd=tmp_path).stdout
-    assert f"annotate       partial" in status and f"3 of {SHARDS} shards done; shards 2 are missing" in status
+    assert "annotate       partial" in status and f"3 of {SHARDS} shards done; shards 2 are missing" in status
     command = re.search(r"NUM_SHARDS=(\d+) STAGE=(\w+) sbatch --array=(\S+) (\S+) RECIPE", status)
     assert command, status
     num_shards, stage, array, script = command.groups()

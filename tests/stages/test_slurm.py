@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 from stage_helpers import RECIPES, TINY_RECIPE, make_workspace, run_cli, subprocess_env
 
-from align.io import STAGE_COMPLETE_MARKER, stage_completion_info, read_records
+from align.io import STAGE_COMPLETE_MARKER, read_records, stage_completion_info
 
 SCRIPTS = sorted((RECIPES / "slurm").glob("*.sbatch"))
 ARRAY = RECIPES / "slurm" / "annotate_array.sbatch"
@@ -212,3 +212,14 @@ def test_submit_refuses_bad_slurm_settings(override, message, tmp_path, monkeypa
     with pytest.raises(ValueError, match=message):
         module = stage_module("submit")
         module.run(load_config(module.Config, TINY_RECIPE, [override, "dry_run=true"], section="submit"))
+
+
+def test_submit_refuses_a_recipe_with_rounds(tmp_path, monkeypatch):
+    from align.config import load_config
+    from align.stages import stage_module
+
+    monkeypatch.chdir(tmp_path)
+    module = stage_module("submit")
+    config = load_config(module.Config, RECIPES / "tiny" / "rounds.yaml", ["dry_run=true"], section="submit")
+    with pytest.raises(ValueError, match=r"rounds: align submit submits each stage of a recipe once"):
+        module.run(config)
