@@ -162,6 +162,18 @@ def test_optional_import_says_what_to_install():
     assert optional_import("json", needed_by="x", install="y") is json
 
 
+def test_a_marker_or_job_file_that_is_not_json_names_the_file(tmp_path):
+    from align.io import stage_completion_info
+    from align.io.shards import check_fingerprint
+
+    (tmp_path / "_COMPLETE.json").write_text('{"stage": "pairs", ')
+    with pytest.raises(InputError, match=r"_COMPLETE\.json: not a completion marker \(not valid JSON"):
+        stage_completion_info(tmp_path)
+    (tmp_path / "_job.json").write_text("{oops")
+    with pytest.raises(InputError, match=r"_job\.json: not a job fingerprint \(not valid JSON"):
+        check_fingerprint(tmp_path, {"model": "m"})
+
+
 def test_a_file_that_is_not_parquet_names_the_file(tmp_path):
     from align.io import read_records
 

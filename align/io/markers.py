@@ -20,6 +20,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from align.errors import InputError
 from align.io.files import atomic_write, write_json
 from align.io.shards import SHARD_RE, ids_of, iter_lines, shard_files, shard_name
 
@@ -42,7 +43,13 @@ def stage_is_complete(output_dir: str | Path) -> bool:
 def stage_completion_info(output_dir: str | Path) -> dict[str, Any] | None:
     """The metadata a finished stage left, or None when it has not finished."""
     marker = Path(output_dir) / STAGE_COMPLETE_MARKER
-    return json.loads(marker.read_text()) if marker.is_file() else None
+    if not marker.is_file():
+        return None
+    try:
+        return json.loads(marker.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise InputError(f"{marker}: not a completion marker (not valid JSON: {exc}); remove it to run the "
+                         "stage that wrote it again") from None
 
 
 # --------------------------------------------------------------------------- job (shard) markers

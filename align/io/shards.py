@@ -190,7 +190,10 @@ def check_fingerprint(output_dir: Path, fingerprint: Mapping[str, Any]) -> None:
         pass
     finally:
         tmp.unlink()
-    found = json.loads(path.read_text())
+    try:
+        found = json.loads(path.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise InputError(f"{path}: not a job fingerprint (not valid JSON: {exc}); use a new output_dir") from None
     if found != wanted:
         diff = sorted(k for k in set(found) | set(wanted) if found.get(k) != wanted.get(k))
         raise InputError(
