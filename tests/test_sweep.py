@@ -258,13 +258,14 @@ def test_a_killed_sweep_retrains_nothing_that_had_finished(workspace, uninterrup
 
 
 def test_run_sweep_from_a_model_in_memory(workspace, tmp_path):
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
     import align
     from align.eval.evaluate import EvalSettings
     from align.logprobs import load_ref_logprobs
     from align.manifests import StaleOutputError
     from align.trainers.preference_config import PreferenceConfig
     from rewards.verifiable import VerifiableReward
-    from transformers import AutoModelForCausalLM, AutoTokenizer
 
     sft = workspace / "runs" / "tiny" / "sft"
     model, tokenizer = AutoModelForCausalLM.from_pretrained(sft), AutoTokenizer.from_pretrained(sft)

@@ -16,6 +16,8 @@ grows trains only its new points (points are named by their values).
 - `grid`: the points of a grid (``expand_grid``, ``Point``), values checked against the
   settings of preference training.
 - `settings`: ``SweepSettings`` (grid, metric, validation settings), the metrics.
+- `inputs`: what a sweep is bound to (the start policy's and the provider's fingerprints),
+  validation prompts also trained on, the output directory it may use.
 - `points`: one point's training and validation, each skipped when done.
 - `run`: ``run_sweep``, the whole loop.
 - `report`: ``SweepResult``, the choice, ``sweep.json`` and ``sweep.md``; `plots`: the
@@ -42,7 +44,8 @@ _LAZY: dict[str, tuple[str, str]] = {
     "plot_sweeps": ("align.sweep.plots", "plot_sweeps"),
 }
 
-__all__ = sorted(_LAZY)
+__all__ = ["METRICS", "Point", "PointResult", "SweepResult", "SweepSettings", "choose", "expand_grid", "plot_sweeps",
+           "run_sweep"]
 
 
 def __getattr__(name: str) -> Any:

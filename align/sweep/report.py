@@ -99,13 +99,13 @@ def _figure(interval: Mapping[str, Any] | None, *, signed: bool = False) -> str:
 def markdown(result: SweepResult) -> str:
     """``sweep.md``: one row per point, the chosen one marked, the start policy's row first."""
     keys = list(result.grid)
-    head = ["point", *keys, f"{result.metric} (chosen by)", "reward, samples", "reward, greedy", "gain vs start, samples",
-            "steps", "train loss"]
-    lines = [f"# Sweep: {len(result.points)} points, chosen by {result.metric} on {result.validation_prompts} "
-             "validation prompts", "",
-             f"{result.metric}: {METRICS[result.metric]}. Figures in points (x100) with 95% bootstrap intervals over "
-             "prompts.", "",
-             "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    head = ["point", *keys, f"{result.metric} (chosen by)", "reward, samples", "reward, greedy",
+            "gain vs start, samples", "steps", "train loss"]
+    title = f"# Sweep: {len(result.points)} points, chosen by {result.metric} on {result.validation_prompts} " \
+        "validation prompts"
+    means = f"{result.metric}: {METRICS[result.metric]}. Figures in points (x100) with 95% bootstrap intervals " \
+        "over prompts."
+    lines = [title, "", means, "", "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     start = result.start
     lines.append("| " + " | ".join(["start", *("" for _ in keys), _figure(start.get(result.metric)) if
                                      result.metric in start else "", _figure(start.get("reward_sampled")),
@@ -113,10 +113,10 @@ def markdown(result: SweepResult) -> str:
     for p in result.points:
         mark = " (chosen)" if result.chosen is not None and p.name == result.chosen.name else ""
         loss = "-" if p.train_loss is None else f"{p.train_loss:.4g}"
-        lines.append("| " + " | ".join([f"`{p.name}`{mark}", *(format_value(p.settings[k]) for k in keys),
-                                         _figure(p.metrics.get(result.metric)),
-                                         _figure(p.metrics.get("reward_sampled")), _figure(p.metrics.get("reward_greedy")),
-                                         _figure(p.metrics.get("gain_sampled"), signed=True), str(p.steps), loss]) + " |")
+        cells = [f"`{p.name}`{mark}", *(format_value(p.settings[k]) for k in keys),
+                 *(_figure(p.metrics.get(name)) for name in (result.metric, "reward_sampled", "reward_greedy")),
+                 _figure(p.metrics.get("gain_sampled"), signed=True), str(p.steps), loss]
+        lines.append("| " + " | ".join(cells) + " |")
     lines.append("")
     if result.chosen is None:
         lines.append("No point could be scored.")

@@ -10,6 +10,12 @@ from typing import Any
 
 from align.errors import ConfigError, InputError
 from align.sweep.grid import Point, check_grid
+from align.sweep.inputs import (
+    check_sweep_dir,
+    identify_provider,
+    start_fingerprint,
+    validation_overlap,
+)
 from align.sweep.points import SamplerFactory, train_point, validate_point
 from align.sweep.report import PointResult, SweepResult, choose, write_report
 from align.sweep.settings import SweepSettings
@@ -21,31 +27,6 @@ def point_config(base: Any, point: Point, output_dir: Path) -> Any:
         return dataclasses.replace(base, **point.settings, output_dir=str(output_dir))
     except ValueError as error:
         raise ConfigError(f"grid point {point.label}: {error}") from None
-
-
-def start_fingerprint(model: Any, path: str | None) -> dict[str, Any]:
-    """The start policy's fingerprint: its weights in memory, else what its path names (a stage
-    output by its manifest and output id, a checkpoint by its files, a hub name by its name)."""
-    from align.io.fingerprint import weights_fingerprint
-    from align.manifests import fingerprint_input
-
-    if model is not None:
-        return {"kind": "weights", "fingerprint": weights_fingerprint(model)}
-    if not path:
-        raise ConfigError("model_name_or_path: give the start policy (a model, or its directory or name)")
-    return {k: v for k, v in fingerprint_input(path, key="model_name_or_path").items() if k != "path"}
-
-
-def identify_provider(provider: Any, given: str | None) -> str:
-    """What identifies the reward provider's scores: its own fingerprint, or the one given with a builder."""
-    from align.io.fingerprint import json_digest
-
-    if given is not None:
-        return given
-    if hasattr(provider, "fingerprint"):
-        return json_digest(provider.fingerprint())
-    raise ConfigError("provider: a function that builds the reward provider needs provider_fingerprint (what "
-                      "identifies its scores), so that a finished validation is not reused for another provider")
 
 
 def in_memory_sampler(config: Any, settings: Any, tokenizer: Any) -> SamplerFactory:
@@ -76,7 +57,8 @@ TRAINING_ONLY_KEYS = frozenset({
 })
 
 
-def prepared_once(config: Any, rows: list[dict], tokenizer: Any, model: Any, grid: Mapping[str, Any]) -> tuple[Any, dict]:
+def prepared_once(config: Any, rows: list[dict], tokenizer: Any, model: Any,
+                  grid: Mapping[str, Any]) -> tuple[Any, dict]:
     """The pair rows tokenized once for every point when the grid varies only ``TRAINING_ONLY_KEYS``
     (with what the preparation counted: rows over max_length left out or cut); else the rows as given."""
     from align.trainers.preference_data import prepare_dataset
@@ -85,40 +67,6 @@ def prepared_once(config: Any, rows: list[dict], tokenizer: Any, model: Any, gri
         return rows, {}
     counted: dict[str, Any] = {}
     return prepare_dataset(rows, tokenizer, config, model, counted), counted
-
-
-# What a sweep writes at the top of its output directory; anything else there is someone else's.
-SWEEP_ENTRIES = frozenset({"points", "validation", "sweep.json", "sweep.md", "sweep.png", "_COMPLETE.json",
-                           ".align-stage.lock"})
-
-
-def check_sweep_dir(out: Path) -> None:
-    """A sweep writes into a new or empty directory, or over an earlier sweep's, never over other files
-    (another stage's output, whose completion marker it would replace)."""
-    from align.io import stage_completion_info
-
-    if not out.exists():
-        return
-    if not out.is_dir():
-        raise InputError(f"output_dir={str(out)!r} is a file, not a directory")
-    info = stage_completion_info(out)
-    if info is not None and info.get("stage") != "sweep":
-        raise InputError(f"output_dir={str(out)!r} holds the {info.get('stage')} stage's output; choose another "
-                         "output_dir for the sweep")
-    foreign = sorted(p.name for p in out.iterdir() if p.name not in SWEEP_ENTRIES and not p.name.startswith("."))
-    if foreign:
-        shown = ", ".join(foreign[:5]) + (f" and {len(foreign) - 5} more" if len(foreign) > 5 else "")
-        raise InputError(f"output_dir={str(out)!r} holds files that no sweep wrote ({shown}); choose a new or "
-                         "empty output_dir, or an earlier sweep's")
-
-
-def validation_overlap(rows: Sequence[Mapping[str, Any]], prompts: Sequence[Mapping[str, Any]]) -> int:
-    """How many validation prompts are also prompts of the training pairs (their score is then optimistic)."""
-    import json
-
-    key = lambda record: json.dumps([record.get("messages"), record.get("tools") or None], sort_keys=True)
-    trained = {key(row) for row in rows}
-    return sum(1 for prompt in prompts if key(prompt) in trained)
 
 
 def run_sweep(
@@ -178,7 +126,8 @@ def run_sweep(
         tokenizer = AutoTokenizer.from_pretrained(config.model_name_or_path)
     fingerprints = {"start": start_fingerprint(model, config.model_name_or_path),
                     "tokenizer": tokenizer_fingerprint(tokenizer), "rows": json_digest(rows),
-                    "validation": json_digest(validation), "provider": identify_provider(provider, provider_fingerprint)}
+                    "validation": json_digest(validation),
+                    "provider": identify_provider(provider, provider_fingerprint)}
     overlap = validation_overlap(rows, validation)
     if overlap:
         print(f"[align sweep] warning: {overlap} of {len(validation)} validation prompts are prompts of the training "
@@ -216,5 +165,4 @@ def run_sweep(
     return result
 
 
-__all__ = ["SWEEP_ENTRIES", "TRAINING_ONLY_KEYS", "check_sweep_dir", "identify_provider", "in_memory_sampler", "point_config", "prepared_once", "run_sweep", "start_fingerprint",
-           "validation_overlap"]
+__all__ = ["TRAINING_ONLY_KEYS", "in_memory_sampler", "point_config", "prepared_once", "run_sweep"]
