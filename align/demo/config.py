@@ -22,12 +22,19 @@ GENERATE_BATCH = 256
 # name unless the recipe or command line set that key to something else.
 PRESETS: dict[str, dict[str, Any]] = {
     "full": {},
+    # The same 3 x 2 grids as the defaults, over few steps: the path, not a result.
     "ci": {
         "num_sft_examples": 4000, "num_prompts": 256, "num_held_out": 100, "num_validation": 100,
-        "sft_batch_size": 64, "sft_max_steps": 150, "qrpo_batch_size": 32, "qrpo_steps": 32,
-        "dpo_steps": 16, "watch_every": 16, "num_judge_prompts": 2,
+        "sft_batch_size": 64, "sft_max_steps": 150, "batch_pairs": 16, "steps": 8, "validation_samples": 2,
+        "num_judge_prompts": 2,
     },
 }
+# The grids QRPO and DPO are each tuned over: the same number of points and the same
+# learning rates for both, beta over 16x around the value each is usually run at
+# (length-normalised: QRPO's beta/|y|, DPO's beta on log-ratio/|y|).
+QRPO_BETAS = (0.25, 1.0, 4.0)
+DPO_BETAS = (1.0, 4.0, 16.0)
+LEARNING_RATES = (3e-5, 1e-4)
 
 
 @dataclass
@@ -41,23 +48,31 @@ class DemoConfig:
     length: int = field(default=5, metadata={"help": "digits per problem (the task sorts them)"})
     num_sft_examples: int = field(default=40000, metadata={"help": "SFT conversations"})
     tool_fraction: float = field(default=0.05, metadata={"help": "share of SFT conversations that call the calculator"})
-    num_prompts: int = field(default=2048, metadata={"help": "QRPO prompts (each gets n reference samples)"})
+    num_prompts: int = field(default=2048, metadata={"help": "prompts the pairs come from (each gets n reference "
+                                                     "samples)"})
     num_held_out: int = field(default=500, metadata={"help": "held-out prompts for the before/after evaluation"})
-    num_validation: int = field(default=200, metadata={"help": "prompts that decide when SFT stops"})
+    num_validation: int = field(default=200, metadata={
+        "help": "validation prompts: they decide when SFT stops and choose each method's point of its grid "
+                "(disjoint from the held-out prompts)"})
     n: int = field(default=10, metadata={"help": "reference samples per prompt"})
     sft_learning_rate: float = field(default=3e-3, metadata={"help": "SFT AdamW learning rate"})
     sft_batch_size: int = field(default=128, metadata={"help": "SFT batch size"})
     sft_max_steps: int = field(default=400, metadata={"help": "SFT step limit (0.55-1.2 s a step on 2 shared cores)"})
     sft_stop_accuracy: float = field(default=0.75, metadata={"help": "stop SFT at this greedy validation accuracy"})
     sft_eval_every: int = field(default=25, metadata={"help": "SFT steps between validation checks"})
-    qrpo_beta: float = field(default=1.0, metadata={"help": "QRPO beta (length-normalised: beta/|y|)"})
-    qrpo_learning_rate: float = field(default=3e-5, metadata={"help": "QRPO AdamW learning rate (>=1e-4 overshoots)"})
-    qrpo_batch_size: int = field(default=64, metadata={"help": "QRPO samples per step"})
-    qrpo_steps: int = field(default=256, metadata={"help": "QRPO optimizer steps"})
-    dpo_beta: float = field(default=0.5, metadata={"help": "DPO beta (length-normalised: on log-ratio/|y|)"})
-    dpo_learning_rate: float = field(default=3e-5, metadata={"help": "DPO AdamW learning rate"})
-    dpo_steps: int = field(default=128, metadata={"help": "DPO optimizer steps (one pair per QRPO sample pair)"})
-    watch_every: int = field(default=32, metadata={"help": "QRPO/DPO steps between greedy checks on the validation prompts"})
+    qrpo_betas: list[float] = field(default_factory=lambda: list(QRPO_BETAS), metadata={
+        "help": "QRPO's beta grid (length-normalised: beta/|y|)"})
+    dpo_betas: list[float] = field(default_factory=lambda: list(DPO_BETAS), metadata={
+        "help": "DPO's beta grid (length-normalised: on log-ratio/|y|), as many values as qrpo_betas"})
+    learning_rates: list[float] = field(default_factory=lambda: list(LEARNING_RATES), metadata={
+        "help": "the AdamW learning rates of both grids"})
+    steps: int = field(default=128, metadata={"help": "optimizer steps of every QRPO and DPO point"})
+    batch_pairs: int = field(default=32, metadata={"help": "pairs per step, QRPO and DPO alike (QRPO trains on "
+                                                   "both completions of a pair as two samples)"})
+    metric: str = field(default="reward_sampled", metadata={
+        "help": "what chooses each method's point on the validation prompts (align.sweep.METRICS)"})
+    validation_samples: int = field(default=4, metadata={
+        "help": "samples per validation prompt (T=1) when a grid point is scored, besides its greedy answer"})
     num_judge_prompts: int = field(default=4, metadata={"help": "prompts scored by the tiny judge (path check)"})
     threads: int | None = field(default=None, metadata={"help": "torch threads (default: all cores)"})
 
@@ -72,7 +87,33 @@ class DemoConfig:
             raise ConfigError("length: at least 2 digits, or there is nothing to sort")
         if self.n < 2:
             raise ConfigError("n: at least 2 reference samples are needed for quantile rewards")
+        if not self.qrpo_betas or not self.learning_rates:
+            raise ConfigError("qrpo_betas, learning_rates: give at least one value each")
+        if len(self.qrpo_betas) != len(self.dpo_betas):
+            raise ConfigError(f"dpo_betas: {len(self.dpo_betas)} values against {len(self.qrpo_betas)} in qrpo_betas; "
+                              "a fair comparison gives both methods grids of the same size")
+        if self.steps < 1 or self.batch_pairs < 1:
+            raise ConfigError("steps, batch_pairs: at least 1")
+        for key in ("qrpo_betas", "dpo_betas", "learning_rates"):
+            if not all(value > 0 for value in getattr(self, key)):
+                raise ConfigError(f"{key}: every value must be > 0, got {getattr(self, key)}")
+        for method in ("qrpo", "dpo"):
+            self.sweep_settings(method)  # the metric and the grids checked now, not after SFT
 
+    def grid(self, method: str) -> dict[str, list[float]]:
+        """The grid one method is tuned over: its betas and the shared learning rates."""
+        return {"beta": list(self.qrpo_betas if method == "qrpo" else self.dpo_betas),
+                "learning_rate": list(self.learning_rates)}
+
+    def sweep_settings(self, method: str) -> Any:
+        """How a method's grid is scored and chosen: a greedy answer and ``validation_samples``
+        samples per validation prompt, the point with the best ``metric`` chosen."""
+        from align.eval.evaluate import EvalSettings
+        from align.sweep.settings import SweepSettings
+
+        return SweepSettings(grid=self.grid(method), metric=self.metric, validation=EvalSettings(
+            greedy=True, n=self.validation_samples, temperature=1.0, max_tokens=self.max_tokens, seed=self.seed + 1,
+            batch_size=GENERATE_BATCH, kl=False, plots=False))
 
     @property
     def max_tokens(self) -> int:

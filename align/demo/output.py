@@ -11,7 +11,7 @@ from align.io import write_json
 
 # What a demo run writes under output_dir (listed in its manifest); a new run removes these first.
 RUN_OUTPUTS = ("data", "sft", "sample", "annotate", "pairs", "logprobs", "qrpo", "dpo", "evaluate",
-               "report.json", "training.png")
+               "report.json", "training.png", "validation_grid.png")
 DEMO_MANIFEST = "_demo.json"
 
 

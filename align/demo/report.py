@@ -18,15 +18,23 @@ def _ci(interval: Mapping[str, Any] | None, scale: float = 100.0, signed: bool =
     return f"{f(interval['estimate'])} [{f(interval['low'])}, {f(interval['high'])}]"
 
 
-def summary_table(accuracy: Mapping[str, Mapping[str, Any]], gains: Mapping[str, Mapping[str, Any]]) -> str:
-    """Held-out accuracy per policy and its change against SFT, in points, with 95% intervals."""
+def summary_table(accuracy: Mapping[str, Mapping[str, Any]], gains: Mapping[str, Mapping[str, Any]],
+                  head_to_head: Mapping[str, Any] | None = None, chosen: Mapping[str, str] | None = None) -> str:
+    """Held-out accuracy per policy and its change against SFT, in points, with 95% intervals;
+    then QRPO against DPO (``head_to_head``: the paired differences, sampled and greedy) and the
+    settings each was chosen with."""
     header = f"{'policy':<8}{'sampled accuracy (T=1)':>26}{'greedy accuracy':>24}{'sampled gain vs SFT':>26}"
     lines = [header, "-" * len(header)]
     for name, values in accuracy.items():
         gain = gains.get(name, {}).get("sampled")
         lines.append(f"{name.upper():<8}{_ci(values['sampled']):>26}{_ci(values['greedy']):>24}"
                      f"{_ci(gain, signed=True) if gain else '(baseline)':>26}")
+    if head_to_head:
+        lines.append(f"{'QRPO - DPO':<12}{_ci(head_to_head.get('sampled'), signed=True):>22}"
+                     f"{_ci(head_to_head.get('greedy'), signed=True):>24}")
     lines.append("accuracy in % of held-out prompts (answers), [95% bootstrap interval over prompts]")
+    for name, label in (chosen or {}).items():
+        lines.append(f"{name.upper()}: {label}, chosen on the validation prompts")
     return "\n".join(lines)
 
 
@@ -39,28 +47,38 @@ def _series(logs: list[dict], key: str) -> list[tuple[int, float]]:
     return [(log["step"], float(log[key])) for log in logs if isinstance(log.get(key), (int, float))]
 
 
-def plot_training(state: Any) -> Path:
-    """``training.png``: SFT loss and stopping, the preference losses and targets, greedy accuracy."""
-    from align.demo.plots import Panel, plot_panels
+def chosen_log_history(result: Any) -> list[dict]:
+    """The training logs of a sweep's chosen point (kept in its completion marker)."""
+    from align.io import stage_completion_info
 
-    config, trained = state.config, state.trained
-    qrpo_logs = trained["qrpo"][0].state.log_history
-    dpo_logs = trained["dpo"][0].state.log_history
+    info = stage_completion_info(result.chosen.model_dir) or {}
+    return (info.get("summary") or {}).get("log_history") or []
+
+
+def plot_training(state: Any) -> Path:
+    """``training.png``: SFT loss and stopping, the chosen points' losses and targets;
+    ``validation_grid.png``: each method's validation score over its grid."""
+    from align.demo.plots import Panel, plot_panels
+    from align.sweep.plots import plot_sweeps
+
+    config, sweeps = state.config, state.sweeps
+    plot_sweeps({"QRPO": sweeps["qrpo"], "DPO": sweeps["dpo"]}, state.out / "validation_grid.png",
+                title=f"align demo, seed {config.seed}: validation {config.metric} over each grid "
+                      f"({config.steps} steps a point)")
+    qrpo_logs, dpo_logs = chosen_log_history(sweeps["qrpo"]), chosen_log_history(sweeps["dpo"])
     panels = [
         Panel("SFT: training loss", "loss", {"SFT": _series(state.sft.state.log_history, "loss")}),
         Panel("SFT: greedy accuracy on validation prompts", "accuracy", {"SFT": state.sft_history},
               hline=config.sft_stop_accuracy, hline_label="stop at", smooth=False),
-        Panel("QRPO and DPO: training loss", "loss",
+        Panel("QRPO and DPO (chosen points): training loss", "loss",
               {"QRPO": _series(qrpo_logs, "loss"), "DPO": _series(dpo_logs, "loss")}),
-        Panel("QRPO: beta x log-ratio against its target", "value", {
+        Panel("QRPO (chosen): beta x log-ratio against its target", "value", {
             "target, chosen": _series(qrpo_logs, "qrpo/target/chosen"),
             "beta x log-ratio, chosen": _series(qrpo_logs, "qrpo/beta_logratio/chosen"),
             "target, rejected": _series(qrpo_logs, "qrpo/target/rejected"),
             "beta x log-ratio, rejected": _series(qrpo_logs, "qrpo/beta_logratio/rejected")}),
-        Panel("DPO: reward margin, chosen minus rejected", "margin", {"DPO": _series(dpo_logs, "rewards/margins")}),
-        Panel("Greedy accuracy on validation prompts while training", "accuracy", {
-            name.upper(): [(h["step"], h.get("reward", h.get("reward_start", 0.0))) for h in cb.history]
-            for name, (_, cb) in trained.items()}, smooth=False),
+        Panel("DPO (chosen): reward margin, chosen minus rejected", "margin",
+              {"DPO": _series(dpo_logs, "rewards/margins")}),
     ]
     return plot_panels(panels, state.out / "training.png", title=f"align demo, seed {config.seed}")
 
@@ -78,7 +96,7 @@ def build_report(state: Any, *, total_seconds: float) -> dict[str, Any]:
     """Every number of the run: accuracy and gains with intervals, pairs, steps, timings."""
     from collections import Counter
 
-    config, pairs, overall = state.config, state.pairs, state.evaluation["overall"]
+    config, pairs, overall, sweeps = state.config, state.pairs, state.evaluation["overall"], state.sweeps
     accuracy = {name: {"sampled": p["reward_sampled"], "greedy": p["reward_greedy"], "kl": p.get("kl")}
                 for name, p in overall["policies"].items()}
     gains = {name: {"sampled": c["reward_difference_sampled"], "greedy": c["reward_difference_greedy"],
@@ -88,9 +106,19 @@ def build_report(state: Any, *, total_seconds: float) -> dict[str, Any]:
     return {
         "config": {k: getattr(config, k) for k in config.__dataclass_fields__},
         "held_out_prompts": len(state.splits["held_out"]),
+        "validation_prompts": len(state.splits["validation"]),
         "accuracy": accuracy,
         "gains": gains,
         "improved": {name: g["sampled"]["low"] > 0 for name, g in gains.items()},
+        "qrpo_vs_dpo": {"sampled": state.head_to_head["reward_difference_sampled"],
+                        "greedy": state.head_to_head["reward_difference_greedy"],
+                        "win_rate_sampled": state.head_to_head["win_rate_reward_sampled"],
+                        "verdicts": state.head_to_head["verdicts"]},
+        "tuning": {"metric": config.metric, "steps_per_point": config.steps, "batch_pairs": config.batch_pairs,
+                   "points_per_method": {name: len(result.points) for name, result in sweeps.items()}},
+        "grids": {name: result.grid for name, result in sweeps.items()},
+        "chosen": {name: result.chosen.settings for name, result in sweeps.items()},
+        "sweeps": {name: result.as_json() for name, result in sweeps.items()},
         "sft_steps": state.sft.state.global_step,
         "sft_validation": state.sft_history,
         "prompts": len(state.splits["prompts"]),
@@ -101,13 +129,13 @@ def build_report(state: Any, *, total_seconds: float) -> dict[str, Any]:
         "mean_rejected_quantile": mean([p["rejected_quantile"] for p in pairs]),
         "skipped_prompts": len(state.skips),
         "skip_reasons": count_reasons(s["reason"] for s in state.skips),
-        "steps": {name: trainer.state.global_step for name, (trainer, _) in state.trained.items()},
-        "during_training": {name: cb.history for name, (_, cb) in state.trained.items()},
+        "steps": {name: result.chosen.steps for name, result in sweeps.items()},
         "judge": state.judge_summary,
         "seconds": state.seconds,
         "total_seconds": total_seconds,
         "evaluation": "evaluate/report.md",
-        "plots": ["training.png", "evaluate/rewards.png", "evaluate/win_rates.png", "evaluate/reward_vs_length.png"],
+        "plots": ["training.png", "validation_grid.png", "evaluate/rewards.png", "evaluate/win_rates.png",
+                  "evaluate/reward_vs_length.png"],
     }
 
 
@@ -115,10 +143,13 @@ def print_summary(state: Any, report: dict[str, Any]) -> None:
     """The table, each policy's verdict, and where the files are."""
     out = state.out
     print()
-    print(summary_table(report["accuracy"], report["gains"]))
+    chosen = {name: result.chosen.label for name, result in state.sweeps.items()}
+    print(summary_table(report["accuracy"], report["gains"], report["qrpo_vs_dpo"], chosen))
     for name, gain in report["gains"].items():
         print(f"{name.upper()}: {gain['verdicts'][0]}")
+    print(f"QRPO against DPO: {report['qrpo_vs_dpo']['verdicts'][0]}")
     print(f"({report['pairs']} pairs from {report['prompts']} prompts, {report['pair_fallbacks']} of them fallbacks; "
           f"SFT stopped at step {report['sft_steps']}; {report['total_seconds']} s in all.)")
-    print(f"Report: {out / 'report.json'}, {out / 'evaluate' / 'report.md'}; plots: {out / 'training.png'}, "
+    print(f"Report: {out / 'report.json'}, {out / 'evaluate' / 'report.md'}, {out / 'qrpo' / 'sweep.md'}, "
+          f"{out / 'dpo' / 'sweep.md'}; plots: {out / 'training.png'}, {out / 'validation_grid.png'}, "
           f"{out / 'evaluate'}/*.png")

@@ -1,13 +1,12 @@
 """The demo's run: a short list of named steps, each a function over one shared state.
 
 Each step uses the library's own components (SFT and preference trainers, samplers,
-reward providers, pairs, the log-prob pass, ``align.evaluate``) on the task of
-``align.demo.task``; the state carries what the steps hand on to each other.
+reward providers, pairs, the log-prob pass, ``align.sweep``, ``align.evaluate``) on the task
+of ``align.demo.task``; the state carries what the steps hand on to each other.
 """
 
 from __future__ import annotations
 
-import copy
 import os
 import time
 from collections.abc import Callable
@@ -38,8 +37,9 @@ class DemoState:
     pairs: list[dict] = field(default_factory=list)
     skips: list[dict] = field(default_factory=list)
     train_rows: list[dict] = field(default_factory=list)
-    trained: dict[str, tuple[Any, Any]] = field(default_factory=dict)  # name -> (trainer, callback)
+    sweeps: dict[str, Any] = field(default_factory=dict)  # "qrpo" / "dpo" -> its align.sweep.SweepResult
     evaluation: dict[str, Any] = field(default_factory=dict)
+    head_to_head: dict[str, Any] = field(default_factory=dict)  # QRPO against DPO on the held-out prompts
 
 
 # --------------------------------------------------------------------------- checks during training
@@ -99,7 +99,7 @@ def make_data_and_model(state: DemoState) -> None:
     state.tokenizer = build_demo_tokenizer(texts)
     state.model = build_demo_model(state.tokenizer, seed=config.seed)
     install_format(state.tokenizer, state.model, chat_format="apertus")
-    for split in ("sft", "prompts", "held_out"):
+    for split in ("sft", "prompts", "validation", "held_out"):
         write_jsonl(out / "data" / f"{split}.jsonl", state.splits[split])
 
 
@@ -206,37 +206,39 @@ def reference_logprobs(state: DemoState) -> None:
     state.train_rows = load_ref_logprobs(state.out / "logprobs", state.pairs)
 
 
-def preference_training(state: DemoState, loss_type: str) -> None:
-    """QRPO or DPO from a copy of the SFT model, greedy validation accuracy watched while it trains."""
-    from align.eval.callback import GenerationEvalCallback
-    from align.trainers.preference_trainer import train as train_preference
+def tune(state: DemoState, loss_type: str) -> None:
+    """QRPO or DPO over its grid (``align.sweep``): every point from the SFT model on the same
+    pairs, for the same steps, scored on the validation prompts; the best by ``metric`` chosen."""
+    from align.sweep.run import run_sweep
 
     config = state.config
-    callback = GenerationEvalCallback(state.splits["validation"], _reward(), state.tokenizer,
-                                      eval_steps=config.watch_every, chat_date=DATE, max_tokens=config.max_tokens,
-                                      batch_size=GENERATE_BATCH)
-    trainer = train_preference(_preference_config(config, state.out, loss_type), state.train_rows,
-                               copy.deepcopy(state.sft.model).train(), tokenizer=state.tokenizer,
-                               callbacks=[callback])
-    state.trained[loss_type] = (trainer, callback)
+    result = run_sweep(_preference_config(config, state.out, loss_type), state.train_rows, state.splits["validation"],
+                       _reward(), config.sweep_settings(loss_type), model=state.sft.model, tokenizer=state.tokenizer)
+    if result.chosen is None:
+        raise RuntimeError(f"{loss_type}: no point of the grid could be scored on the validation prompts")
+    state.sweeps[loss_type] = result
 
 
 def evaluate_policies(state: DemoState) -> None:
-    """SFT, QRPO and DPO on the held-out prompts with ``align.evaluate``."""
+    """SFT and each method's chosen point on the held-out prompts with ``align.evaluate``, and
+    QRPO against DPO on the same prompts and samples (a paired comparison)."""
     from align.eval.evaluate import EvalPolicy, EvalSettings, evaluate
+    from align.eval.summary import comparison_summary
+    from align.io import read_records
     from align.sampling.hf import TransformersSampler
 
     config = state.config
     policies = [EvalPolicy("sft", sampler=state.sampler)] + [
-        EvalPolicy(name, sampler=TransformersSampler(trainer.model.eval(), state.tokenizer, chat_format="apertus",
-                                                     batch_size=GENERATE_BATCH, chat_date=DATE,
-                                                     model_name=f"demo-{name}"))
-        for name, (trainer, _) in state.trained.items()]
-    state.evaluation = evaluate(
-        state.splits["held_out"], policies, _reward(), state.out / "evaluate", baseline="sft",
-        settings=EvalSettings(greedy=True, n=config.n, temperature=1.0, max_tokens=config.max_tokens,
-                              seed=config.seed + 1, batch_size=GENERATE_BATCH, kl_batch_size=512),
-        source="held-out prompts")
+        EvalPolicy(name, sampler=lambda path=result.chosen.model_dir, name=name: TransformersSampler(
+            path, state.tokenizer, chat_format="apertus", batch_size=GENERATE_BATCH, chat_date=DATE,
+            model_name=f"demo-{name}"))
+        for name, result in state.sweeps.items()]
+    settings = EvalSettings(greedy=True, n=config.n, temperature=1.0, max_tokens=config.max_tokens,
+                            seed=config.seed + 1, batch_size=GENERATE_BATCH, kl_batch_size=512)
+    state.evaluation = evaluate(state.splits["held_out"], policies, _reward(), state.out / "evaluate",
+                                baseline="sft", settings=settings, source="held-out prompts")
+    rows = read_records(state.out / "evaluate" / "eval.jsonl")
+    state.head_to_head = comparison_summary(rows, "qrpo", "dpo", settings)
 
 
 # The steps, in order, with the names the demo prints and reports timings under.
@@ -248,8 +250,8 @@ STEPS: tuple[tuple[str, Callable[[DemoState], None]], ...] = (
     ("judge (tiny model, path check)", score_with_judge),
     ("pairs", select_pairs),
     ("reference log-probs", reference_logprobs),
-    ("QRPO", lambda state: preference_training(state, "qrpo")),
-    ("DPO", lambda state: preference_training(state, "dpo")),
+    ("QRPO sweep", lambda state: tune(state, "qrpo")),
+    ("DPO sweep", lambda state: tune(state, "dpo")),
     ("evaluate (align.evaluate)", evaluate_policies),
 )
 
@@ -288,19 +290,17 @@ def _reward() -> Any:
 
 
 def _preference_config(config: DemoConfig, out: Path, loss_type: str) -> Any:
-    """QRPO and DPO share every setting but the loss, beta, learning rate and steps."""
+    """What every point of both grids shares: all but the loss (and the grid's beta and learning rate)."""
     from align.trainers.preference_config import PreferenceConfig
 
-    own = {"qrpo": {"beta": config.qrpo_beta, "learning_rate": config.qrpo_learning_rate,
-                    "max_steps": config.qrpo_steps},
-           "dpo": {"beta": config.dpo_beta, "learning_rate": config.dpo_learning_rate,
-                   "max_steps": config.dpo_steps}}[loss_type]
+    grid = config.grid(loss_type)
     return PreferenceConfig(
         output_dir=str(out / loss_type), loss_type=loss_type, length_normalize=True, num_ref_rewards=config.n,
+        beta=grid["beta"][0], learning_rate=grid["learning_rate"][0], max_steps=config.steps,
         chat_format="apertus", chat_date=DATE, max_length=MAX_LENGTH,
-        per_device_train_batch_size=config.qrpo_batch_size // 2, lr_scheduler_type="constant", optimizer="adamw",
+        per_device_train_batch_size=config.batch_pairs, lr_scheduler_type="constant", optimizer="adamw",
         weight_decay=0.0, max_grad_norm=1.0, logging_steps=8, save_strategy="no", report_to=[], use_cpu=True,
-        bf16=False, seed=config.seed, data_seed=config.seed, disable_tqdm=True, dataloader_num_workers=0, **own,
+        bf16=False, seed=config.seed, data_seed=config.seed, disable_tqdm=True, dataloader_num_workers=0,
     )
 
 

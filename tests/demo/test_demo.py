@@ -1,8 +1,11 @@
 """`align demo` end to end with the quick CI preset (fewer examples, prompts and steps).
 
-The preset checks that every stage runs and that the report is complete and well formed;
-it is too small to show a reliable QRPO gain, so no test asserts one (nor any timing).
-The statistics themselves are tested on fixed data in tests/eval/."""
+The preset checks that every stage runs, that QRPO and DPO are each tuned over a grid of
+the same size (3 betas x 2 learning rates, the defaults' grids, over 8 steps a point) and
+chosen on validation prompts that are none of the held-out prompts, and that the report is
+complete and well formed; it is too small to show a reliable gain, so no test asserts one
+(nor any timing, nor which method wins). The statistics themselves are tested on fixed data
+in tests/eval/, the sweep on the tiny model in tests/test_sweep.py."""
 
 from __future__ import annotations
 
@@ -35,9 +38,9 @@ def _interval(value: dict) -> None:
 def test_demo_runs_every_stage_and_reports_numbers(demo_report):
     out, report, stdout = demo_report
     for stage in ("SFT", "sample references", "annotate (verifiable reward)", "judge (tiny model, path check)",
-                  "pairs", "reference log-probs", "QRPO", "DPO", "evaluate (align.evaluate)"):
+                  "pairs", "reference log-probs", "QRPO sweep", "DPO sweep", "evaluate (align.evaluate)"):
         assert stage in report["seconds"], stage
-    assert report["pairs"] > 0 and report["sft_steps"] > 0 and report["steps"] == {"qrpo": 32, "dpo": 16}
+    assert report["pairs"] > 0 and report["sft_steps"] > 0 and report["steps"] == {"qrpo": 8, "dpo": 8}
     assert report["judge"]["scored"] > 0
     assert set(report["accuracy"]) == {"sft", "qrpo", "dpo"} and set(report["gains"]) == {"qrpo", "dpo"}
     for name, values in report["accuracy"].items():
@@ -53,7 +56,13 @@ def test_demo_runs_every_stage_and_reports_numbers(demo_report):
         assert gain["sampled"]["estimate"] == pytest.approx(delta)
         assert gain["verdicts"][0].startswith(f"{name} − sft, mean sampled reward")
         assert report["improved"][name] == (gain["sampled"]["low"] > 0)
-    assert "sampled accuracy (T=1)" in stdout and "QRPO:" in stdout and "Report:" in stdout
+    head = report["qrpo_vs_dpo"]
+    for kind in ("sampled", "greedy"):
+        _interval(head[kind])
+        delta = report["accuracy"]["qrpo"][kind]["estimate"] - report["accuracy"]["dpo"][kind]["estimate"]
+        assert head[kind]["estimate"] == pytest.approx(delta)  # paired over the same prompts
+    assert head["verdicts"][0].startswith("qrpo − dpo, mean sampled reward")
+    assert "sampled accuracy (T=1)" in stdout and "QRPO - DPO" in stdout and "QRPO:" in stdout and "Report:" in stdout
 
 
 def test_demo_writes_the_evaluation_and_readable_plots(demo_report):
@@ -62,17 +71,55 @@ def test_demo_writes_the_evaluation_and_readable_plots(demo_report):
         assert (out / "evaluate" / name).stat().st_size > 0
     rows = [json.loads(line) for line in (out / "evaluate" / "eval.jsonl").read_text().splitlines()]
     assert len(rows) == 100 and set(rows[0]["policies"]) == {"sft", "qrpo", "dpo"}
+    assert len(report["plots"]) == 5 and "validation_grid.png" in report["plots"]
     for name in report["plots"]:
         data = (out / name).read_bytes()
         assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 5000, name
 
 
-def test_report_describes_the_pairs_and_the_watch_during_training(demo_report):
+def test_report_describes_the_pairs(demo_report):
     _, report, _ = demo_report
     assert report["config"]["preset"] == "ci"
     assert 0 <= report["pair_fallbacks"] <= report["pairs"]
     assert sum(report["pair_fallback_kinds"].values()) == report["pair_fallbacks"]
     assert 0.0 <= report["mean_rejected_quantile"] < report["mean_chosen_quantile"] <= 1.0
+
+
+def test_both_methods_are_tuned_on_grids_of_the_same_size_and_chosen_by_validation(demo_report):
+    out, report, _ = demo_report
+    grids = report["grids"]
+    assert grids == {"qrpo": {"beta": [0.25, 1.0, 4.0], "learning_rate": [3e-05, 1e-04]},
+                     "dpo": {"beta": [1.0, 4.0, 16.0], "learning_rate": [3e-05, 1e-04]}}
+    assert report["tuning"] == {"metric": "reward_sampled", "steps_per_point": 8, "batch_pairs": 16,
+                                "points_per_method": {"qrpo": 6, "dpo": 6}}
     for name in ("qrpo", "dpo"):
-        steps = [entry["step"] for entry in report["during_training"][name]]
-        assert steps[0] == 0 and steps[-1] == report["steps"][name]
+        sweep = report["sweeps"][name]
+        assert sweep == json.loads((out / name / "sweep.json").read_text())
+        assert len(sweep["points"]) == 6 and {p["steps"] for p in sweep["points"]} == {8}
+        assert all(p["settings"]["beta"] in grids[name]["beta"] for p in sweep["points"])
+        scores = [p["score"] for p in sweep["points"]]
+        assert None not in scores and sweep["chosen"]["score"] == max(scores)
+        assert sweep["chosen"]["name"] == sweep["points"][scores.index(max(scores))]["name"]
+        assert report["chosen"][name] == sweep["chosen"]["settings"]
+        for point in sweep["points"]:  # each scored on every validation prompt, beside the SFT model
+            assert point["metrics"]["reward_sampled"]["n"] == report["validation_prompts"] == 100
+            assert point["start"] == sweep["start"]
+    assert (out / "validation_grid.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_points_are_chosen_on_validation_prompts_and_none_of_them_is_held_out(demo_report):
+    out, report, _ = demo_report
+    validation = [json.loads(line) for line in (out / "data" / "validation.jsonl").read_text().splitlines()]
+    held_out = [json.loads(line) for line in (out / "data" / "held_out.jsonl").read_text().splitlines()]
+    validation_ids, held_out_ids = {r["id"] for r in validation}, {r["id"] for r in held_out}
+    assert len(validation_ids) == report["validation_prompts"] and len(held_out_ids) == report["held_out_prompts"]
+    assert not validation_ids & held_out_ids
+    assert not {r["answer"] + r["messages"][-1]["content"] for r in validation} & \
+        {r["answer"] + r["messages"][-1]["content"] for r in held_out}  # not the same problem under another id
+    for name in ("qrpo", "dpo"):
+        for point in report["sweeps"][name]["points"]:
+            scored = {json.loads(line)["id"] for line in (Path(point["validation_dir"]) / "eval.jsonl").read_text()
+                      .splitlines()}
+            assert scored == validation_ids, point["name"]
+    evaluated = {json.loads(line)["id"] for line in (out / "evaluate" / "eval.jsonl").read_text().splitlines()}
+    assert evaluated == held_out_ids
