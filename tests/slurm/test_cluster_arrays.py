@@ -121,6 +121,12 @@ def test_a_task_cancelled_mid_shard_is_resubmitted_from_status(tmp_path, job_env
     assert command, status
     num_shards, stage, array, script = command.groups()
     assert (num_shards, stage, array, script) == (str(SHARDS), "annotate", "2", "recipes/slurm/annotate_array.sbatch")
+    # align submit plans the same: an array of the missing shard, of the output's shard count
+    printed = run([sys.executable, "-m", "align", "submit", path, "dry_run=true", f"slurm.log_dir={tmp_path / 'plan'}",
+                   f"slurm.scripts_dir={SLURM_SCRIPTS}"], job_env, cwd=tmp_path).stdout
+    assert f"annotate (partial: shards 2 of {SHARDS} missing)" in printed
+    planned = (tmp_path / "plan" / "4-annotate.sbatch").read_text()
+    assert "#SBATCH --array=2\n" in planned and f"export STAGE=annotate NUM_SHARDS={SHARDS}\n" in planned
 
     # the printed command, as a user runs it from the repository root (plus this cluster's resources)
     env = {**job_env, "NUM_SHARDS": num_shards, "STAGE": stage}
