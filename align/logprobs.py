@@ -23,10 +23,13 @@ Guarantees:
 * resumable and sharded through ``align.jobs``: under ``accelerate launch`` / ``torchrun``
   each process takes the shard ``shard_from_env`` gives it; a killed run restarts where it
   stopped; ``missing_ids`` / ``load_ref_logprobs`` list whatever is still missing;
+* the model whole on each process, or partitioned over the ranks (a ``LockstepModel`` of
+  ``align.scoring.sharded``, DeepSpeed ZeRO-3): the same numbers, and the pass ends with the
+  ranks' dummy forwards until every shard is done (docs/sharded-passes.md);
 * a content-hash cache key over exactly what changes the numbers (model and weights
   fingerprint, tokenizer, chat format and its settings, ``max_length``, dtype, dataset) —
-  not β, batch size or sharding — stored in the output's ``_job.json``: a resume with
-  other settings is refused, and ``run`` reuses a finished output for the same key.
+  not β, batch size, sharding or the model's layout — stored in the output's ``_job.json``:
+  a resume with other settings is refused, and ``run`` reuses a finished output for the same key.
 
 The stage ``align logprobs`` (``align.stages.logprobs``: its recipe keys, sharding over a
 distributed launch, reuse of a finished output) runs this pass::
@@ -68,6 +71,8 @@ from align.scoring import (
     resolve_prefix_sharing,
     unwrap_model,
 )
+from align.scoring.block_attention import BLOCK_ATTENTION
+from align.scoring.sharded import finish_forwards
 
 logger = logging.getLogger(__name__)
 
@@ -390,6 +395,7 @@ def compute_ref_logprobs(
         mask_dtype=next(model.parameters()).dtype if attn == "eager" else None,
         max_row_tokens=max_row_tokens,
         prefix_sharing=resolve_prefix_sharing(prefix_sharing, attn),
+        attention_blocks=attn == BLOCK_ATTENTION,
     )
     check_truncated_policy(truncated)
     num_cut = count_truncated(records) if truncated == "train_without_end" else 0
@@ -410,6 +416,7 @@ def compute_ref_logprobs(
         job = run_job(records, scorer, output_dir, shard_index=shard_index, num_shards=num_shards,
                       batch_size=batch_size, sort_key=scorer.length, desc=f"ref log-probs {shard_index}/{num_shards}",
                       fingerprint={"cache_key": key, **fields})
+        finish_forwards(model)  # a model partitioned over ranks: forward in step until every shard is done
     finally:
         model.train(was_training)
     if scorer.num_skipped:

@@ -35,6 +35,7 @@ from align.eval.summary import BREAKDOWN_COLUMNS, build_report
 from align.io import job_is_complete, read_output
 from align.jobs import run_job
 from align.sampling.base import SampleRequest, Sampler, derive_seed
+from align.scoring.sharded import check_sharding
 
 
 @dataclass
@@ -49,14 +50,19 @@ class EvalPolicy:
                  ``sample`` stage output, a list, or a path), used in place of a sampler:
                  their first ``n`` completions are the samples (fewer is an error, and so
                  is a prompt other than the held-out one); there is no greedy completion.
-    model:       the causal LM for KL estimates; default the sampler's model when it has
-                 one in memory (transformers backend).
+    model:       the causal LM for KL estimates, or a function that builds one (called at
+                 the KL step, released after it: a model loaded from the policy's path,
+                 whole or partitioned over ranks, ``align.scoring.sharded``); default the
+                 sampler's model when it has one in memory (transformers backend).
+    tokenizer:   the tokenizer of that model (the KL step reads its pad token and checks
+                 it against the reference's); default the sampler's.
     """
 
     name: str
     sampler: Sampler | Callable[[], Sampler] | None = None
     completions: Sequence[Mapping[str, Any]] | str | Path | None = None
     model: Any = None
+    tokenizer: Any = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.name, str) or not self.name or "/" in self.name:
@@ -64,6 +70,7 @@ class EvalPolicy:
         if (self.sampler is None) == (self.completions is None):
             raise ConfigError(f"policy {self.name!r}: give exactly one of sampler and completions")
         self._built: Sampler | None = None
+        self._built_model: Any = None
 
     @property
     def generates(self) -> bool:
@@ -78,15 +85,31 @@ class EvalPolicy:
         return self._built
 
     def release(self) -> None:
-        """Drop a sampler this policy built, so its memory (a vLLM engine's GPU) is freed."""
-        if self._built is not None:
-            close_engine(self._built)
-            self._built = None
+        """Drop a sampler (and a KL model) this policy built, so their memory (a GPU's) is freed."""
+        if self._built is not None or self._built_model is not None:
+            for engine in (self._built, self._built_model):  # a partitioned model lets its partitions go
+                if engine is not None:
+                    close_engine(engine)
+            self._built = self._built_model = None
             free_device_memory()
 
+    @property
+    def builds_kl_model(self) -> bool:
+        """The KL model comes from a function (loaded from a path at the KL step), not a sampler."""
+        return self.model is not None and callable(self.model) and not hasattr(self.model, "parameters")
+
     def kl_model(self) -> Any:
-        """The causal LM whose log-probs the KL estimate reads (the sampler's, if in memory)."""
+        """The causal LM whose log-probs the KL estimate reads (built now if given as a function;
+        else the sampler's, if in memory)."""
+        if self.builds_kl_model:
+            if self._built_model is None:
+                self._built_model = self.model()
+            return self._built_model
         return self.model if self.model is not None else getattr(self.open(), "model", None)
+
+    def kl_tokenizer(self) -> Any:
+        """The KL model's tokenizer: the one given, else the sampler's."""
+        return self.tokenizer if self.tokenizer is not None else self.open().encoder.tokenizer
 
 
 def close_engine(engine: Any) -> None:
@@ -128,6 +151,15 @@ class EvalSettings:
         per prompt besides the greedy pair.
     kl: estimate KL(π‖π_ref) for each policy with a model, against ``kl_reference``
         (default: the baseline); needs temperature 1 and top_p 1.
+    kl_sharding: how the KL step holds the models (docs/sharded-passes.md); the estimates
+        do not depend on it. ``replicate``: each process holds whole models (the
+        transformers sampler's own, or with ``kl_only`` models loaded from the policies'
+        paths). ``zero3``: loaded from the policies' paths, partitioned over the ranks of a
+        distributed launch (DeepSpeed ZeRO-3), for models too large for one device; the
+        evaluation then leaves the KL step to a launch of its own, ``kl_only=true``.
+    kl_only: run only the KL step, over generations already complete (no sampler and no
+        reward provider is built; the models are loaded from the policies' paths). Then run
+        the evaluation once more without it: it finds every job done and writes the report.
     tie_margin: judge preferences within this distance of 0.5 count as ties.
     resamples / confidence: the bootstrap.
     batch_size: prompts per job batch, in every step; kl_batch_size: sequences per forward
@@ -155,6 +187,11 @@ class EvalSettings:
                                                        "the greedy pair)"})
     kl: bool = field(default=True, metadata={"help": "estimate KL(π‖π_ref) from each policy's samples"})
     kl_reference: str | None = field(default=None, metadata={"help": "the π_ref policy (default: the baseline)"})
+    kl_sharding: str = field(default="replicate", metadata={"help": "KL models: replicate (whole per process) | "
+                                                            "zero3 (partitioned over the ranks of a launch; "
+                                                            "computed by a kl_only launch)"})
+    kl_only: bool = field(default=False, metadata={"help": "run only the KL step on finished generations, models "
+                                                   "loaded from the policies' paths"})
     tie_margin: float = field(default=0.0, metadata={"help": "judge preferences within this of 0.5 are ties"})
     resamples: int = field(default=stats.DEFAULT_RESAMPLES, metadata={"help": "bootstrap resamples"})
     confidence: float = field(default=stats.DEFAULT_CONFIDENCE, metadata={"help": "confidence level of every "
@@ -173,6 +210,9 @@ class EvalSettings:
             raise ConfigError(f"pairwise_samples: must be >= 0, got {self.pairwise_samples}")
         if not 0 <= self.tie_margin < 0.5:
             raise ConfigError(f"tie_margin: must be in [0, 0.5), got {self.tie_margin}")
+        check_sharding(self.kl_sharding, "kl_sharding")
+        if self.kl_only and not self.kl:
+            raise ConfigError("kl_only=true runs only the KL step, but kl=false: set kl=true")
 
 
 # --------------------------------------------------------------------------- inputs
@@ -371,10 +411,10 @@ def _pairwise_job(judge: Any, prompts: dict[str, dict], gens: list[dict], base: 
                          **judge.fingerprint()})
 
 
-def _kl_job(name: str, model: Any, reference: Any, tokenizer: Any, gens: list[dict], out: Path,
-            settings: EvalSettings) -> None:
+def _kl_job(name: str, model: Any, reference: Any, reference_fingerprint: str, tokenizer: Any, gens: list[dict],
+            out: Path, settings: EvalSettings) -> None:
     from align.eval.kl import sequence_logratios
-    from align.logprobs import weights_fingerprint
+    from align.scoring.sharded import finish_forwards, whole_weights_fingerprint
 
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
 
@@ -388,10 +428,12 @@ def _kl_job(name: str, model: Any, reference: Any, tokenizer: Any, gens: list[di
             rows[rid]["logratios"].append(value)
         return list(rows.values())
 
+    # the whole weights' fingerprint, also of a partitioned model: a job resumes under either layout
     run_job(gens, process, out, batch_size=settings.batch_size, desc=f"KL ({name})",
             shard_index=settings.shard_index, num_shards=settings.num_shards,
-            fingerprint={"stage": "eval_kl", "policy": weights_fingerprint(model),
-                         "reference": weights_fingerprint(reference)})
+            fingerprint={"stage": "eval_kl", "policy": whole_weights_fingerprint(model),
+                         "reference": reference_fingerprint})
+    finish_forwards(model, reference)  # partitioned models: forward in step until every rank's shard is done
 
 
 # --------------------------------------------------------------------------- the whole evaluation
@@ -427,6 +469,8 @@ def evaluate(
     ids = [p["id"] for p in prompts]
 
     jobs: list[Path] = []  # every job directory, to tell when all shards are in
+    if settings.kl_only:
+        return _kl_only(policies, baseline, by_id, out, settings)
 
     generations: dict[str, list[dict]] = {}
     for policy in policies:
@@ -472,10 +516,10 @@ def evaluate(
     kl: dict[str, list[dict]] = {}
     kl_notes: dict[str, str] = {}
     if settings.kl:
-        kl, kl_notes = _kl_all(policies, baseline, by_id, generations, out, settings)
-        jobs += [out / "kl" / name for name in kl]
+        kl, kl_notes, pending = _kl_all(policies, baseline, by_id, generations, out, settings)
+        jobs += [out / "kl" / name for name in [*kl, *pending]]
 
-    unfinished = [str(p.relative_to(out)) for p in jobs if not job_is_complete(p, ids, settings.num_shards)]
+    unfinished = [str(p.relative_to(out)) for p in jobs if not _job_done(p, ids, settings.num_shards)]
     if unfinished:
         print(f"[align evaluate] shard {settings.shard_index} of {settings.num_shards} done; waiting for other "
               f"shards of {', '.join(unfinished)}")
@@ -506,14 +550,26 @@ def _in_order(rows: list[dict], ids: list[str], where: Path) -> list[dict]:
     return [by_id[i] for i in ids]
 
 
+KL_ONLY_COMMAND = ("accelerate launch --config_file recipes/accelerate/zero3.yaml -m align evaluate RECIPE "
+                   "kl_only=true")
+
+
 def _kl_all(policies: Sequence[EvalPolicy], baseline: str, by_id: dict[str, dict], generations: dict[str, list],
-            out: Path, settings: EvalSettings) -> tuple[dict[str, list[dict]], dict[str, str]]:
+            out: Path, settings: EvalSettings) -> tuple[dict[str, list[dict]], dict[str, str], list[str]]:
+    """The KL jobs: (rows by policy, why a policy has none, policies whose KL a ``kl_only`` launch computes).
+
+    With ``kl_sharding=zero3`` and without ``kl_only``, nothing is computed here: finished
+    KL jobs are read, the others are pending. Models are built (or their samplers opened)
+    in policy order, the reference first, the same on every rank of a launch.
+    """
     from align.eval.kl import check_kl_sampling
+    from align.scoring.sharded import all_ranks_agree, whole_weights_fingerprint
 
     reference_name = settings.kl_reference or baseline
     reference = next((p for p in policies if p.name == reference_name), None)
     if reference is None:
         raise ConfigError(f"kl_reference: {reference_name!r} is not one of the policies")
+    ids = list(by_id)
     notes: dict[str, str] = {}
     results: dict[str, list[dict]] = {}
     why_not = check_kl_sampling(settings.temperature, settings.top_p)
@@ -521,34 +577,77 @@ def _kl_all(policies: Sequence[EvalPolicy], baseline: str, by_id: dict[str, dict
         why_not = "no samples (n = 0)"
     if not why_not and not reference.generates:
         why_not = f"the KL reference {reference_name!r} has no model (completions given)"
-    reference_model = None if why_not else reference.kl_model()
-    if not why_not and reference_model is None:
+    if not why_not and not reference.builds_kl_model and reference.kl_model() is None:
         why_not = f"no model in memory for the KL reference {reference_name!r} (a vLLM sampler)"
+    todo = []
     for policy in policies:
         if policy.name == reference_name:
             continue
         note = why_not or _kl_blocker(policy, reference)
         if note:
             notes[policy.name] = note
-            continue
+        else:
+            todo.append(policy)
+    if settings.kl_sharding == "zero3" and not settings.kl_only:  # the models are too large for this run
+        pending = [p.name for p in todo if not _job_done(out / "kl" / p.name, ids, settings.num_shards)]
+        results = {p.name: read_output(out / "kl" / p.name) for p in todo if p.name not in pending}
+        if pending:
+            print(f"[align evaluate] KL of {', '.join(pending)} (kl_sharding=zero3) waits for its own launch: "
+                  f"{KL_ONLY_COMMAND}")
+        return results, notes, pending
+    reference_model = reference.kl_model() if todo else None
+    reference_fingerprint = whole_weights_fingerprint(reference_model) if todo else ""
+    for policy in todo:
         path = out / "kl" / policy.name
-        _kl_job(policy.name, policy.kl_model(), reference_model, policy.open().encoder.tokenizer,
+        if policy.builds_kl_model and all_ranks_agree(_job_done(path, ids, settings.num_shards)):
+            results[policy.name] = read_output(path)  # finished: its model is not loaded again
+            continue
+        _kl_job(policy.name, policy.kl_model(), reference_model, reference_fingerprint, policy.kl_tokenizer(),
                 generations[policy.name], path, settings)
         policy.release()
         results[policy.name] = read_output(path)
     reference.release()
-    return results, notes
+    return results, notes, []
+
+
+def _kl_only(policies: Sequence[EvalPolicy], baseline: str, by_id: dict[str, dict], out: Path,
+             settings: EvalSettings) -> dict[str, Any]:
+    """``kl_only``: the KL step alone, over the generations an earlier run completed."""
+    generations: dict[str, list[dict]] = {}
+    for policy in policies:
+        if not policy.generates:
+            continue
+        path = out / "generations" / policy.name
+        if not _job_done(path, list(by_id), settings.num_shards):
+            raise InputError(f"kl_only: the generations of policy {policy.name!r} in {path} are not complete: run "
+                             "the evaluation without kl_only first (it generates and scores, and leaves the KL step "
+                             "to this launch)")
+        generations[policy.name] = read_output(path)
+    kl, notes, _ = _kl_all(policies, baseline, by_id, generations, out, settings)
+    print(f"[align evaluate] KL done for {', '.join(kl) or 'no policy'} (shard {settings.shard_index} of "
+          f"{settings.num_shards}){''.join(f'; {k}: {v}' for k, v in notes.items())}. Run the evaluation again "
+          "without kl_only to write the report")
+    return {"complete": False, "kl_only": True, "kl": sorted(kl), "kl_notes": notes}
+
+
+def _job_done(path: Path, ids: list[str], num_shards: int) -> bool:
+    """``job_is_complete`` with the shard count the job was written with: a ``kl_only``
+    launch shards its KL jobs over its ranks, whatever shards the evaluation used."""
+    from align.io.shards import SHARD_RE, shard_files
+
+    files = shard_files(path)
+    return job_is_complete(path, ids, int(SHARD_RE.match(files[0].name).group(2)) if files else num_shards)
 
 
 def _kl_blocker(policy: EvalPolicy, reference: EvalPolicy) -> str | None:
-    """Why this policy's KL cannot be estimated against the reference, or None."""
+    """Why this policy's KL cannot be estimated against the reference, or None (no model is loaded to tell)."""
     from align.logprobs import tokenizer_fingerprint
 
     if not policy.generates:
         return "completions given, no model to score them with"
-    if policy.kl_model() is None:
+    if not policy.builds_kl_model and policy.kl_model() is None:
         return "no model in memory (a vLLM sampler): evaluate with the transformers backend for KL"
-    if tokenizer_fingerprint(policy.open().encoder.tokenizer) != tokenizer_fingerprint(reference.open().encoder.tokenizer):
+    if tokenizer_fingerprint(policy.kl_tokenizer()) != tokenizer_fingerprint(reference.kl_tokenizer()):
         return f"its tokenizer differs from the KL reference {reference.name!r}'s"
     return None
 

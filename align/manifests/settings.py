@@ -33,13 +33,15 @@ NEUTRAL_KEYS = frozenset({
 # Per stage: keys that group work without changing any result. The job batch of sample,
 # annotate, evaluate and judge-validate is how many records one append holds (each record
 # is computed on its own; model batches have their own keys); the log-prob pass's batch
-# size and layout are documented not to change its numbers (tests compare them).
+# size and layout, and whether a model is held whole or partitioned over ranks (the pass's
+# sharding, evaluate's kl_sharding, and kl_only: the KL step in a launch of its own), are
+# documented not to change its numbers (tests compare them).
 STAGE_NEUTRAL_KEYS = {
     "sample": frozenset({"batch_size"}),
     "annotate": frozenset({"batch_size"}),
-    "evaluate": frozenset({"batch_size"}),
+    "evaluate": frozenset({"batch_size", "kl_sharding", "kl_only"}),
     "judge-validate": frozenset({"batch_size"}),
-    "logprobs": frozenset({"batch_size", "padding_free", "max_row_tokens"}),
+    "logprobs": frozenset({"batch_size", "padding_free", "max_row_tokens", "sharding"}),
 }
 
 # The settings whose value is a path to read (or a hub name): their content counts, not their

@@ -12,6 +12,11 @@ Example::
 
     align evaluate recipes/tiny/pipeline.yaml      # its evaluate section: SFT against QRPO
     align evaluate recipe.yaml policies='[{name: sft, model: runs/sft}, {name: qrpo, model: runs/qrpo}]'
+
+Models too large for one device (70B) take their KL step in a launch of its own, partitioned
+over its ranks (``kl_sharding: zero3``; docs/sharded-passes.md): run the evaluation, then
+``accelerate launch --config_file recipes/accelerate/zero3.yaml -m align evaluate RECIPE kl_only=true``,
+then the evaluation again, which writes the report.
 """
 
 from __future__ import annotations
@@ -106,8 +111,44 @@ def build_policies(config: Config) -> list[Any]:
             raise MissingInputError(f"policies[{i}] ({spec.name!r}): model={spec.model!r} does not exist "
                                     "(a directory with config.json, or a model name)")
         sampler_config = replace(config.sampler, model=spec.model)
-        policies.append(EvalPolicy(spec.name, sampler=lambda c=sampler_config: build_sampler(c)))
+        model, tokenizer = _kl_model_from_path(config, spec.model)
+        policies.append(EvalPolicy(spec.name, sampler=lambda c=sampler_config: build_sampler(c), model=model,
+                                   tokenizer=tokenizer))
     return policies
+
+
+def _kl_model_from_path(config: Config, path: str) -> tuple[Any, Any]:
+    """(a function loading the KL model from ``path``, its tokenizer) where the KL step loads
+    models from paths (``kl_only``, or ``kl_sharding=zero3``: the sampler's model is not used);
+    else (None, None): the sampler's own. The model keeps the sampler's dtype."""
+    if not config.kl or not (config.kl_only or config.kl_sharding == "zero3"):
+        return None, None
+    from transformers import AutoTokenizer
+
+    from align.scoring.sharded import load_scoring_model, this_process_device
+
+    def load() -> Any:
+        device = None if config.kl_sharding == "zero3" else config.sampler.device or this_process_device()
+        return load_scoring_model(path, dtype=config.sampler.dtype, sharding=config.kl_sharding, device=device,
+                                  key="kl_sharding")
+
+    return load, AutoTokenizer.from_pretrained(path)
+
+
+def _kl_launch_shard(config: Config) -> tuple[int, int] | None:
+    """A ``kl_only`` launch under ``kl_sharding=zero3``: each rank scores its own prompts."""
+    if not (config.kl_only and config.kl_sharding == "zero3"):
+        return None
+    import torch.distributed as dist
+
+    from align.scoring.sharded import init_distributed
+
+    init_distributed("kl_sharding")
+    shard = (dist.get_rank(), dist.get_world_size())
+    if (config.shard_index, config.num_shards) not in ((None, None), shard):
+        raise ConfigError(f"shard_index={config.shard_index}, num_shards={config.num_shards}: with kl_only and "
+                          f"kl_sharding=zero3 the shards are the ranks of the launch ({shard[1]}); leave them unset")
+    return shard
 
 
 def _model_exists(model: str | None) -> bool:
@@ -136,7 +177,7 @@ def run(config: Config) -> dict:
         return {}
     prompts = read_input(config.prompts, "evaluate", "prompts")
     start(begun, {"prompts": prompts})
-    index, count = resolve_shard(config.shard_index, config.num_shards)
+    index, count = _kl_launch_shard(config) or resolve_shard(config.shard_index, config.num_shards)
     settings = config.eval_settings(index, count)
     # The reward provider is built by evaluate() after every policy has generated and released
     # its sampler, so the judge's engine never shares the GPUs with a policy's (answer checking

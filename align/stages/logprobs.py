@@ -4,9 +4,16 @@ For each pair row it adds ``ref_chosen_logps``, ``ref_rejected_logps`` (sums of
 completion-token log-probs under the reference policy) and ``chosen_length``,
 ``rejected_length`` (completion tokens, end-of-turn included), with the tokenization the
 trainer uses. Batches are sorted by length; the pass resumes after a kill; under
-``accelerate launch`` each process takes a shard.
+``accelerate launch`` each process takes a shard of the rows.
 
-Example: ``accelerate launch --num_processes 8 -m align logprobs recipes/apertus-8b/logprobs.yaml``.
+Where the model fits one device, each process holds a whole copy (``sharding: replicate``)::
+
+    accelerate launch --num_processes 8 -m align logprobs recipes/apertus-8b/logprobs.yaml
+
+Where it does not (70B: 140 GB of bf16 weights), the ranks hold it partitioned under
+DeepSpeed ZeRO-3 and still score their own rows (``sharding: zero3``; docs/sharded-passes.md)::
+
+    accelerate launch --config_file recipes/accelerate/zero3.yaml -m align logprobs recipes/apertus-70b/logprobs.yaml
 """
 
 from __future__ import annotations
@@ -30,6 +37,13 @@ from align.logprobs import (
 )
 from align.manifests import begin, start
 from align.scoring import check_over_max_length_policy, check_truncated_policy
+from align.scoring.sharded import (
+    all_ranks_agree,
+    check_sharding,
+    init_distributed,
+    load_scoring_model,
+    release_model,
+)
 from align.stages.common import (
     check_input_exists,
     check_model_path,
@@ -58,6 +72,14 @@ class LogprobsConfig:
     dtype: weights dtype (``float32``, ``bfloat16``); part of the cache key.
     attn_implementation: ``sdpa`` / ``eager`` / ``flash_attention_2``; None: transformers' choice.
     padding_free / max_row_tokens: batch layout (does not change results).
+    sharding: how the model is held; neither the results, the cache key nor the manifest
+        depends on it. ``replicate`` (default): each process loads the whole model on its
+        device and scores its shard alone (fastest where it fits). ``zero3``: the model is
+        built partitioned over the ranks of a distributed launch (DeepSpeed ZeRO-3 inference:
+        each of N ranks holds 1/N of the weights, layers are gathered as they run) and each
+        rank scores its own rows, forwards in step with the others; needs ``accelerate
+        launch`` (e.g. ``--config_file recipes/accelerate/zero3.yaml``) or torchrun, and
+        ``device`` unset.
     device: ``cuda``, ``cpu``...; None: this process's accelerator (``LOCAL_RANK``) or CPU.
     truncated: ``exclude`` (default): a row whose chosen/rejected was cut at the token budget
         (``*_finish_reason`` "length") is an error; ``train_without_end``: score it without
@@ -85,6 +107,7 @@ class LogprobsConfig:
     attn_implementation: str | None = None
     padding_free: bool = False
     max_row_tokens: int | None = None
+    sharding: str = "replicate"
     device: str | None = None
     truncated: str = "exclude"
     over_max_length: str = "exclude"
@@ -101,6 +124,10 @@ class LogprobsConfig:
             raise ConfigError(f"max_length={self.max_length}: must be >= 2, or None")
         if self.dtype not in ("float32", "bfloat16", "float16"):
             raise ConfigError(f"dtype={self.dtype!r}: choose float32, bfloat16 or float16")
+        check_sharding(self.sharding)
+        if self.sharding == "zero3" and self.device is not None:
+            raise ConfigError(f"device={self.device!r}: with sharding=zero3 each rank uses its own accelerator "
+                              "(LOCAL_RANK); leave device unset")
 
 
 Config = LogprobsConfig
@@ -169,9 +196,9 @@ def run_pass(config: LogprobsConfig) -> Path:
     Returns the output directory. A finished output for the same cache key is reused
     without loading the model.
     """
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoTokenizer
 
-    shard_index, num_shards = shard_from_env()
+    shard_index, num_shards = _shard(config)
     records = read_records(config.input)
     with loading("model_name_or_path", config.model_name_or_path):
         tokenizer = AutoTokenizer.from_pretrained(config.model_name_or_path)
@@ -183,19 +210,20 @@ def run_pass(config: LogprobsConfig) -> Path:
         model_fingerprint=weights_fingerprint(config.model_name_or_path), over_max_length=config.over_max_length)
     key = ref_cache_key(fields)
     output_dir = resolved_output_dir(config, key)
-    if job_is_complete(output_dir, records, num_shards):
+    if all_ranks_agree(job_is_complete(output_dir, records, num_shards)):  # loading is collective under zero3
         logger.info("reference log-probs for key %s already complete in %s", key[:16], output_dir)
     else:
-        model = AutoModelForCausalLM.from_pretrained(
-            config.model_name_or_path, dtype=getattr(torch, config.dtype),
-            **({"attn_implementation": config.attn_implementation} if config.attn_implementation else {}),
-        ).to(_device(config))
+        model = load_scoring_model(config.model_name_or_path, dtype=config.dtype,
+                                   attn_implementation=config.attn_implementation, sharding=config.sharding,
+                                   device=_device(config) if config.sharding == "replicate" else None)
         compute_ref_logprobs(
             records, model, tokenizer, chat_format=config.chat_format, batch_size=config.batch_size,
             max_length=config.max_length, output_dir=output_dir, enable_thinking=config.enable_thinking,
             chat_date=config.chat_date, shard_index=shard_index, num_shards=num_shards,
             padding_free=config.padding_free, max_row_tokens=config.max_row_tokens, cache_fields=fields,
             truncated=config.truncated, over_max_length=config.over_max_length)
+        release_model(model)
+        del model
     _wait_for_other_shards()
     if shard_index == 0 or num_shards == 1:
         missing = missing_ids(output_dir, records)
@@ -205,6 +233,18 @@ def run_pass(config: LogprobsConfig) -> Path:
         if missing:
             logger.info("%d rows not written yet (other shards still running?): %s", len(missing), missing[:10])
     return output_dir
+
+
+def _shard(config: LogprobsConfig) -> tuple[int, int]:
+    """This process's shard of the rows: from the environment, or under zero3 the rank in its launch."""
+    if config.sharding != "zero3":
+        return shard_from_env()
+    if "SLURM_ARRAY_TASK_ID" in os.environ:
+        raise ConfigError("sharding=zero3 shards the rows over the ranks of one launch; a SLURM job array of "
+                          "launches would score the same rows in every task: run one launch (over several nodes "
+                          "if needed), or sharding=replicate in array tasks")
+    init_distributed()  # the ranks load the partitioned model together, or none of them does
+    return torch.distributed.get_rank(), torch.distributed.get_world_size()
 
 
 def _distributed() -> bool:

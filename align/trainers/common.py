@@ -8,7 +8,9 @@ One definition, and one default, per setting:
   help (``align <stage> --help``) and its checks (``check_model_fields`` and so on).
 * ``create_optimizer``: the optimizer a trainer builds from those keys (weight decay off for
   biases and norms, as transformers does; T_α = T_β3 = the run's total optimizer steps).
-* ``lora_config``, ``load_causal_lm``, ``is_peft_model``: the adapter and the model.
+* ``lora_config``, ``load_causal_lm``, ``is_peft_model``: the adapter and the model; under
+  DeepSpeed ZeRO-3 with ``zero3_init_flag`` the model is built partitioned, so no rank holds
+  it whole (``arm_partitioned_loading``, ``check_partitioned``; docs/sharded-passes.md).
 * ``deepspeed_reference``: a frozen reference model wrapped for DeepSpeed.
 * ``preparation_order``: whether ranks prepare a dataset in turn or all at once.
 
@@ -40,6 +42,8 @@ __all__ = [
     "check_model_fields",
     "check_optimizer_fields",
     "accumulation_from_global_batch",
+    "arm_partitioned_loading",
+    "check_partitioned",
     "check_optimizer_offload",
     "create_optimizer",
     "deepspeed_reference",
@@ -319,15 +323,50 @@ def load_causal_lm(path: str, config: Any) -> Any:
     if config.attn_implementation:
         kwargs["attn_implementation"] = config.attn_implementation
     kwargs.update(getattr(config, "model_init_kwargs", None) or {})
+    partitioned = arm_partitioned_loading(config)
     try:
         with loading("model_name_or_path", path):
-            return AutoModelForCausalLM.from_pretrained(path, **kwargs)
+            model = AutoModelForCausalLM.from_pretrained(path, **kwargs)
+        if partitioned:
+            check_partitioned(model, path)
+        return model
     except ImportError as exc:  # an attention backend not installed (flash_attn for flash_attention_2)
         raise MissingDependencyError(f"attn_implementation={config.attn_implementation!r}: "
                                      f"{' '.join(str(exc).split())}") from exc
 
 
 # --------------------------------------------------------------------------- DeepSpeed
+
+
+def arm_partitioned_loading(config: Any) -> bool:
+    """Make transformers build the next model partitioned, where accelerate's DeepSpeed
+    plugin asks for it (ZeRO stage 3 with ``zero3_init_flag``); returns whether it does.
+
+    transformers builds a model under ``deepspeed.zero.Init`` only while a stage-3
+    ``HfDeepSpeedConfig`` is alive: the plugin of the training arguments holds one, but the
+    global reference to it is the last one any ``TrainingArguments`` made, and goes when that
+    object goes. So it is pointed at this config's plugin again right before loading.
+    """
+    plugin = getattr(config, "deepspeed_plugin", None)
+    if plugin is None or getattr(plugin, "zero_stage", None) != 3 or not plugin.is_zero3_init_enabled():
+        return False
+    from transformers.integrations import is_deepspeed_zero3_enabled
+
+    if not is_deepspeed_zero3_enabled():
+        plugin.set_deepspeed_weakref()
+    return True
+
+
+def check_partitioned(model: torch.nn.Module, path: str) -> None:
+    """A model loaded under ``zero3_init_flag`` holds only this rank's partitions; log how much."""
+    from align.scoring.sharded import is_partitioned, parameter_bytes
+
+    if not is_partitioned(model):
+        raise RuntimeError(f"{path}: loaded whole although zero3_init_flag asks for a partitioned model "
+                           "(transformers did not see the DeepSpeed config)")
+    held, whole = parameter_bytes(model)
+    logging.getLogger(__name__).info("%s: this rank holds %.1f MiB of the model's %.1f MiB of weights (ZeRO-3)",
+                                     path, held / 2**20, whole / 2**20)
 
 
 def _fill_auto(ds_config: dict, args: Any, hidden_size: int | None) -> dict:

@@ -36,6 +36,30 @@ def weights_digest(model: torch.nn.Module, zero_stage: int | None) -> tuple[str,
     return digest.hexdigest(), count
 
 
+def resident_parameters(model: torch.nn.Module) -> dict[str, int]:
+    """Bytes of parameters this rank holds against the whole model's, measured on the tensors.
+
+    A ZeRO-3 partition counts its local piece (``p.ds_tensor``) and, for the whole, its full
+    size (``p.ds_numel``); any other parameter counts whole in both. ``data_bytes`` is what
+    the parameters' ``.data`` hold (0 when every weight is partitioned and none is gathered).
+    """
+    while hasattr(model, "module") and isinstance(model.module, torch.nn.Module):
+        model = model.module
+    held = whole = data = partitioned = count = 0
+    for param in model.parameters():
+        count += 1
+        data += param.data.numel() * param.element_size()
+        if hasattr(param, "ds_tensor"):
+            partitioned += 1
+            held += param.ds_tensor.numel() * param.ds_tensor.element_size()
+            whole += param.ds_numel * param.element_size()
+        else:
+            held += param.numel() * param.element_size()
+            whole += param.numel() * param.element_size()
+    return {"held_bytes": held, "whole_bytes": whole, "data_bytes": data, "partitioned": partitioned,
+            "parameters": count}
+
+
 def _optimizer_chain(optimizer: Any) -> list[str]:
     """Class names from the outer wrapper (Accelerate, DeepSpeed) down to the real optimizer."""
     chain, seen = [], set()
