@@ -3,10 +3,11 @@
 #
 #   MACHINE_RANK=0 bash recipes/slurm/launch_node.sh -m align train RECIPE.yaml [key=value ...]
 #
-# train_multinode.sbatch runs it once per node (srun, MACHINE_RANK=$SLURM_NODEID);
-# tests/distributed/test_qrpo_distributed.py runs it twice on one machine, as two
-# "machines" of one process each meeting on 127.0.0.1, so the arguments built here are
-# the ones a cluster run gets.
+# train_multinode.sbatch runs it once per srun task, one task per node (MACHINE_RANK=
+# $SLURM_PROCID); tests/distributed/test_qrpo_distributed.py runs it twice on one machine,
+# as two "machines" of one process each meeting on 127.0.0.1, and tests/slurm submits
+# train_multinode.sbatch as two tasks on one node, so the arguments built here are the
+# ones a cluster run gets.
 #
 # Environment (all required but ACCELERATE_LAUNCH):
 #   ACCELERATE_CONFIG   accelerate config (recipes/accelerate/zero2.yaml, zero3.yaml)
