@@ -35,12 +35,15 @@ def header(path: Path) -> list[str]:
 
 
 def sbatch_commands(path: Path) -> list[list[str]]:
-    """The shell words of each sbatch command in a recipe's header (env assignments included)."""
+    """The shell words of each sbatch command in a recipe's header (env assignments included):
+    a line that is a command (``sbatch ...``, ``STAGE=x sbatch ...``, ``As a SLURM array: sbatch ...``),
+    not one that only mentions sbatch."""
     commands = []
     for line in header(path):
-        if "sbatch " not in line:
+        text = (line[line.index(":") + 1:] if line.startswith("As a SLURM") else line).strip()
+        if not re.match(r"(?:[A-Z_]+=\S+\s+)*sbatch\s", text):
             continue
-        words = shlex.split(line[line.index(":") + 1:] if line.startswith("As a SLURM") else line)
+        words = shlex.split(text)
         start = next(i for i, w in enumerate(words) if w == "sbatch")
         env = [w for w in words[:start] if re.fullmatch(r"[A-Z_]+=\S*", w)]
         commands.append(env + words[start:])
