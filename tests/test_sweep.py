@@ -12,6 +12,7 @@ asserts that any point is better than another (the tiny model learns nothing), n
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import io
 import json
 import os
@@ -288,6 +289,13 @@ def test_run_sweep_from_a_model_in_memory(workspace, tmp_path):
     assert all(torch_equal(model.state_dict()[k], v) for k, v in before.items())  # the start is left as it was
     recorded = json.loads((tmp_path / "sweep" / "sweep.json").read_text())
     assert [p["score"] for p in recorded["points"]] == [p.score for p in result.points]
+
+    grown = dataclasses.replace(settings, grid={"learning_rate": [1e-4, 3e-2, 1e-3]})
+    with _inside(workspace):
+        again = align.run_sweep(config, rows, validation, VerifiableReward(), grown, model=model, tokenizer=tokenizer)
+    assert [(p.name, p.trained_now) for p in again.points] == [
+        ("learning_rate-0.0001", False), ("learning_rate-0.03", False), ("learning_rate-0.001", True)]
+    assert [p.metrics for p in again.points[:2]] == [p.metrics for p in result.points]
     with _inside(workspace), pytest.raises(StaleOutputError, match="made from other settings or inputs"):
         align.run_sweep(config, rows[:-1], validation, VerifiableReward(), settings, model=model, tokenizer=tokenizer)
 
