@@ -7,6 +7,8 @@ the preference trainer and the KL estimator (`align.eval.kl`), and imports none 
   completion token ids, ``encode_record``: THE tokenization of preference training.
 - `align.scoring.collators`: padded, padding-free and prefix-shared batches of such
   sequences (``SequenceCollator``, ``PreferenceCollator``).
+- `align.scoring.block_attention`: ``sdpa_blocks``, attention over each block of a packed
+  row alone (CPU; the same numbers as the masked grid).
 - `align.scoring.logps`: ``completion_logps`` (Σ log π over each completion, float64) and
   the token-level kernels under it (tiled LM head).
 """
@@ -21,6 +23,7 @@ from align.scoring.collators import (
     is_flash_attention,
     model_inputs,
     resolve_prefix_sharing,
+    takes_4d_mask,
 )
 from align.scoring.encoding import (
     OVER_MAX_LENGTH_POLICIES,
@@ -71,6 +74,7 @@ __all__ = [
     "model_inputs",
     "model_logits",
     "resolve_prefix_sharing",
+    "takes_4d_mask",
     "tiled_head",
     "tiled_token_logps",
     "token_logps_at",

@@ -82,6 +82,7 @@ import torch
 
 from align.chat.encode import IGNORE_INDEX
 from align.errors import ConfigError, InputError
+from align.scoring.block_attention import BLOCK_ATTENTION, row_blocks
 
 FLASH_IMPLEMENTATIONS = ("flash_attention_2", "flash_attention_3", "kernels-community/flash-attn")
 
@@ -92,6 +93,11 @@ PAIR_SEQUENCE_FIELDS: dict[str, tuple[str, str]] = {
 }
 
 Sequences = Sequence[tuple[Sequence[int], Sequence[int]]]
+
+
+def takes_4d_mask(attn_implementation: str | None) -> bool:
+    """Attention implementations that take the 4D masks of the packed and prefix-shared layouts."""
+    return attn_implementation in ("sdpa", "eager", BLOCK_ATTENTION)
 
 
 def is_flash_attention(attn_implementation: str | None) -> bool:
@@ -202,7 +208,7 @@ def collate_padding_free(
     flash = is_flash_attention(attn_implementation)
     if attn_implementation == "eager" and (mask_dtype is None or not mask_dtype.is_floating_point):
         raise ValueError("eager attention needs an additive float mask: pass mask_dtype=<the model's dtype>")
-    if not flash and attn_implementation not in ("sdpa", "eager"):
+    if not flash and not takes_4d_mask(attn_implementation):
         raise ConfigError(
             f"padding-free batches support sdpa, eager and flash attention, not {attn_implementation!r}; "
             "set padding_free=False or load the model with attn_implementation='sdpa'"
@@ -259,7 +265,7 @@ def resolve_prefix_sharing(setting: bool | str, attn_implementation: str | None)
     """
     if setting not in PREFIX_SHARING_SETTINGS:
         raise ConfigError(f"prefix_sharing={setting!r}: choose auto, true or false")
-    supported = attn_implementation in ("sdpa", "eager")
+    supported = takes_4d_mask(attn_implementation)
     if setting is True and not supported:
         raise ConfigError(f"prefix_sharing=true needs a 4D attention mask (sdpa or eager), the model uses "
                           f"{attn_implementation!r}: set prefix_sharing=auto or false")
@@ -310,7 +316,7 @@ def collate_prefix_shared(
     _check_sequences([flat[i] for i in sorted(flat)] if flat else [])
     if sorted(flat) != list(range(sum(len(ids) for ids in sequence_ids))):
         raise RuntimeError(f"sequence_ids {sequence_ids} do not number the completions 0, 1, ... once each")
-    if attn_implementation not in ("sdpa", "eager"):
+    if not takes_4d_mask(attn_implementation):
         raise ConfigError(f"prefix-shared batches need a 4D attention mask (sdpa or eager), not "
                           f"{attn_implementation!r}: set prefix_sharing=false")
     if attn_implementation == "eager" and (mask_dtype is None or not mask_dtype.is_floating_point):
@@ -330,10 +336,13 @@ def collate_prefix_shared(
     sequence_index = torch.full(shape, -1, dtype=torch.long)
     block = torch.full(shape, -1, dtype=torch.long)  # the group a token belongs to (padding: -1)
     part = torch.zeros(shape, dtype=torch.long)      # 0: prompt (or padding), j: completion j
+    pieces: list[list[tuple[int, int, tuple[tuple[int, int], ...]]]] = []
     for r, row in enumerate(rows):
         start = 0
+        pieces.append([])
         for g in row:
             tokens, positions, group_labels, sources, owners, parts = layouts[g]
+            pieces[r] += _group_pieces(start, [len(groups[g][0])] + [len(c) for c in groups[g][1]])
             end = start + sizes[g]
             input_ids[r, start:end] = torch.tensor(tokens)
             position_ids[r, start:end] = torch.tensor(positions)
@@ -344,6 +353,8 @@ def collate_prefix_shared(
             part[r, start:end] = torch.tensor(parts)
             start = end
         position_ids[r, start:] = torch.arange(width - start)
+        if start < width:
+            pieces[r].append((start, width, ((start, width),)))
     causal = torch.ones(width, width, dtype=torch.bool).tril()
     same_block = block[:, :, None] == block[:, None, :]
     visible_part = (part[:, None, :] == 0) | (part[:, :, None] == part[:, None, :])
@@ -359,12 +370,26 @@ def collate_prefix_shared(
         "sequence_index": sequence_index,
         "lengths": lengths,
         "attention_mask": mask if mask_dtype is None or mask_dtype == torch.bool else additive_mask(mask, mask_dtype),
+        "attention_pieces": pieces,
     }
+
+
+def _group_pieces(start: int, sizes: Sequence[int]) -> list[tuple[int, int, tuple[tuple[int, int], ...]]]:
+    """A group's attention pieces from ``start``: the prompt sees itself, each completion the prompt and itself."""
+    prompt = (start, start + sizes[0])
+    pieces = [(prompt[0], prompt[1], (prompt,))]
+    begin = prompt[1]
+    for size in sizes[1:]:
+        span = (begin, begin + size)
+        keys = ((prompt[0], span[1]),) if begin == prompt[1] else (prompt, span)  # contiguous: one span
+        pieces.append((span[0], span[1], keys))
+        begin = span[1]
+    return pieces
 
 
 def model_inputs(batch: Mapping[str, Any]) -> dict[str, Any]:
     """The keys of a collated batch that go to the model's forward (not labels: we score ourselves)."""
-    keys = ("input_ids", "attention_mask", "position_ids",
+    keys = ("input_ids", "attention_mask", "position_ids", "attention_blocks",
             "cu_seq_lens_q", "cu_seq_lens_k", "max_length_q", "max_length_k")
     return {k: batch[k] for k in keys if k in batch}
 
@@ -385,6 +410,9 @@ class SequenceCollator:
         prefix_sharing: ``collate_groups`` puts each prompt once before its completions
             (the prefix-shared layout; needs ``sdpa`` or ``eager``, see
             ``resolve_prefix_sharing``); ``collate`` is unchanged by it.
+        attention_blocks: batches with a 4D mask also carry ``attention_blocks``, each row's
+            independent column spans, for ``sdpa_blocks`` attention
+            (``align.scoring.block_attention``).
     """
 
     pad_token_id: int
@@ -394,6 +422,7 @@ class SequenceCollator:
     max_row_tokens: int | None = None
     pad_to_multiple_of: int | None = None
     prefix_sharing: bool = False
+    attention_blocks: bool = False
 
     def __post_init__(self) -> None:
         if (self.padding_free or self.prefix_sharing) and self.attn_implementation == "eager" \
@@ -402,6 +431,17 @@ class SequenceCollator:
 
     def collate(self, sequences: Sequences) -> dict[str, Any]:
         """The batch for ``sequences`` in this collator's layout."""
+        return self._with_blocks(self._collate(sequences))
+
+    def _with_blocks(self, batch: dict[str, Any]) -> dict[str, Any]:
+        """Add ``attention_blocks`` (the prefix-shared layout's pieces, else per sequence) where asked for."""
+        pieces = batch.pop("attention_pieces", None)
+        mask = batch.get("attention_mask")
+        if self.attention_blocks and mask is not None and mask.dim() == 4:
+            batch["attention_blocks"] = row_blocks(batch["sequence_index"]) if pieces is None else pieces
+        return batch
+
+    def _collate(self, sequences: Sequences) -> dict[str, Any]:
         if not self.padding_free:
             return collate_padded(sequences, pad_token_id=self.pad_token_id,
                                   pad_to_multiple_of=self.pad_to_multiple_of)
@@ -420,11 +460,11 @@ class SequenceCollator:
         Sequence indices number the completions group by group (or as ``sequence_ids`` say).
         """
         if self.prefix_sharing:
-            return collate_prefix_shared(
+            return self._with_blocks(collate_prefix_shared(
                 groups, pad_token_id=self.pad_token_id, sequence_ids=sequence_ids,
                 attn_implementation=self.attn_implementation, mask_dtype=self.mask_dtype,
                 padding_free=self.padding_free, max_row_tokens=self.max_row_tokens,
-                pad_to_multiple_of=self.pad_to_multiple_of)
+                pad_to_multiple_of=self.pad_to_multiple_of))
         flat = [((prompt, completion), index) for (prompt, completions), ids
                 in zip(groups, sequence_ids or [[None] * len(c) for _, c in groups])
                 for completion, index in zip(completions, ids)]

@@ -40,8 +40,10 @@ from align.scoring import (
     completion_logps,
     is_flash_attention,
     resolve_prefix_sharing,
+    takes_4d_mask,
     unwrap_model,
 )
+from align.scoring.block_attention import BLOCK_ATTENTION
 from align.trainers.callbacks import bind_callbacks
 from align.trainers.common import (
     accumulation_from_global_batch,
@@ -155,7 +157,7 @@ class PreferenceTrainer(Trainer):
         dtype = next(model.parameters()).dtype
         if args.bf16 and attn == "eager":
             dtype = torch.bfloat16
-        if args.padding_free and not (attn in ("sdpa", "eager") or is_flash_attention(attn)):
+        if args.padding_free and not (takes_4d_mask(attn) or is_flash_attention(attn)):
             raise ConfigError(f"padding_free=True supports sdpa, eager and flash attention, the model uses "
                               f"{attn!r}: set padding_free=False or attn_implementation='sdpa'")
         return PreferenceCollator(
@@ -166,6 +168,7 @@ class PreferenceTrainer(Trainer):
             max_row_tokens=args.max_row_tokens,
             pad_to_multiple_of=args.pad_to_multiple_of,
             prefix_sharing=resolve_prefix_sharing(args.prefix_sharing, attn),
+            attention_blocks=attn == BLOCK_ATTENTION,
         )
 
     def _prepare_reference(self, ref_model: PreTrainedModel) -> torch.nn.Module:

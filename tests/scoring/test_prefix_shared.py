@@ -206,3 +206,35 @@ def test_losses_and_gradients_equal_the_padded_layout(reference, data, tiny_toke
         for name, grad in grads.items():
             assert grad.abs().max() > 0, name
             torch.testing.assert_close(grad, expected_grads[name], rtol=1e-4, atol=1e-6, msg=name)
+
+
+# --------------------------------------------------------------------------- attention over blocks
+
+
+def test_block_attention_equals_the_masked_grid(tiny_tokenizer, groups):
+    from align.scoring.block_attention import row_blocks, use_block_attention
+
+    assert row_blocks(torch.tensor([[0, 0, 1, 1, 1, -1]])) == [[(0, 2, ((0, 2),)), (2, 5, ((2, 5),)),
+                                                                 (5, 6, ((5, 6),))]]
+    shared = SequenceCollator(0, prefix_sharing=True, attention_blocks=True).collate_groups(
+        [([1, 5], ([7, 8, 2], [4, 2]))])
+    # the prompt sees itself; chosen the prompt and itself (one span); rejected the prompt and itself
+    assert shared["attention_blocks"] == [[(0, 2, ((0, 2),)), (2, 5, ((0, 5),)), (5, 7, ((0, 2), (5, 7)))]]
+    model = build_causal_lm(tiny_tokenizer)
+    grid = copy.deepcopy(model)
+    assert use_block_attention(model) and model.config._attn_implementation == "sdpa_blocks"
+    for prefix_sharing in (False, True):
+        collator = SequenceCollator(tiny_tokenizer.pad_token_id, padding_free=True, prefix_sharing=prefix_sharing,
+                                    attention_blocks=True, max_row_tokens=400)
+        batch = collator.collate_groups(groups)
+        assert max(len(spans) for spans in batch["attention_blocks"]) >= 3  # rows hold several blocks
+        results = []
+        for m in (grid, model):
+            m.zero_grad()
+            logps = completion_logps(m, batch)
+            logps.sum().backward()
+            results.append((logps.detach(), {n: p.grad.clone() for n, p in m.named_parameters()}))
+        (expected, expected_grads), (found, grads) = results
+        torch.testing.assert_close(found, expected, rtol=0, atol=1e-4)
+        for name, grad in grads.items():
+            torch.testing.assert_close(grad, expected_grads[name], rtol=1e-4, atol=1e-5, msg=name)
