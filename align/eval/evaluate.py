@@ -158,8 +158,10 @@ class EvalSettings:
         distributed launch (DeepSpeed ZeRO-3), for models too large for one device; the
         evaluation then leaves the KL step to a launch of its own, ``kl_only=true``.
     kl_only: run only the KL step, over generations already complete (no sampler and no
-        reward provider is built; the models are loaded from the policies' paths). Then run
-        the evaluation once more without it: it finds every job done and writes the report.
+        reward provider is built; ``align evaluate`` loads the models from the policies'
+        paths, a Python caller gives each ``EvalPolicy`` a ``model`` function and its
+        ``tokenizer``). Then run the evaluation once more without it: it finds every job
+        done and writes the report.
     tie_margin: judge preferences within this distance of 0.5 count as ties.
     resamples / confidence: the bootstrap.
     batch_size: prompts per job batch, in every step; kl_batch_size: sequences per forward
