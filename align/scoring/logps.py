@@ -136,6 +136,17 @@ def _map_tiles(fn, sliced: tuple[Tensor, ...], shared: tuple, rows: int, recompu
 HEAD_TILE_BYTES = 1 << 30
 """Float32 logits per tile of the LM head (1 GiB; the module docstring says why)."""
 
+CPU_HEAD_TILE_BYTES = 16 << 20
+"""On CPU: 16 MiB tiles (131 rows at a 32k vocabulary) stay in cache. Measured on 2 cores (a
+5.4M Llama, vocab 32,000, 8 prefix-shared pairs, 5,967 tokens, forward and backward): 2.0 s
+and 1.6 GiB peak growth, against 2.35 s and 3.2 GiB with 1 GiB tiles (one tile there, kept
+for backward, not recomputed)."""
+
+
+def head_tile_bytes(device: torch.device) -> int:
+    """The tile size for logits on ``device``."""
+    return CPU_HEAD_TILE_BYTES if device.type == "cpu" else HEAD_TILE_BYTES
+
 
 def tile_rows(vocab_size: int, tile_bytes: int = HEAD_TILE_BYTES) -> int:
     """Positions per tile: as many as fit ``tile_bytes`` of float32 logits, at least one."""
@@ -143,13 +154,14 @@ def tile_rows(vocab_size: int, tile_bytes: int = HEAD_TILE_BYTES) -> int:
 
 
 def tiled_token_logps(hidden: Tensor, head: torch.nn.Linear, targets: Tensor,
-                      tile_bytes: int = HEAD_TILE_BYTES) -> Tensor:
+                      tile_bytes: int | None = None) -> Tensor:
     """Target log-probs (K,) from final hidden states (K, d), never holding all (K, V) logits.
 
     The head is applied to tiles of ``tile_rows(V, tile_bytes)`` positions; under autograd
     each tile is recomputed in backward instead of stored, so memory is one tile, not K × V.
+    ``tile_bytes`` None: ``head_tile_bytes`` of the hidden states' device.
     """
-    rows = tile_rows(head.out_features, tile_bytes)
+    rows = tile_rows(head.out_features, tile_bytes or head_tile_bytes(hidden.device))
     recompute = hidden.shape[0] > rows and torch.is_grad_enabled() and (
         hidden.requires_grad or head.weight.requires_grad)
     return _map_tiles(_head_logps, (hidden, targets), (head.weight, head.bias), rows, recompute)
@@ -239,14 +251,14 @@ def last_hidden_state(model: torch.nn.Module, inputs: Mapping[str, Any], keep: T
     return hidden[keep]
 
 
-def _logits_token_logps(logits: Tensor, targets: Tensor, tile_bytes: int = HEAD_TILE_BYTES,
+def _logits_token_logps(logits: Tensor, targets: Tensor, tile_bytes: int | None = None,
                         sources: Tensor | None = None) -> Tensor:
     """Target log-probs from the model's logits, upcast to float32 one tile at a time.
 
     With ``sources`` target i is scored on logits row ``sources[i]``; the rows are picked a
     tile at a time, so no (T, V) copy of the logits is made.
     """
-    rows = tile_rows(logits.shape[-1], tile_bytes)
+    rows = tile_rows(logits.shape[-1], tile_bytes or head_tile_bytes(logits.device))
     if sources is None or _is_identity(sources, logits.shape[0]):
         recompute = logits.shape[0] > rows and torch.is_grad_enabled() and logits.requires_grad
         return _map_tiles(_logps_from_logits, (logits, targets), (), rows, recompute)
