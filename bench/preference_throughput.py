@@ -1,6 +1,7 @@
 """Preference training throughput and memory: align's PreferenceTrainer vs TRL's DPOTrainer.
 
     python bench/preference_throughput.py              # ~23M-parameter Llama, completions 16..512 tokens
+    python bench/preference_throughput.py --size 5m --prompt-max 300 --min-len 4 --max-len 600 --pass-rows 256
     python bench/preference_throughput.py --quick      # smaller model and lengths: a few minutes on 2 cores
     python bench/preference_throughput.py --device cuda --size 1b   # ~1B Llama, bf16, with MFU
 
@@ -11,7 +12,14 @@ contender), the same pair rows (mixed lengths) and the same batches (sequential 
   vs TRL's DPOTrainer with its defaults (reference model run on the fly, padded batches,
   gradient checkpointing); align is run with gradient checkpointing on (as TRL) and off;
 * the reference log-prob pass: ``align.logprobs.compute_ref_logprobs`` vs TRL's
-  ``precompute_ref_log_probs`` (its ``_precompute_ref_logps``, timed by wrapping it).
+  ``precompute_ref_log_probs`` (its ``_precompute_ref_logps``, timed by wrapping it);
+* align in two batch layouts: each pair's prompt once before its two completions
+  (``prefix_sharing``, the default) and the layout before it (``prefix_sharing=false``:
+  the prompt in each completion's sequence).
+
+The run first measures the machine's matrix-multiply peak (a timed fp32 ``torch.mm`` large
+enough to keep every core busy, or bf16 on CUDA) and reports each contender's model FLOPs
+(6·N per trained token, 2·N per scored token; attention not counted) as a fraction of it.
 
 Each contender runs in its own subprocess, so peak memory is its own: on CPU the peak
 resident set (``VmHWM``) above the process's resident set after imports and data
@@ -37,6 +45,8 @@ DATE = "2025-09-01"
 
 SIZES = {
     # name: hidden, layers, heads, kv heads, intermediate, vocab
+    "5m": {"hidden_size": 128, "num_hidden_layers": 6, "num_attention_heads": 4, "num_key_value_heads": 4,
+           "intermediate_size": 384, "vocab_size": 32000},
     "quick": {"hidden_size": 256, "num_hidden_layers": 4, "num_attention_heads": 4, "num_key_value_heads": 4,
                   "intermediate_size": 704, "vocab_size": 32000},
     "23m": {"hidden_size": 384, "num_hidden_layers": 6, "num_attention_heads": 6, "num_key_value_heads": 6,
@@ -55,8 +65,10 @@ def build_tokenizer():
     return tiny()
 
 
-def make_rows(tokenizer, count: int, min_len: int, max_len: int, seed: int) -> list[dict]:
-    """Pair rows whose completions are ``min_len``..``max_len`` tokens (uniform), end-of-turn included."""
+def make_rows(tokenizer, count: int, min_len: int, max_len: int, seed: int,
+              prompt_range: tuple[int, int] = (10, 60)) -> list[dict]:
+    """Pair rows whose completions are ``min_len``..``max_len`` tokens (uniform), end-of-turn included,
+    and whose user turns are ``prompt_range`` tokens."""
     from align.testing.tiny import corpus_text
 
     rng = random.Random(seed)
@@ -70,7 +82,7 @@ def make_rows(tokenizer, count: int, min_len: int, max_len: int, seed: int) -> l
         return tokenizer.decode(ids[: tokens - 1]).strip() or "ok"
 
     return [{"id": f"b{i}", "messages": [{"role": "system", "content": "Answer well."},
-                                         {"role": "user", "content": text_of(rng.randint(10, 60))}],
+                                         {"role": "user", "content": text_of(rng.randint(*prompt_range))}],
              "chosen": text_of(rng.randint(min_len, max_len)), "rejected": text_of(rng.randint(min_len, max_len)),
              "chosen_quantile": 1.0, "rejected_quantile": 0.0} for i in range(count)]
 
@@ -98,6 +110,26 @@ def save_model(tokenizer, size: str, path: Path) -> int:
     model.save_pretrained(path)
     tokenizer.save_pretrained(path)
     return sum(p.numel() for p in model.parameters())
+
+
+def matmul_peak_flops(device: str) -> float:
+    """The machine's measured matrix-multiply rate, FLOP/s: the best of timed square ``torch.mm``s.
+
+    fp32 on CPU (the size, 2048, keeps every core busy for ~0.1 s per product), bf16 on CUDA.
+    """
+    import torch
+
+    size = 2048 if device == "cpu" else 8192
+    dtype = torch.float32 if device == "cpu" else torch.bfloat16
+    a, b = (torch.randn(size, size, device=device, dtype=dtype) for _ in range(2))
+    best = float("inf")
+    for _ in range(6):
+        StepTimer._sync()
+        start = time.perf_counter()
+        torch.mm(a, b)
+        StepTimer._sync()
+        best = min(best, time.perf_counter() - start)
+    return 2 * size**3 / best
 
 
 def memory_status() -> dict[str, float]:
@@ -187,12 +219,14 @@ def worker_logps_align(settings: dict) -> dict:
     baseline = memory_status()
     model = _load(settings)
     start = time.perf_counter()
+    shared = settings.get("prefix_sharing", "auto")
     compute_ref_logprobs(rows, model, tokenizer, chat_format="apertus", batch_size=settings["batch_size"],
-                         max_length=settings["max_length"], output_dir=settings["ref_dir"], chat_date=DATE,
-                         model_fingerprint="bench")
+                         max_length=settings["max_length"], output_dir=settings["ref_dir"] + f"-{shared}",
+                         chat_date=DATE, model_fingerprint="bench", prefix_sharing=shared)
     StepTimer._sync()
     seconds = time.perf_counter() - start
-    return _finish({"name": "align log-prob pass", "seconds": seconds, "tokens_per_s": tokens / seconds},
+    name = "align log-prob pass" + (" (prompt per sequence)" if shared is False else " (prefix-shared)")
+    return _finish({"name": name, "seconds": seconds, "tokens_per_s": tokens / seconds, "kind": "pass"},
                    baseline, settings)
 
 
@@ -242,7 +276,7 @@ def worker_logps_trl(settings: dict) -> dict:
                                                        precompute_ref_batch_size=settings["batch_size"]),
                train_dataset=dataset, processing_class=tokenizer)
     return _finish({"name": "TRL precompute_ref_log_probs", "seconds": seconds[0],
-                    "tokens_per_s": tokens / seconds[0]}, baseline, settings)
+                    "tokens_per_s": tokens / seconds[0], "kind": "pass"}, baseline, settings)
 
 
 def worker_train_align(settings: dict) -> dict:
@@ -253,7 +287,7 @@ def worker_train_align(settings: dict) -> dict:
 
     tokenizer = AutoTokenizer.from_pretrained(settings["model_dir"])
     rows = json.loads(Path(settings["rows"]).read_text())[: settings["batch_size"] * settings["steps"]]
-    data = load_ref_logprobs(settings["ref_dir"], rows)
+    data = load_ref_logprobs(settings["ref_dir"] + "-auto", rows)
     step_tokens = _step_tokens(settings, tokenizer, rows)
     baseline = memory_status()
     cuda = settings["device"] == "cuda"
@@ -262,12 +296,14 @@ def worker_train_align(settings: dict) -> dict:
         max_steps=settings["steps"], report_to="none", logging_steps=1, save_strategy="no", disable_tqdm=True,
         train_sampling_strategy="sequential", use_cpu=not cuda, bf16=cuda, max_length=settings["max_length"],
         chat_date=DATE, loss_type="dpo", length_normalize=False, beta=0.1, optimizer="adamw",
-        learning_rate=1e-6, padding_free=True, gradient_checkpointing=settings["checkpointing"])
+        learning_rate=1e-6, padding_free=True, gradient_checkpointing=settings["checkpointing"],
+        prefix_sharing=settings.get("prefix_sharing", "auto"))
     timer = StepTimer()
     trainer = PreferenceTrainer(_load(settings), config, train_dataset=data, processing_class=tokenizer,
                                 callbacks=[timer.callback])
     trainer.train()
-    name = "align (precomputed ref, padding-free" + (", checkpointing)" if settings["checkpointing"] else ")")
+    layout = ", prompt per sequence" if settings.get("prefix_sharing") is False else ", prefix-shared"
+    name = "align (precomputed ref, padding-free" + layout + (", checkpointing)" if settings["checkpointing"] else ")")
     return _train_result(name, timer, step_tokens, baseline, settings)
 
 
@@ -307,32 +343,55 @@ def run_worker(name: str, settings: dict) -> dict:
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
-def mfu(tokens_per_s: float, params: int, peak_tflops: float) -> float:
-    """Model FLOPs utilisation: 6·N FLOPs per trained token over the device's peak."""
-    return 6 * params * tokens_per_s / (peak_tflops * 1e12)
+def peak_fraction(result: dict, params: int, peak_flops: float) -> float:
+    """Model FLOPs (6·N per trained token, 2·N per scored one; attention not counted) over the measured peak."""
+    per_token = 2 if result.get("kind") == "pass" else 6
+    return per_token * params * result["tokens_per_s"] / peak_flops
 
 
-def report(results: dict[str, dict], settings: dict, params: int, peak_tflops: float | None) -> str:
+CONTENDERS = (  # key, worker, settings
+    ("logps_trl", "logps_trl", {}),
+    ("logps_align_per_sequence", "logps_align", {"prefix_sharing": False}),
+    ("logps_align", "logps_align", {"prefix_sharing": "auto"}),
+    ("train_trl", "train_trl", {}),
+    ("train_align_per_sequence", "train_align", {"prefix_sharing": False, "checkpointing": False}),
+    ("train_align", "train_align", {"prefix_sharing": "auto", "checkpointing": False}),
+    ("train_align_ckpt", "train_align", {"prefix_sharing": "auto", "checkpointing": True}),
+)
+
+
+def report(results: dict[str, dict], settings: dict, params: int, peak_flops: float) -> str:
     memory_key = "cuda_peak_mib" if settings["device"] == "cuda" else "rss_increment_mib"
     lines = [(f"model: Llama {params / 1e6:.1f}M params ({settings['size']}), device {settings['device']}, "
               f"batch {settings['batch_size']} pairs, {settings['steps']} steps (first untimed), "
-              f"completions {settings['min_len']}..{settings['max_len']} tokens"),
-             "", f"| contender | tokens/s | peak memory (MiB, {memory_key}) | peak RSS (MiB) |", "|---|---|---|---|"]
+              f"prompts {settings['prompt_min']}..{settings['prompt_max']} tokens, "
+              f"completions {settings['min_len']}..{settings['max_len']} tokens; "
+              f"measured matmul peak {peak_flops / 1e9:.1f} GFLOP/s"),
+             "", (f"| contender | tokens/s | fraction of matmul peak | peak memory (MiB, {memory_key}) | "
+                  "peak RSS (MiB) |"), "|---|---|---|---|---|"]
     for result in results.values():
-        extra = f" (MFU {mfu(result['tokens_per_s'], params, peak_tflops):.1%})" \
-            if peak_tflops and "step_seconds" in result else ""
-        lines.append(f"| {result['name']} | {result['tokens_per_s']:.0f}{extra} | {result[memory_key]:.0f} | "
+        lines.append(f"| {result['name']} | {result['tokens_per_s']:.0f} | "
+                     f"{peak_fraction(result, params, peak_flops):.1%} | {result[memory_key]:.0f} | "
                      f"{result['peak_rss_mib']:.0f} |")
-    trl = results["train_trl"]
+    trl, trl_pass = results["train_trl"], results["logps_trl"]
     lines.append("")
-    for key in ("train_align_ckpt", "train_align"):
+    for key in ("train_align_per_sequence", "train_align", "train_align_ckpt"):
         ours = results[key]
-        lines.append(f"{ours['name']} vs TRL: {ours['tokens_per_s'] / trl['tokens_per_s']:.2f}x tokens/s, "
-                     f"{ours[memory_key] / trl[memory_key]:.2f}x peak memory (goals >= 1.5x, <= 0.7x)")
-    lines.append(f"log-prob pass vs TRL precompute: "
-                 f"{results['logps_align']['tokens_per_s'] / results['logps_trl']['tokens_per_s']:.2f}x tokens/s, "
-                 f"{results['logps_align'][memory_key] / results['logps_trl'][memory_key]:.2f}x peak memory "
-                 "(goal >= 1.5x)")
+        lines.append(f"{ours['name']} vs TRL DPOTrainer: {ours['tokens_per_s'] / trl['tokens_per_s']:.2f}x tokens/s, "
+                     f"{ours[memory_key] / trl[memory_key]:.2f}x peak memory (targets >= 4x, <= 0.35x)")
+    for key in ("logps_align_per_sequence", "logps_align"):
+        ours = results[key]
+        lines.append(f"{ours['name']} vs TRL precompute: {ours['tokens_per_s'] / trl_pass['tokens_per_s']:.2f}x "
+                     f"tokens/s, {ours[memory_key] / trl_pass[memory_key]:.2f}x peak memory (target >= 2.5x)")
+
+    def seconds_per_token(train: dict, logps: dict) -> float:  # one pass over the data and one epoch on it
+        return 1 / train["tokens_per_s"] + 1 / logps["tokens_per_s"]
+
+    for train_key, pass_key in (("train_align_per_sequence", "logps_align_per_sequence"),
+                                ("train_align", "logps_align")):
+        ratio = seconds_per_token(trl, trl_pass) / seconds_per_token(results[train_key], results[pass_key])
+        lines.append(f"pass + train, {results[pass_key]['name'].removeprefix('align log-prob pass ')} vs TRL "
+                     f"precompute + train (TRL's train step with its live reference): {ratio:.2f}x (target >= 3x)")
     return "\n".join(lines)
 
 
@@ -345,8 +404,10 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--steps", type=int, default=None, help="training steps, the first untimed (default 4)")
     parser.add_argument("--min-len", type=int, default=16)
     parser.add_argument("--max-len", type=int, default=None, help="longest completion (default 512, quick 256)")
+    parser.add_argument("--prompt-min", type=int, default=10, help="shortest user turn, tokens")
+    parser.add_argument("--prompt-max", type=int, default=60, help="longest user turn, tokens")
     parser.add_argument("--pass-rows", type=int, default=None, help="pairs in the log-prob pass (default 64)")
-    parser.add_argument("--peak-tflops", type=float, default=None, help="device peak for MFU (H100 bf16: 989)")
+    parser.add_argument("--only", default=None, help="comma-separated contender keys to run (default: all)")
     parser.add_argument("--worker", help=argparse.SUPPRESS)
     parser.add_argument("--settings", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
@@ -359,30 +420,33 @@ def main(argv: list[str] | None = None) -> None:
         "device": args.device, "size": args.size or ("quick" if quick else "23m"),
         "batch_size": args.batch_size or (4 if quick else 8), "steps": args.steps or (3 if quick else 4),
         "min_len": args.min_len, "max_len": args.max_len or (256 if quick else 512), "max_length": 4096,
+        "prompt_min": args.prompt_min, "prompt_max": args.prompt_max,
     }
-    peak = args.peak_tflops or (989.0 if args.device == "cuda" else None)
+    peak = matmul_peak_flops(args.device)
     work = Path(tempfile.mkdtemp(prefix="bench_pref_"))
     tokenizer = build_tokenizer()
     pass_rows = args.pass_rows or (16 if quick else 64)
     rows = make_rows(tokenizer, max(pass_rows, settings["batch_size"] * settings["steps"]), settings["min_len"],
-                     settings["max_len"], seed=0)
+                     settings["max_len"], seed=0, prompt_range=(args.prompt_min, args.prompt_max))
     (work / "rows.json").write_text(json.dumps(rows))
     params = save_model(tokenizer, settings["size"], work / "model")
     settings.update(work=str(work), model_dir=str(work / "model"), rows=str(work / "rows.json"),
                     ref_dir=str(work / "ref"), checkpointing=True)
-    print(f"workdir {work}; {len(rows)} pairs; model {params / 1e6:.1f}M params", flush=True)
+    print(f"workdir {work}; {len(rows)} pairs; model {params / 1e6:.1f}M params; "
+          f"matmul peak {peak / 1e9:.1f} GFLOP/s", flush=True)
+    wanted = set(args.only.split(",")) if args.only else None
     results: dict[str, dict] = {}
-    for key, worker, extra in (("logps_align", "logps_align", {}), ("logps_trl", "logps_trl", {}),
-                               ("train_align_ckpt", "train_align", {"checkpointing": True}),
-                               ("train_align", "train_align", {"checkpointing": False}),
-                               ("train_trl", "train_trl", {})):
+    for key, worker, extra in CONTENDERS:
+        if wanted is not None and key not in wanted and key != "logps_align":  # training reads the pass's output
+            continue
         start = time.perf_counter()
         results[key] = run_worker(worker, {**settings, **extra})
         print(f"  {results[key]['name']}: {results[key]['tokens_per_s']:.0f} tokens/s "
               f"({time.perf_counter() - start:.0f} s wall)", flush=True)
     print()
-    print(report(results, settings, params, peak))
-    print(json.dumps(results))
+    if wanted is None:
+        print(report(results, settings, params, peak))
+    print(json.dumps({"matmul_peak_flops": peak, "params": params, "results": results}))
 
 
 if __name__ == "__main__":
