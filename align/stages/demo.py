@@ -9,7 +9,7 @@
    judge on a tiny model, so that path runs too.
 5. Quantile rewards and pairs, the offline reference log-probs.
 6. QRPO and DPO, each tuned with the same budget (``align.sweep``): a grid of
-   ``qrpo_betas`` / ``dpo_betas`` x ``learning_rates`` (3 x 2 each by default), every point
+   ``qrpo_betas`` / ``dpo_betas`` x ``learning_rates`` (4 x 2 each by default), every point
    trained from the same SFT model on the same pairs for ``steps`` steps of
    ``batch_pairs`` pairs, scored on the validation prompts (a greedy answer and
    ``validation_samples`` samples each, beside the SFT model), the point with the best

@@ -1,7 +1,7 @@
 """`align demo` end to end with the quick CI preset (fewer examples, prompts and steps).
 
 The preset checks that every stage runs, that QRPO and DPO are each tuned over a grid of
-the same size (3 betas x 2 learning rates, the defaults' grids, over 8 steps a point) and
+the same size (4 betas x 2 learning rates, the defaults' grids, over 8 steps a point) and
 chosen on validation prompts that are none of the held-out prompts, and that the report is
 complete and well formed; it is too small to show a reliable gain, so no test asserts one
 (nor any timing, nor which method wins). The statistics themselves are tested on fixed data
@@ -88,14 +88,14 @@ def test_report_describes_the_pairs(demo_report):
 def test_both_methods_are_tuned_on_grids_of_the_same_size_and_chosen_by_validation(demo_report):
     out, report, _ = demo_report
     grids = report["grids"]
-    assert grids == {"qrpo": {"beta": [0.25, 1.0, 4.0], "learning_rate": [3e-05, 1e-04]},
-                     "dpo": {"beta": [1.0, 4.0, 16.0], "learning_rate": [3e-05, 1e-04]}}
+    assert grids == {"qrpo": {"beta": [0.25, 1.0, 4.0, 16.0], "learning_rate": [3e-05, 1e-04]},
+                     "dpo": {"beta": [1.0, 4.0, 16.0, 64.0], "learning_rate": [3e-05, 1e-04]}}
     assert report["tuning"] == {"metric": "reward_sampled", "steps_per_point": 8, "batch_pairs": 16,
-                                "points_per_method": {"qrpo": 6, "dpo": 6}}
+                                "points_per_method": {"qrpo": 8, "dpo": 8}}
     for name in ("qrpo", "dpo"):
         sweep = report["sweeps"][name]
         assert sweep == json.loads((out / name / "sweep.json").read_text())
-        assert len(sweep["points"]) == 6 and {p["steps"] for p in sweep["points"]} == {8}
+        assert len(sweep["points"]) == 8 and {p["steps"] for p in sweep["points"]} == {8}
         assert all(p["settings"]["beta"] in grids[name]["beta"] for p in sweep["points"])
         scores = [p["score"] for p in sweep["points"]]
         assert None not in scores and sweep["chosen"]["score"] == max(scores)
