@@ -27,6 +27,7 @@ from typing import Any
 
 from align.io import stage_completion_info
 from align.manifests import build_manifest, dir_key, explain, recorded_manifest
+from align.slurm.scripts import array_spec
 from align.stages.pipeline import Config as PipelineConfig
 
 _SHARD = re.compile(r"^shard-(\d{5})-of-(\d{5})\.jsonl$")
@@ -36,18 +37,6 @@ _DONE = re.compile(r"^shard-(\d{5})-of-(\d{5})\.done\.json$")
 @dataclass
 class Config(PipelineConfig):
     """The pipeline recipe whose stages to report (``align pipeline``'s keys)."""
-
-
-def _ranges(indices: list[int]) -> str:
-    """``[0, 1, 2, 5]`` -> ``0-2,5``."""
-    parts, start = [], None
-    for i, value in enumerate(indices):
-        if start is None:
-            start = value
-        if i + 1 == len(indices) or indices[i + 1] != value + 1:
-            parts.append(str(start) if start == value else f"{start}-{value}")
-            start = None
-    return ",".join(parts)
 
 
 def missing_shards(output_dir: Path) -> tuple[int, list[int]] | None:
@@ -68,9 +57,9 @@ def _progress(output_dir: Path, config: Any, name: str = "") -> str:
     if shards:
         total, missing = shards
         # a SLURM array of the missing shards; NUM_SHARDS, since a resubmitted array alone cannot tell the count
-        array = (f"; as a SLURM array: NUM_SHARDS={total} STAGE={name} sbatch --array={_ranges(missing)} "
+        array = (f"; as a SLURM array: NUM_SHARDS={total} STAGE={name} sbatch --array={array_spec(missing)} "
                  "recipes/slurm/annotate_array.sbatch RECIPE") if name in ("sample", "annotate", "evaluate") else ""
-        return (f"{total - len(missing)} of {total} shards done; shards {_ranges(missing)} are missing: rerun each "
+        return (f"{total - len(missing)} of {total} shards done; shards {array_spec(missing)} are missing: rerun each "
                 f"with shard_index=K num_shards={total} (a job per shard){array}"
                 ) if missing else f"all {total} shards done, not yet marked complete"
     checkpoints = sorted(int(n.split("-")[1]) for n in names if re.fullmatch(r"checkpoint-\d+", n))

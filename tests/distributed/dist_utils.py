@@ -10,6 +10,8 @@ check that those parse and work.
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
 import os
 import subprocess
@@ -17,6 +19,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import torch
 import yaml
 from ports import accelerate_launch, torchrun
 
@@ -147,3 +150,20 @@ def assert_weights_close(got: dict[str, Any], want: dict[str, Any], atol: float)
     assert set(got) == set(want)
     for name, value in want.items():
         torch.testing.assert_close(got[name], value, rtol=0, atol=atol, msg=name)
+
+
+def run_cli(args: list) -> str:
+    """`align ARGS` in this process, one torch thread; what it printed (a failure raises)."""
+    from align.cli import main
+
+    buffer, threads = io.StringIO(), torch.get_num_threads()
+    os.environ["ALIGN_TRACEBACK"] = "1"
+    torch.set_num_threads(1)
+    try:
+        with contextlib.redirect_stdout(buffer):
+            rc = main([str(a) for a in args])
+    finally:
+        torch.set_num_threads(threads)
+        os.environ.pop("ALIGN_TRACEBACK", None)
+    assert rc == 0, f"align {' '.join(map(str, args))} exited {rc}:\n{buffer.getvalue()}"
+    return buffer.getvalue()

@@ -6,36 +6,17 @@ The 2-rank ZeRO-3 runs are in test_zero3_sharded.py.
 
 from __future__ import annotations
 
-import contextlib
-import io
 import json
-import os
 from pathlib import Path
 
 import pytest
 import torch
+from dist_utils import run_cli
 
 from align.errors import ConfigError, InputError
 
 REPO = Path(__file__).resolve().parents[2]
 TINY = REPO / "recipes" / "tiny"
-
-
-def run_cli(args: list) -> str:
-    """`align ARGS` in this process, one torch thread; what it printed (a failure raises)."""
-    from align.cli import main
-
-    buffer, threads = io.StringIO(), torch.get_num_threads()
-    os.environ["ALIGN_TRACEBACK"] = "1"
-    torch.set_num_threads(1)
-    try:
-        with contextlib.redirect_stdout(buffer):
-            rc = main([str(a) for a in args])
-    finally:
-        torch.set_num_threads(threads)
-        os.environ.pop("ALIGN_TRACEBACK", None)
-    assert rc == 0, f"align {' '.join(map(str, args))} exited {rc}:\n{buffer.getvalue()}"
-    return buffer.getvalue()
 
 
 def test_an_unknown_layout_is_refused_naming_the_key():

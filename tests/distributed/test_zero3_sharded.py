@@ -20,14 +20,11 @@ manifest, the same KL job fingerprint, the trained weights within 1e-5.
 
 from __future__ import annotations
 
-import contextlib
-import io
 import json
-import os
 
 import pytest
 import torch
-from dist_utils import assert_weights_close, deepspeed_command, load_weights, run
+from dist_utils import assert_weights_close, deepspeed_command, load_weights, run, run_cli
 
 pytestmark = pytest.mark.distributed
 
@@ -35,23 +32,6 @@ REPO = __import__("pathlib").Path(__file__).resolve().parents[2]
 TINY = REPO / "recipes" / "tiny"
 RECIPE = TINY / "pipeline.yaml"
 DATE = "2026-01-01"
-
-
-def run_cli(args: list) -> str:
-    """`align ARGS` in this process, one torch thread; what it printed (a failure raises)."""
-    from align.cli import main
-
-    buffer, threads = io.StringIO(), torch.get_num_threads()
-    os.environ["ALIGN_TRACEBACK"] = "1"
-    torch.set_num_threads(1)
-    try:
-        with contextlib.redirect_stdout(buffer):
-            rc = main([str(a) for a in args])
-    finally:
-        torch.set_num_threads(threads)
-        os.environ.pop("ALIGN_TRACEBACK", None)
-    assert rc == 0, f"align {' '.join(map(str, args))} exited {rc}:\n{buffer.getvalue()}"
-    return buffer.getvalue()
 
 
 def pair_rows() -> list[dict]:
