@@ -24,7 +24,7 @@ def stage_of(name: str) -> str:
     stem = name.removesuffix(".yaml")
     fixed = {"sft": "sft", "qrpo": "train", "dpo": "train", "logprobs": "logprobs", "pairs": "pairs",
              "pipeline": "pipeline", "rounds": "pipeline", "decontaminate": "decontaminate", "judge_validate": "judge-validate",
-             "evaluate": "evaluate"}
+             "evaluate": "evaluate", "sweep": "sweep"}
     if stem in fixed:
         return fixed[stem]
     for prefix in ("sample", "annotate"):
