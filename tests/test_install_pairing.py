@@ -185,7 +185,10 @@ def resolve(args: list[str], workdir: Path) -> dict[str, str]:
     report = workdir / "report.json"
     cmd = [sys.executable, "-m", "pip", "install", *args, "--dry-run", "--ignore-installed", "--quiet",
            "--report", str(report)]
-    env = {**os.environ, "PIP_DISABLE_PIP_VERSION_CHECK": "1", "PIP_NO_INPUT": "1"}
+    # a dependency's build (metadata of an sdist with a Rust extension) may call rustup, which
+    # writes its settings under RUSTUP_HOME (default ~/.rustup): keep them in the work directory
+    env = {**os.environ, "PIP_DISABLE_PIP_VERSION_CHECK": "1", "PIP_NO_INPUT": "1",
+           "RUSTUP_HOME": str(workdir / "rustup"), "CARGO_HOME": str(workdir / "cargo")}
     try:
         done = subprocess.run(cmd, check=False, cwd=src, env=env, capture_output=True, text=True,
                               timeout=PIP_TIMEOUT_S)
