@@ -13,16 +13,13 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
-import os
 import shutil
 import signal
-import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
-from kill_points import KILL_SEED_ENV, kill_rng
+from kill_points import KILL_SEED_ENV, complete_lines, kill_once_written, kill_rng
 from stage_helpers import RECIPES, TINY_DATA, make_workspace, run_cli, subprocess_env
 
 import align
@@ -292,11 +289,6 @@ def read_records_by_id(workspace: Path, where: str) -> dict[str, list]:
     return {r["id"]: r["completions"] for r in read_records(workspace / ROOT / where)}
 
 
-def _complete_lines(path: Path) -> bytes:
-    data = path.read_bytes() if path.exists() else b""
-    return data[: data.rfind(b"\n") + 1]
-
-
 @pytest.mark.slow
 def test_a_kill_in_round_two_resumes_in_round_two(two_rounds, tmp_path):
     """SIGKILL while round 2 samples (after a seeded number of prompts), then the same command again."""
@@ -310,20 +302,9 @@ def test_a_kill_in_round_two_resumes_in_round_two(two_rounds, tmp_path):
     after = rng.randint(1, len(PROMPT_IDS) // 2)
     replay = f"(kill seed {seed}, aimed after {after} prompts; replay: {KILL_SEED_ENV}={seed})"
     log = tmp_path / "first.log"
-    with log.open("w") as stream:
-        first = subprocess.Popen(command, cwd=ws, env=subprocess_env(), stdout=stream, stderr=subprocess.STDOUT,
-                                 start_new_session=True)
-        try:
-            deadline = time.monotonic() + 240
-            while first.poll() is None and time.monotonic() < deadline:
-                if _complete_lines(shard).count(b"\n") >= after:
-                    break
-                time.sleep(0.005)
-            os.killpg(first.pid, signal.SIGKILL)
-        finally:
-            first.wait(timeout=60)
-    assert first.returncode == -signal.SIGKILL, f"{replay}\n{log.read_text()[-3000:]}"
-    written = _complete_lines(shard)
+    returncode = kill_once_written(command, shard, after, log, env=subprocess_env(), deadline_s=240, cwd=ws)
+    assert returncode == -signal.SIGKILL, f"{replay}\n{log.read_text()[-3000:]}"
+    written = complete_lines(shard)
     assert after <= written.count(b"\n") < len(PROMPT_IDS), f"the kill should land inside round 2's sampling {replay}"
     assert not (shard.parent / STAGE_COMPLETE_MARKER).exists()
 

@@ -12,15 +12,13 @@ gives the kill many points to land between and the same batches either way.
 
 from __future__ import annotations
 
-import os
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
-from kill_points import KILL_SEED_ENV, kill_rng
+from kill_points import KILL_SEED_ENV, complete_lines, kill_once_written, kill_rng
 from stage_helpers import TINY_DATA, TINY_RECIPE, run_cli, subprocess_env
 
 from align.io import STAGE_COMPLETE_MARKER, read_records, stage_completion_info
@@ -28,11 +26,6 @@ from align.io import STAGE_COMPLETE_MARKER, read_records, stage_completion_info
 pytestmark = pytest.mark.slow
 
 SHARD = "shard-00000-of-00001.jsonl"
-
-
-def _complete_lines(path: Path) -> bytes:
-    data = path.read_bytes() if path.exists() else b""
-    return data[: data.rfind(b"\n") + 1]
 
 
 def kill_and_resume(stage_args: list[str], out: Path, total: int, log: Path, seed: int) -> tuple[bytes, str]:
@@ -46,20 +39,9 @@ def kill_and_resume(stage_args: list[str], out: Path, total: int, log: Path, see
     after = rng.randint(1, max(1, total // 2))
     print(f"[kill points] align {stage_args[0]}: SIGKILL once {after} of {total} rows are written", flush=True)
     replay = f"(kill seed {seed}, aimed after {after} rows; replay: {KILL_SEED_ENV}={seed})"
-    with log.open("w") as stream:
-        first = subprocess.Popen(command, env=subprocess_env(), stdout=stream, stderr=subprocess.STDOUT,
-                                 start_new_session=True)
-        try:
-            deadline = time.monotonic() + 300
-            while first.poll() is None and time.monotonic() < deadline:
-                if _complete_lines(shard).count(b"\n") >= after:
-                    break
-                time.sleep(0.005)
-            os.killpg(first.pid, signal.SIGKILL)
-        finally:
-            first.wait(timeout=60)
-    assert first.returncode == -signal.SIGKILL, f"{replay}\n{log.read_text()[-3000:]}"
-    written = _complete_lines(shard)
+    returncode = kill_once_written(command, shard, after, log, env=subprocess_env(), deadline_s=300)
+    assert returncode == -signal.SIGKILL, f"{replay}\n{log.read_text()[-3000:]}"
+    written = complete_lines(shard)
     lines = written.count(b"\n")
     print(f"[kill points] align {stage_args[0]}: killed with {lines} rows written", flush=True)
     assert after <= lines < total, f"the kill should land mid-stage, it came after {lines} of {total} rows {replay}"
