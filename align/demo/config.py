@@ -74,6 +74,10 @@ class DemoConfig:
         "help": "what chooses each method's point on the validation prompts (align.sweep.METRICS)"})
     validation_samples: int = field(default=4, metadata={
         "help": "samples per validation prompt (T=1) when a grid point is scored, besides its greedy answer"})
+    rounds: int = field(default=1, metadata={
+        "help": "rounds of sampling, rewards and training: round k >= 2 samples from each method's round k-1 "
+                "policy and trains it again with round 1's chosen beta and learning rate (reference: the round "
+                "k-1 policy); the evaluation compares each round with the one before"})
     num_judge_prompts: int = field(default=4, metadata={"help": "prompts scored by the tiny judge (path check)"})
     threads: int | None = field(default=None, metadata={"help": "torch threads (default: all cores)"})
 
@@ -93,6 +97,8 @@ class DemoConfig:
         if len(self.qrpo_betas) != len(self.dpo_betas):
             raise ConfigError(f"dpo_betas: {len(self.dpo_betas)} values against {len(self.qrpo_betas)} in qrpo_betas; "
                               "a fair comparison gives both methods grids of the same size")
+        if self.rounds < 1:
+            raise ConfigError(f"rounds: at least 1, got {self.rounds}")
         if self.steps < 1 or self.batch_pairs < 1:
             raise ConfigError("steps, batch_pairs: at least 1")
         for key in ("qrpo_betas", "dpo_betas", "learning_rates"):

@@ -4,10 +4,14 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from align.config import to_dict
 from align.errors import InputError
 from align.io import write_json
+
+if TYPE_CHECKING:
+    from align.demo.config import DemoConfig
 
 # What a demo run writes under output_dir (listed in its manifest); a new run removes these first.
 RUN_OUTPUTS = ("data", "sft", "sample", "annotate", "pairs", "logprobs", "qrpo", "dpo", "evaluate",
@@ -59,9 +63,12 @@ def clear_previous_run(out: Path) -> None:
     manifest.unlink()
 
 
-def claim_output_dir(out: Path, config: object) -> None:
+def claim_output_dir(out: Path, config: DemoConfig) -> None:
     """Remove the earlier demo run (as its manifest lists it) and record this run's manifest."""
     clear_previous_run(out)
     out.mkdir(parents=True, exist_ok=True)
-    write_json(out / DEMO_MANIFEST, {"written_by": "align demo", "outputs": list(RUN_OUTPUTS),
+    from align.demo.rounds import round_dirs
+
+    outputs = list(RUN_OUTPUTS) + round_dirs(config.rounds)
+    write_json(out / DEMO_MANIFEST, {"written_by": "align demo", "outputs": outputs,
                                      "settings": to_dict(config)})

@@ -19,19 +19,24 @@ def _ci(interval: Mapping[str, Any] | None, scale: float = 100.0, signed: bool =
 
 
 def summary_table(accuracy: Mapping[str, Mapping[str, Any]], gains: Mapping[str, Mapping[str, Any]],
-                  head_to_head: Mapping[str, Any] | None = None, chosen: Mapping[str, str] | None = None) -> str:
+                  head_to_head: Mapping[str, Any] | None = None, chosen: Mapping[str, str] | None = None,
+                  rounds: Mapping[str, list[Mapping[str, Any]]] | None = None) -> str:
     """Held-out accuracy per policy and its change against SFT, in points, with 95% intervals;
-    then QRPO against DPO (``head_to_head``: the paired differences, sampled and greedy) and the
-    settings each was chosen with."""
-    header = f"{'policy':<8}{'sampled accuracy (T=1)':>26}{'greedy accuracy':>24}{'sampled gain vs SFT':>26}"
+    then QRPO against DPO (``head_to_head``: the paired differences, sampled and greedy), each
+    later round against the round before (``rounds``), and the settings each was chosen with."""
+    width = max([8] + [len(name) + 2 for name in accuracy])
+    header = f"{'policy':<{width}}{'sampled accuracy (T=1)':>26}{'greedy accuracy':>24}{'sampled gain vs SFT':>26}"
     lines = [header, "-" * len(header)]
     for name, values in accuracy.items():
         gain = gains.get(name, {}).get("sampled")
-        lines.append(f"{name.upper():<8}{_ci(values['sampled']):>26}{_ci(values['greedy']):>24}"
+        lines.append(f"{name.upper():<{width}}{_ci(values['sampled']):>26}{_ci(values['greedy']):>24}"
                      f"{_ci(gain, signed=True) if gain else '(baseline)':>26}")
-    if head_to_head:
-        lines.append(f"{'QRPO - DPO':<12}{_ci(head_to_head.get('sampled'), signed=True):>22}"
-                     f"{_ci(head_to_head.get('greedy'), signed=True):>24}")
+    differences = [("QRPO - DPO", head_to_head)] if head_to_head else []
+    for method, later in (rounds or {}).items():
+        differences += [(f"{method.upper()} round {r['round']} - {r['round'] - 1}", r) for r in later]
+    for label, difference in differences:
+        lines.append(f"{label:<{width + 4}}{_ci(difference.get('sampled'), signed=True):>22}"
+                     f"{_ci(difference.get('greedy'), signed=True):>24}")
     lines.append("accuracy in % of held-out prompts (answers), [95% bootstrap interval over prompts]")
     for name, label in (chosen or {}).items():
         lines.append(f"{name.upper()}: {label}, chosen on the validation prompts")
@@ -130,6 +135,8 @@ def build_report(state: Any, *, total_seconds: float) -> dict[str, Any]:
         "skipped_prompts": len(state.skips),
         "skip_reasons": count_reasons(s["reason"] for s in state.skips),
         "steps": {name: result.chosen.steps for name, result in sweeps.items()},
+        "rounds": config.rounds,
+        "later_rounds": later_rounds(state),
         "judge": state.judge_summary,
         "seconds": state.seconds,
         "total_seconds": total_seconds,
@@ -139,15 +146,26 @@ def build_report(state: Any, *, total_seconds: float) -> dict[str, Any]:
     }
 
 
+def later_rounds(state: Any) -> dict[str, list[dict[str, Any]]]:
+    """Each method's rounds 2..K: pairs, settings, validation score, and on the held-out prompts the
+    paired difference against the round before (``sampled``, ``greedy``)."""
+    compared = state.round_comparisons
+    return {method: [{**r.as_json(), **compared[method][i]} for i, r in enumerate(later)]
+            for method, later in state.rounds.items()}
+
+
 def print_summary(state: Any, report: dict[str, Any]) -> None:
     """The table, each policy's verdict, and where the files are."""
     out = state.out
     print()
     chosen = {name: result.chosen.label for name, result in state.sweeps.items()}
-    print(summary_table(report["accuracy"], report["gains"], report["qrpo_vs_dpo"], chosen))
+    print(summary_table(report["accuracy"], report["gains"], report["qrpo_vs_dpo"], chosen, report["later_rounds"]))
     for name, gain in report["gains"].items():
         print(f"{name.upper()}: {gain['verdicts'][0]}")
     print(f"QRPO against DPO: {report['qrpo_vs_dpo']['verdicts'][0]}")
+    for later in report["later_rounds"].values():
+        for r in later:
+            print(f"Round {r['round']} against round {r['round'] - 1}: {r['verdicts'][0]}")
     print(f"({report['pairs']} pairs from {report['prompts']} prompts, {report['pair_fallbacks']} of them fallbacks; "
           f"SFT stopped at step {report['sft_steps']}; {report['total_seconds']} s in all.)")
     print(f"Report: {out / 'report.json'}, {out / 'evaluate' / 'report.md'}, {out / 'qrpo' / 'sweep.md'}, "

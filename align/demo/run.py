@@ -16,6 +16,7 @@ from typing import Any
 
 from align.demo.config import DATE, GENERATE_BATCH, MAX_LENGTH, SFT_MAX_LENGTH, DemoConfig
 from align.demo.output import check_demo_output_dir, claim_output_dir
+from align.demo.parts import demo_reward, encodable_pairs, preference_config
 from align.errors import ConfigError
 
 
@@ -40,6 +41,8 @@ class DemoState:
     sweeps: dict[str, Any] = field(default_factory=dict)  # "qrpo" / "dpo" -> its align.sweep.SweepResult
     evaluation: dict[str, Any] = field(default_factory=dict)
     head_to_head: dict[str, Any] = field(default_factory=dict)  # QRPO against DPO on the held-out prompts
+    rounds: dict[str, list] = field(default_factory=dict)  # "qrpo" / "dpo" -> its later rounds (align.demo.rounds)
+    round_comparisons: dict[str, list] = field(default_factory=dict)  # each later round against the one before
 
 
 # --------------------------------------------------------------------------- checks during training
@@ -147,7 +150,7 @@ def reward_answers(state: DemoState) -> None:
     from align.io import read_output
     from rewards.annotate import annotate
 
-    annotate(read_output(state.out / "sample"), _reward(), state.out / "annotate", batch_size=GENERATE_BATCH)
+    annotate(read_output(state.out / "sample"), demo_reward(), state.out / "annotate", batch_size=GENERATE_BATCH)
     state.annotated = read_output(state.out / "annotate")
 
 
@@ -184,7 +187,7 @@ def select_pairs(state: DemoState) -> None:
     from align.io import write_jsonl
 
     pairs, state.skips = make_pairs(state.annotated, seed=state.config.seed, num_ref_rewards=state.config.n)
-    state.pairs = _encodable(pairs, state.tokenizer, state.skips)
+    state.pairs = encodable_pairs(pairs, state.tokenizer, state.skips)
     write_jsonl(state.out / "pairs" / "pairs.jsonl", state.pairs)
     write_jsonl(state.out / "pairs" / "skipped.jsonl", state.skips)
     if not state.pairs:
@@ -212,33 +215,37 @@ def tune(state: DemoState, loss_type: str) -> None:
     from align.sweep.run import run_sweep
 
     config = state.config
-    result = run_sweep(_preference_config(config, state.out, loss_type), state.train_rows, state.splits["validation"],
-                       _reward(), config.sweep_settings(loss_type), model=state.sft.model, tokenizer=state.tokenizer)
+    result = run_sweep(preference_config(config, state.out / loss_type, loss_type), state.train_rows, state.splits["validation"],
+                       demo_reward(), config.sweep_settings(loss_type), model=state.sft.model, tokenizer=state.tokenizer)
     if result.chosen is None:
         raise RuntimeError(f"{loss_type}: no point of the grid could be scored on the validation prompts")
     state.sweeps[loss_type] = result
 
 
 def evaluate_policies(state: DemoState) -> None:
-    """SFT and each method's chosen point on the held-out prompts with ``align.evaluate``, and
-    QRPO against DPO on the same prompts and samples (a paired comparison)."""
+    """SFT, each method's chosen point (and its later rounds) on the held-out prompts with
+    ``align.evaluate``; QRPO against DPO, and each round against the one before, on the same
+    prompts and samples (paired comparisons)."""
+    from align.demo.rounds import round_comparisons, round_policies
     from align.eval.evaluate import EvalPolicy, EvalSettings, evaluate
     from align.eval.summary import comparison_summary
     from align.io import read_records
     from align.sampling.hf import TransformersSampler
 
     config = state.config
+    trained = [(name, result.chosen.model_dir) for name, result in state.sweeps.items()] + round_policies(state)
     policies = [EvalPolicy("sft", sampler=state.sampler)] + [
-        EvalPolicy(name, sampler=lambda path=result.chosen.model_dir, name=name: TransformersSampler(
+        EvalPolicy(name, sampler=lambda path=path, name=name: TransformersSampler(
             path, state.tokenizer, chat_format="apertus", batch_size=GENERATE_BATCH, chat_date=DATE,
             model_name=f"demo-{name}"))
-        for name, result in state.sweeps.items()]
+        for name, path in trained]
     settings = EvalSettings(greedy=True, n=config.n, temperature=1.0, max_tokens=config.max_tokens,
                             seed=config.seed + 1, batch_size=GENERATE_BATCH, kl_batch_size=512)
-    state.evaluation = evaluate(state.splits["held_out"], policies, _reward(), state.out / "evaluate",
+    state.evaluation = evaluate(state.splits["held_out"], policies, demo_reward(), state.out / "evaluate",
                                 baseline="sft", settings=settings, source="held-out prompts")
     rows = read_records(state.out / "evaluate" / "eval.jsonl")
     state.head_to_head = comparison_summary(rows, "qrpo", "dpo", settings)
+    state.round_comparisons = round_comparisons(state, rows, settings)
 
 
 # The steps, in order, with the names the demo prints and reports timings under.
@@ -256,6 +263,14 @@ STEPS: tuple[tuple[str, Callable[[DemoState], None]], ...] = (
 )
 
 
+def demo_steps(config: DemoConfig) -> list[tuple[str, Callable[[DemoState], None]]]:
+    """The steps of a run: round 1 (``STEPS`` up to the evaluation), each later round, then the evaluation."""
+    from align.demo.rounds import run_round
+
+    later = [(f"round {k}", lambda state, k=k: run_round(state, k)) for k in range(2, config.rounds + 1)]
+    return list(STEPS[:-1]) + later + [STEPS[-1]]
+
+
 def run_demo(config: DemoConfig) -> dict[str, Any]:
     """Check the output directory, run the steps in order, write the report and the figure."""
     import torch
@@ -266,7 +281,7 @@ def run_demo(config: DemoConfig) -> dict[str, Any]:
     state = DemoState(config=config, out=Path(config.output_dir))
     check_demo_output_dir(state.out)  # before anything is made or removed
     started = time.time()
-    for name, step in STEPS:
+    for name, step in demo_steps(config):
         print(f"[align demo] {name} ...", flush=True)
         begun = time.time()
         step(state)
@@ -277,48 +292,3 @@ def run_demo(config: DemoConfig) -> dict[str, Any]:
     write_report(state.out, report)
     print_summary(state, report)
     return report
-
-
-# --------------------------------------------------------------------------- small parts
-
-
-def _reward() -> Any:
-    """The demo's reward: the sorted digits exactly (``0123`` is not ``00123``), as the task says."""
-    from rewards.verifiable import VerifiableReward
-
-    return VerifiableReward(match="exact")
-
-
-def _preference_config(config: DemoConfig, out: Path, loss_type: str) -> Any:
-    """What every point of both grids shares: all but the loss (and the grid's beta and learning rate)."""
-    from align.trainers.preference_config import PreferenceConfig
-
-    grid = config.grid(loss_type)
-    return PreferenceConfig(
-        output_dir=str(out / loss_type), loss_type=loss_type, length_normalize=True, num_ref_rewards=config.n,
-        beta=grid["beta"][0], learning_rate=grid["learning_rate"][0], max_steps=config.steps,
-        chat_format="apertus", chat_date=DATE, max_length=MAX_LENGTH,
-        per_device_train_batch_size=config.batch_pairs, lr_scheduler_type="constant", optimizer="adamw",
-        weight_decay=0.0, max_grad_norm=1.0, logging_steps=8, save_strategy="no", report_to=[], use_cpu=True,
-        bf16=False, seed=config.seed, data_seed=config.seed, disable_tqdm=True, dataloader_num_workers=0,
-    )
-
-
-def _encodable(pairs: list[dict], tokenizer: Any, skips: list[dict]) -> list[dict]:
-    """Pairs whose completions the trainer can tokenize; the others become recorded skips.
-
-    A tiny model early in SFT sometimes samples the text of a format token (e.g.
-    ``<|system_end|>``), which cannot be trained on as a completion.
-    """
-    from align.data.records import RecordError
-    from align.scoring import encode_record
-
-    kept = []
-    for pair in pairs:
-        try:
-            encode_record(tokenizer, pair, chat_format="apertus", max_length=MAX_LENGTH, chat_date=DATE)
-        except RecordError as error:
-            skips.append({"id": pair["id"], "reason": f"unencodable: {error}"})
-            continue
-        kept.append(pair)
-    return kept

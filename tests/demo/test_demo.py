@@ -1,11 +1,12 @@
-"""`align demo` end to end with the quick CI preset (fewer examples, prompts and steps).
+"""`align demo` end to end with the quick CI preset (fewer examples, prompts and steps), in two rounds.
 
 The preset checks that every stage runs, that QRPO and DPO are each tuned over a grid of
 the same size (4 betas x 2 learning rates, the defaults' grids, over 8 steps a point) and
 chosen on validation prompts that are none of the held-out prompts, and that the report is
 complete and well formed; it is too small to show a reliable gain, so no test asserts one
 (nor any timing, nor which method wins). The statistics themselves are tested on fixed data
-in tests/eval/, the sweep on the tiny model in tests/test_sweep.py."""
+in tests/eval/, the sweep on the tiny model in tests/test_sweep.py. One run with ``rounds=2``
+covers round 1 (the default demo) and a later round."""
 
 from __future__ import annotations
 
@@ -17,13 +18,16 @@ from pathlib import Path
 
 import pytest
 
+# The trained policies the held-out evaluation compares with SFT: round 1's chosen points and round 2's.
+POLICIES = ("qrpo", "dpo", "qrpo-round-2", "dpo-round-2")
+
 
 @pytest.fixture(scope="module")
 def demo_report(tmp_path_factory) -> tuple[Path, dict, str]:
     out = tmp_path_factory.mktemp("demo")
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     proc = subprocess.run(
-        [sys.executable, "-m", "align", "demo", "preset=ci", f"output_dir={out}"],
+        [sys.executable, "-m", "align", "demo", "preset=ci", "rounds=2", f"output_dir={out}"],
         capture_output=True, text=True, env=env, timeout=1500, check=False,
     )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
@@ -38,11 +42,11 @@ def _interval(value: dict) -> None:
 def test_demo_runs_every_stage_and_reports_numbers(demo_report):
     out, report, stdout = demo_report
     for stage in ("SFT", "sample references", "annotate (verifiable reward)", "judge (tiny model, path check)",
-                  "pairs", "reference log-probs", "QRPO sweep", "DPO sweep", "evaluate (align.evaluate)"):
+                  "pairs", "reference log-probs", "QRPO sweep", "DPO sweep", "round 2", "evaluate (align.evaluate)"):
         assert stage in report["seconds"], stage
     assert report["pairs"] > 0 and report["sft_steps"] > 0 and report["steps"] == {"qrpo": 8, "dpo": 8}
     assert report["judge"]["scored"] > 0
-    assert set(report["accuracy"]) == {"sft", "qrpo", "dpo"} and set(report["gains"]) == {"qrpo", "dpo"}
+    assert set(report["accuracy"]) == {"sft", *POLICIES} and set(report["gains"]) == set(POLICIES)
     for name, values in report["accuracy"].items():
         for kind in ("sampled", "greedy"):
             _interval(values[kind])
@@ -70,7 +74,7 @@ def test_demo_writes_the_evaluation_and_readable_plots(demo_report):
     for name in ("eval.jsonl", "report.json", "report.md"):
         assert (out / "evaluate" / name).stat().st_size > 0
     rows = [json.loads(line) for line in (out / "evaluate" / "eval.jsonl").read_text().splitlines()]
-    assert len(rows) == 100 and set(rows[0]["policies"]) == {"sft", "qrpo", "dpo"}
+    assert len(rows) == 100 and set(rows[0]["policies"]) == {"sft", *POLICIES}
     assert len(report["plots"]) == 5 and "validation_grid.png" in report["plots"]
     for name in report["plots"]:
         data = (out / name).read_bytes()
@@ -123,3 +127,30 @@ def test_points_are_chosen_on_validation_prompts_and_none_of_them_is_held_out(de
             assert scored == validation_ids, point["name"]
     evaluated = {json.loads(line)["id"] for line in (out / "evaluate" / "eval.jsonl").read_text().splitlines()}
     assert evaluated == held_out_ids
+
+
+def test_round_two_starts_from_round_one_and_is_compared_with_it(demo_report):
+    out, report, stdout = demo_report
+    assert report["rounds"] == 2 and set(report["later_rounds"]) == {"qrpo", "dpo"}
+    for method in ("qrpo", "dpo"):
+        (later,) = report["later_rounds"][method]
+        assert later["round"] == 2 and later["against"] == method
+        assert later["start"] == report["sweeps"][method]["chosen"]["model_dir"]  # π_1: round 1's chosen point
+        assert later["trained"] and later["settings"] == report["chosen"][method] and later["steps"] == 8
+        assert later["policy"] == str(out / "round-2" / method / "train" / "points" /
+                                      report["sweeps"][method]["chosen"]["name"])
+        pairs = [json.loads(line) for line in (out / "round-2" / method / "pairs" / "pairs.jsonl").read_text()
+                 .splitlines()]
+        assert len(pairs) == later["pairs"] > 0
+        prompts = {json.loads(line)["id"] for line in (out / "data" / "prompts.jsonl").read_text().splitlines()}
+        assert {p["id"] for p in pairs} <= prompts  # the training prompts, none of the held-out ones
+        job = json.loads((out / "round-2" / method / "sample" / "_job.json").read_text())
+        assert job["model"] == f"demo-{method}" and job["n"] == report["config"]["n"]  # drawn from π_1
+        for kind in ("sampled", "greedy"):  # paired over the same prompts and samples
+            _interval(later[kind])
+            delta = (report["accuracy"][f"{method}-round-2"][kind]["estimate"]
+                     - report["accuracy"][method][kind]["estimate"])
+            assert later[kind]["estimate"] == pytest.approx(delta)
+        assert later["verdicts"][0].startswith(f"{method}-round-2 − {method}, mean sampled reward")
+        assert f"{method.upper()} round 2 - 1" in stdout
+    assert json.loads((out / "_demo.json").read_text())["outputs"][-1] == "round-2"
