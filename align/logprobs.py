@@ -68,6 +68,7 @@ from align.scoring import (
     completion_logps,
     count_truncated,
     encode_record,
+    mask_dtype_for,
     resolve_prefix_sharing,
     unwrap_model,
 )
@@ -392,7 +393,7 @@ def compute_ref_logprobs(
         pad_token_id=tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0,
         padding_free=padding_free,
         attn_implementation=attn,
-        mask_dtype=next(model.parameters()).dtype if attn == "eager" else None,
+        mask_dtype=mask_dtype_for(attn, next(model.parameters()).dtype),
         max_row_tokens=max_row_tokens,
         prefix_sharing=resolve_prefix_sharing(prefix_sharing, attn),
         attention_blocks=attn == BLOCK_ATTENTION,

@@ -11,7 +11,7 @@ log-probs in both (the test "padding-free equals padded" pins this):
   ``sdpa``/``eager``; with a KV cache the second sequence attends to the first):
 
   - ``sdpa``: 4D block-diagonal causal mask ``(rows, 1, L, L)``, boolean (True = attend)
-    or additive float;
+    or additive float (the trainers and the pass use additive masks, ``mask_dtype_for``);
   - ``eager``: 4D additive float mask only (0 / dtype-min); a boolean mask is wrong there;
   - ``flash_attention_*``: one row, no mask, ``position_ids`` plus the varlen kwargs
     ``cu_seq_lens_q/k`` and ``max_length_q/k``.
@@ -98,6 +98,17 @@ Sequences = Sequence[tuple[Sequence[int], Sequence[int]]]
 def takes_4d_mask(attn_implementation: str | None) -> bool:
     """Attention implementations that take the 4D masks of the packed and prefix-shared layouts."""
     return attn_implementation in ("sdpa", "eager", BLOCK_ATTENTION)
+
+
+def mask_dtype_for(attn_implementation: str | None, compute_dtype: torch.dtype) -> torch.dtype | None:
+    """The dtype the trainers and the log-prob pass give 4D masks: the compute dtype (an additive mask).
+
+    ``sdpa`` turns a boolean mask into an additive one of the query's dtype inside every
+    layer, and keeps each layer's copy for backward: measured on a 6-layer model, 8 rows of
+    1,244 tokens, 283 MiB of saved masks in one training step against 47 MiB for one
+    additive mask made here and shared by every layer (and no per-layer conversion).
+    """
+    return compute_dtype if takes_4d_mask(attn_implementation) else None
 
 
 def is_flash_attention(attn_implementation: str | None) -> bool:

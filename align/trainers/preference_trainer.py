@@ -39,6 +39,7 @@ from align.scoring import (
     PreferenceCollator,
     completion_logps,
     is_flash_attention,
+    mask_dtype_for,
     resolve_prefix_sharing,
     takes_4d_mask,
     unwrap_model,
@@ -154,9 +155,7 @@ class PreferenceTrainer(Trainer):
     def _build_collator(model: torch.nn.Module, tokenizer: Any, args: PreferenceConfig) -> PreferenceCollator:
         config = unwrap_model(model).config
         attn = getattr(config, "_attn_implementation", None) or "eager"
-        dtype = next(model.parameters()).dtype
-        if args.bf16 and attn == "eager":
-            dtype = torch.bfloat16
+        dtype = torch.bfloat16 if args.bf16 else torch.float16 if args.fp16 else next(model.parameters()).dtype
         if args.padding_free and not (takes_4d_mask(attn) or is_flash_attention(attn)):
             raise ConfigError(f"padding_free=True supports sdpa, eager and flash attention, the model uses "
                               f"{attn!r}: set padding_free=False or attn_implementation='sdpa'")
@@ -164,7 +163,7 @@ class PreferenceTrainer(Trainer):
             pad_token_id=tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0,
             padding_free=args.padding_free,
             attn_implementation=attn,
-            mask_dtype=dtype if attn == "eager" else None,
+            mask_dtype=mask_dtype_for(attn, dtype),
             max_row_tokens=args.max_row_tokens,
             pad_to_multiple_of=args.pad_to_multiple_of,
             prefix_sharing=resolve_prefix_sharing(args.prefix_sharing, attn),
