@@ -153,18 +153,70 @@ def tile_rows(vocab_size: int, tile_bytes: int = HEAD_TILE_BYTES) -> int:
     return max(1, tile_bytes // (4 * max(1, vocab_size)))
 
 
+class _TiledHeadLogps(torch.autograd.Function):
+    """Target log-probs through the LM head in tiles, with a backward written out by hand.
+
+    Forward keeps, per position, only the log-sum-exp of its logits. Backward rebuilds one
+    tile of logits at a time and turns it in place into the gradient of the log-probs with
+    respect to the logits, g · (onehot(target) − softmax), then projects it: the hidden
+    states' gradient (tile @ W) and the head's, accumulated into one buffer (addmm_).
+    Autograd through a checkpointed tile did the same products with several more passes
+    over each (rows × V) tile (log-softmax's backward, the gather's zero-filled gradient,
+    their sum) and a fresh (V × d) weight gradient per tile. Measured on 2 cores (4,800
+    positions, d 128, V 32,000, fp32): forward and backward 0.61 s against 1.05 s; the
+    results are identical, the weight gradient to float32 rounding (tests/test_logprobs.py).
+    """
+
+    @staticmethod
+    def forward(ctx: Any, hidden: Tensor, weight: Tensor, bias: Tensor | None, targets: Tensor, rows: int) -> Tensor:
+        inputs = hidden.to(weight.dtype)
+        out = torch.empty(inputs.shape[0], dtype=torch.float32, device=inputs.device)
+        lse = torch.empty_like(out)
+        for start in range(0, inputs.shape[0], rows):
+            end = start + rows
+            logits = torch.nn.functional.linear(inputs[start:end], weight, bias).float()
+            lse[start:end] = logits.logsumexp(-1)
+            out[start:end] = logits.gather(-1, targets[start:end, None]).squeeze(-1) - lse[start:end]
+        ctx.save_for_backward(hidden, weight, bias, targets, lse)
+        ctx.rows = rows
+        return out
+
+    @staticmethod
+    def backward(ctx: Any, grad_out: Tensor) -> tuple[Tensor | None, ...]:
+        hidden, weight, bias, targets, lse = ctx.saved_tensors
+        need_hidden, need_weight, need_bias = ctx.needs_input_grad[:3]
+        inputs, grad_out = hidden.to(weight.dtype), grad_out.float()
+        grad_hidden = torch.empty_like(hidden) if need_hidden else None
+        grad_weight = torch.zeros_like(weight) if need_weight else None
+        grad_bias = torch.zeros(weight.shape[0], dtype=torch.float32, device=weight.device) if need_bias else None
+        for start in range(0, inputs.shape[0], ctx.rows):
+            end = start + ctx.rows
+            g = grad_out[start:end]
+            tile = torch.nn.functional.linear(inputs[start:end], weight, bias).float()
+            tile.sub_(lse[start:end, None]).exp_().mul_(-g[:, None])  # -g · softmax
+            tile[torch.arange(tile.shape[0], device=tile.device), targets[start:end]] += g
+            projected = tile.to(weight.dtype)
+            if need_hidden:
+                grad_hidden[start:end] = projected @ weight
+            if need_weight:
+                grad_weight.addmm_(projected.T, inputs[start:end])
+            if need_bias:
+                grad_bias += tile.sum(0)
+        return grad_hidden, grad_weight, None if grad_bias is None else grad_bias.to(bias.dtype), None, None
+
+
 def tiled_token_logps(hidden: Tensor, head: torch.nn.Linear, targets: Tensor,
                       tile_bytes: int | None = None) -> Tensor:
     """Target log-probs (K,) from final hidden states (K, d), never holding all (K, V) logits.
 
     The head is applied to tiles of ``tile_rows(V, tile_bytes)`` positions; under autograd
-    each tile is recomputed in backward instead of stored, so memory is one tile, not K × V.
-    ``tile_bytes`` None: ``head_tile_bytes`` of the hidden states' device.
+    each tile is rebuilt in backward instead of stored (``_TiledHeadLogps``), so memory is
+    one tile, not K × V. ``tile_bytes`` None: ``head_tile_bytes`` of the hidden states' device.
     """
     rows = tile_rows(head.out_features, tile_bytes or head_tile_bytes(hidden.device))
-    recompute = hidden.shape[0] > rows and torch.is_grad_enabled() and (
-        hidden.requires_grad or head.weight.requires_grad)
-    return _map_tiles(_head_logps, (hidden, targets), (head.weight, head.bias), rows, recompute)
+    if torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (hidden, head.weight, head.bias)):
+        return _TiledHeadLogps.apply(hidden, head.weight, head.bias, targets, rows)
+    return _map_tiles(_head_logps, (hidden, targets), (head.weight, head.bias), rows, recompute=False)
 
 
 def model_logits(model: torch.nn.Module, inputs: Mapping[str, Any], keep: Tensor) -> Tensor:

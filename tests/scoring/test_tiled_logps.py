@@ -170,3 +170,71 @@ def test_values_and_gradients_do_not_depend_on_the_tile_size(deep_model, tile_ro
     tiles = run() if tile_rows is None else run(tile_bytes=tile_rows * head.out_features * 4)
     for a, b in zip(whole, tiles):
         torch.testing.assert_close(a, b)
+
+
+def _float64_reference(hidden, weight, bias, targets, upstream):
+    """log softmax(h Wᵀ + b)[target] and its gradients, in float64 through autograd (no tiles)."""
+    h, w = hidden.detach().double().requires_grad_(), weight.detach().double().requires_grad_()
+    b = None if bias is None else bias.detach().double().requires_grad_()
+    logits = h @ w.T + (0 if b is None else b)
+    logps = torch.log_softmax(logits, -1).gather(-1, targets[:, None]).squeeze(-1)
+    (logps * upstream.double()).sum().backward()
+    return logps.detach(), h.grad, w.grad, None if b is None else b.grad
+
+
+@pytest.mark.parametrize("bias", [False, True])
+@pytest.mark.parametrize("needs", ["both", "hidden only", "weight only"])
+def test_the_hand_written_backward_equals_float64_autograd(bias, needs):
+    torch.manual_seed(1)
+    head = torch.nn.Linear(24, 300, bias=bias)
+    hidden = torch.randn(50, 24) * 3
+    targets = torch.randint(0, 300, (50,))
+    upstream = torch.randn(50)
+    hidden.requires_grad_(needs != "weight only")
+    head.requires_grad_(needs != "hidden only")
+    out = tiled_token_logps(hidden, head, targets, tile_bytes=7 * 300 * 4)  # 8 tiles, the last of 1 row
+    (out * upstream).sum().backward()
+    logps, grad_hidden, grad_weight, grad_bias = _float64_reference(hidden, head.weight, head.bias, targets, upstream)
+    torch.testing.assert_close(out.double(), logps, rtol=1e-5, atol=1e-5)
+    if needs != "weight only":
+        torch.testing.assert_close(hidden.grad.double(), grad_hidden, rtol=1e-5, atol=1e-5)
+    else:
+        assert hidden.grad is None
+    if needs != "hidden only":
+        torch.testing.assert_close(head.weight.grad.double(), grad_weight, rtol=1e-5, atol=1e-5)
+        if bias:
+            torch.testing.assert_close(head.bias.grad.double(), grad_bias, rtol=1e-5, atol=1e-5)
+    else:
+        assert head.weight.grad is None
+
+
+def test_a_bf16_head_reads_float32_hidden_states_and_returns_their_gradient_in_float32():
+    torch.manual_seed(2)
+    head = torch.nn.Linear(32, 200, bias=False).to(torch.bfloat16)
+    hidden = torch.randn(20, 32, requires_grad=True)
+    targets = torch.randint(0, 200, (20,))
+    out = tiled_token_logps(hidden, head, targets, tile_bytes=6 * 200 * 4)
+    out.sum().backward()
+    assert out.dtype == torch.float32 and hidden.grad.dtype == torch.float32
+    assert head.weight.grad.dtype == torch.bfloat16
+    logps, grad_hidden, grad_weight, _ = _float64_reference(hidden.to(torch.bfloat16).float(), head.weight, None,
+                                                            targets, torch.ones(20))
+    torch.testing.assert_close(out.double(), logps, rtol=1e-2, atol=1e-2)  # logits rounded to bf16
+    torch.testing.assert_close(hidden.grad.double(), grad_hidden, rtol=2e-2, atol=2e-2)  # bf16 products
+    torch.testing.assert_close(head.weight.grad.double(), grad_weight, rtol=2e-2, atol=2e-2)
+
+
+def test_a_tied_head_adds_its_gradient_to_the_embeddings():
+    torch.manual_seed(3)
+    embedding = torch.nn.Embedding(100, 16)
+    head = torch.nn.Linear(16, 100, bias=False)
+    head.weight = embedding.weight  # tied, as in Llama with tie_word_embeddings
+    ids = torch.randint(0, 100, (12,))
+    targets = torch.randint(0, 100, (12,))
+    hidden = torch.tanh(embedding(ids))
+    tiled_token_logps(hidden, head, targets, tile_bytes=5 * 100 * 4).sum().backward()
+    tiled = embedding.weight.grad.clone()
+    embedding.zero_grad()
+    logits = torch.tanh(embedding(ids)).double() @ embedding.weight.double().T
+    torch.log_softmax(logits, -1).gather(-1, targets[:, None]).sum().backward()
+    torch.testing.assert_close(tiled, embedding.weight.grad, rtol=1e-5, atol=1e-6)
