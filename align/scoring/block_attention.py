@@ -56,14 +56,23 @@ def row_blocks(block_ids: torch.Tensor) -> list[list[Piece]]:
 def block_attention_forward(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
                             attention_mask: torch.Tensor | None, *args: Any,
                             attention_blocks: Blocks | None = None, **kwargs: Any) -> tuple[torch.Tensor, None]:
-    """``sdpa`` on each block of each row with that block's corner of the 4D mask; (B, L, H, D) out.
+    """Attention over each piece of each row alone; (B, L, H, D) out, as transformers' ``sdpa``.
 
-    Without ``attention_blocks`` (or without a 4D mask) this is transformers' ``sdpa``.
+    On CPU the pieces run through ``PieceAttention`` (flash kernels, no mask); elsewhere
+    ``sdpa`` runs on each piece with that piece's corner of the 4D mask. Without
+    ``attention_blocks`` (or without a 4D mask) this is transformers' ``sdpa``.
     """
-    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+    from transformers.integrations.sdpa_attention import repeat_kv, sdpa_attention_forward
 
     if attention_blocks is None or attention_mask is None or attention_mask.dim() != 4:
         return sdpa_attention_forward(module, query, key, value, attention_mask, *args, **kwargs)
+    if on_cpu_flash_kernels(query, module, kwargs.get("dropout", 0.0)):
+        groups = getattr(module, "num_key_value_groups", 1)
+        key, value = repeat_kv(key, groups), repeat_kv(value, groups)
+        scale = kwargs.get("scaling")
+        rows = [PieceAttention.apply(q[None], k[None], v[None], [piece_parts(p) for p in pieces], scale)[0]
+                for pieces, q, k, v in zip(attention_blocks, query.unbind(0), key.unbind(0), value.unbind(0))]
+        return torch.stack(rows).transpose(1, 2).contiguous(), None
     rows = []
     # unbind and split, not slicing: a slice's backward writes a zero tensor of the whole input
     for pieces, q, k, v, m in zip(attention_blocks, query.unbind(0), key.unbind(0), value.unbind(0),
@@ -82,6 +91,89 @@ def block_attention_forward(module: torch.nn.Module, query: torch.Tensor, key: t
             parts.append(out[0])
         rows.append(torch.cat(parts, dim=0))
     return torch.stack(rows), None
+
+
+def on_cpu_flash_kernels(query: torch.Tensor, module: torch.nn.Module, dropout: float) -> bool:
+    """Whether the pieces run through ``PieceAttention``: on CPU, without dropout in training."""
+    return query.device.type == "cpu" and not (module.training and dropout)
+
+
+Part = tuple[int, int, bool]
+"""Key columns ``start:end`` of a row and whether the queries see them causally (their own span)."""
+
+
+def piece_parts(piece: Piece) -> tuple[int, int, list[Part]]:
+    """A piece as its queries and key parts: spans before the queries seen whole, the queries' own span causally.
+
+    A completion of a prefix-shared group sees the prompt whole and itself causally; a
+    prompt or a packed sequence sees itself causally; the spans follow each other in the row.
+    """
+    start, end, spans = piece
+    parts: list[Part] = []
+    for first, last in spans:
+        if last <= start:
+            parts.append((first, last, False))
+            continue
+        if last != end or first > start:
+            raise RuntimeError(f"key span {first}:{last} of the piece {start}:{end} neither precedes nor ends with "
+                               "its queries: attention_blocks do not match the batch")
+        if first < start:
+            parts.append((first, start, False))
+        parts.append((start, end, True))
+    return start, end, parts
+
+
+_FLASH = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu
+_FLASH_BACKWARD = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward
+
+
+class PieceAttention(torch.autograd.Function):
+    """One row's attention, piece by piece, on torch's CPU flash kernels: only the kept scores are computed.
+
+    Each piece's queries attend to each of their key parts with one flash call (the part
+    they see whole without a mask, their own span with ``is_causal``), and the parts' outputs
+    are merged by their log-sum-exps: out = Σ_j exp(lse_j − lse) · out_j with
+    lse = log Σ_j exp(lse_j), which is attention over all the parts at once. Backward gives
+    each part the merged output and log-sum-exp, with which the flash backward kernel
+    computes that part's exact share of the gradients (softmax over all parts), summed.
+    q, k, v: (1, H, L, D), the key and value heads already repeated to the query's.
+    """
+
+    @staticmethod
+    def forward(ctx: Any, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+                jobs: Sequence[tuple[int, int, list[Part]]], scale: float | None) -> torch.Tensor:
+        out = torch.empty_like(query)
+        lse: torch.Tensor | None = None
+        for start, end, parts in jobs:
+            found = [_FLASH(query[:, :, start:end], key[:, :, a:b], value[:, :, a:b], 0.0, causal, scale=scale)
+                     for a, b, causal in parts]
+            if lse is None:
+                lse = query.new_empty(query.shape[:-1], dtype=found[0][1].dtype)
+            if len(found) == 1:
+                out[:, :, start:end], lse[:, :, start:end] = found[0]
+                continue
+            total = torch.stack([part_lse for _, part_lse in found]).logsumexp(0)
+            out[:, :, start:end] = sum(part_out * (part_lse - total).exp()[..., None].to(part_out.dtype)
+                                       for part_out, part_lse in found)
+            lse[:, :, start:end] = total
+        ctx.save_for_backward(query, key, value, out, lse)
+        ctx.jobs, ctx.scale = jobs, scale
+        return out
+
+    @staticmethod
+    def backward(ctx: Any, grad_out: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
+        query, key, value, out, lse = ctx.saved_tensors
+        grad_query, grad_key, grad_value = torch.zeros_like(query), torch.zeros_like(key), torch.zeros_like(value)
+        grad_out = grad_out.contiguous()
+        for start, end, parts in ctx.jobs:
+            rows = slice(start, end)
+            for a, b, causal in parts:
+                gq, gk, gv = _FLASH_BACKWARD(grad_out[:, :, rows], query[:, :, rows], key[:, :, a:b], value[:, :, a:b],
+                                             out[:, :, rows], lse[:, :, rows], 0.0, causal, scale=ctx.scale)
+                grad_query[:, :, rows] += gq
+                grad_key[:, :, a:b] += gk
+                grad_value[:, :, a:b] += gv
+        return grad_query, grad_key, grad_value, None, None
 
 
 def _chunks(starts: dict[int, int], sizes: Sequence[int], start: int, end: int) -> list[int]:

@@ -238,3 +238,51 @@ def test_block_attention_equals_the_masked_grid(tiny_tokenizer, groups):
         torch.testing.assert_close(found, expected, rtol=0, atol=1e-4)
         for name, grad in grads.items():
             torch.testing.assert_close(grad, expected_grads[name], rtol=1e-4, atol=1e-5, msg=name)
+
+
+def test_piece_attention_equals_the_masked_grid_in_float64():
+    """Values and gradients of one flash call per key part, merged by log-sum-exp, against ``sdpa`` on the mask."""
+    from align.scoring.block_attention import PieceAttention, piece_parts
+
+    groups = [([1] * 9, ([2] * 13, [3] * 4)), ([1] * 3, ([2] * 7,)), ([1] * 5, ([2] * 2, [3] * 6, [4] * 1))]
+    batch = SequenceCollator(0, padding_free=True, prefix_sharing=True, attention_blocks=True,
+                             max_row_tokens=40).collate_groups(groups)
+    assert any(len(parts) == 2 for row in batch["attention_blocks"] for _, _, parts in map(piece_parts, row))
+    torch.manual_seed(0)
+    rows, width = batch["input_ids"].shape
+    q, k, v = (torch.randn(rows, 3, width, 8, dtype=torch.float64, requires_grad=True) for _ in range(3))
+    upstream = torch.randn(rows, 3, width, 8, dtype=torch.float64)
+    expected = torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=batch["attention_mask"], scale=0.3)
+    expected_grads = torch.autograd.grad((expected * upstream).sum(), (q, k, v))
+    found = torch.cat([PieceAttention.apply(q[r:r + 1], k[r:r + 1], v[r:r + 1],
+                                            [piece_parts(p) for p in batch["attention_blocks"][r]], 0.3)
+                       for r in range(rows)])
+    grads = torch.autograd.grad((found * upstream).sum(), (q, k, v))
+    torch.testing.assert_close(found, expected, rtol=0, atol=1e-12)
+    for grad, reference in zip(grads, expected_grads):
+        torch.testing.assert_close(grad, reference, rtol=0, atol=1e-12)
+
+
+def test_piece_parts_split_a_span_into_what_it_sees_whole_and_itself():
+    from align.scoring.block_attention import piece_parts
+
+    assert piece_parts((0, 4, ((0, 4),))) == (0, 4, [(0, 4, True)])                    # a prompt, itself
+    assert piece_parts((4, 9, ((0, 9),))) == (4, 9, [(0, 4, False), (4, 9, True)])     # chosen after its prompt
+    assert piece_parts((9, 12, ((0, 4), (9, 12)))) == (9, 12, [(0, 4, False), (9, 12, True)])  # rejected
+    with pytest.raises(RuntimeError, match="attention_blocks do not match"):
+        piece_parts((4, 9, ((0, 7),)))
+
+
+def test_block_attention_off_the_cpu_kernels_equals_the_masked_grid(tiny_tokenizer, groups, monkeypatch):
+    """The other path (``sdpa`` on each piece's corner of the mask, as on GPUs), forced on CPU."""
+    from align.scoring import block_attention
+    from align.scoring.block_attention import use_block_attention
+
+    monkeypatch.setattr(block_attention, "on_cpu_flash_kernels", lambda *args: False)
+    model = build_causal_lm(tiny_tokenizer)
+    grid = copy.deepcopy(model)
+    assert use_block_attention(model)
+    batch = SequenceCollator(tiny_tokenizer.pad_token_id, padding_free=True, prefix_sharing=True,
+                             attention_blocks=True, max_row_tokens=400).collate_groups(groups)
+    with torch.no_grad():
+        torch.testing.assert_close(completion_logps(model, batch), completion_logps(grid, batch), rtol=0, atol=1e-4)
