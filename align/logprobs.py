@@ -73,6 +73,7 @@ from align.scoring import (
     unwrap_model,
 )
 from align.scoring.block_attention import BLOCK_ATTENTION
+from align.scoring.block_attention import block_attention as block_attention_for
 from align.scoring.sharded import finish_forwards
 
 logger = logging.getLogger(__name__)
@@ -369,6 +370,7 @@ def compute_ref_logprobs(
     truncated: str = "exclude",
     over_max_length: str = "exclude",
     prefix_sharing: bool | str = "auto",
+    block_attention: bool | str = "auto",
 ) -> LogprobsResult:
     """Score shard ``shard_index`` of ``num_shards`` of ``records`` into ``output_dir`` (resumable).
 
@@ -381,45 +383,48 @@ def compute_ref_logprobs(
     reason; ``"exclude"``, default) or scored on the completion's head (``"cut"``, counted);
     the trainer's setting must match. ``prefix_sharing`` (``"auto"``: wherever the attention
     takes a 4D mask) scores a row's completions after one copy of its prompt; like
-    ``padding_free`` it is a batch layout and changes no result.
+    ``padding_free`` it is a batch layout and changes no result. ``block_attention``
+    (``"auto"``: on CPU, for a model on ``sdpa``) runs attention over each piece of a row
+    alone for the pass, the model back on its own implementation after.
     """
     check_over_max_length_policy(over_max_length)
     fields = dict(cache_fields) if cache_fields is not None else cache_fields_for(
         records, model, tokenizer, chat_format=chat_format, max_length=max_length, enable_thinking=enable_thinking,
         chat_date=chat_date, model_fingerprint=model_fingerprint, over_max_length=over_max_length)
     key = ref_cache_key(fields)
-    attn = getattr(unwrap_model(model).config, "_attn_implementation", None) or "eager"
-    collator = SequenceCollator(
-        pad_token_id=tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0,
-        padding_free=padding_free,
-        attn_implementation=attn,
-        mask_dtype=mask_dtype_for(attn, next(model.parameters()).dtype),
-        max_row_tokens=max_row_tokens,
-        prefix_sharing=resolve_prefix_sharing(prefix_sharing, attn),
-        attention_blocks=attn == BLOCK_ATTENTION,
-    )
-    check_truncated_policy(truncated)
-    num_cut = count_truncated(records) if truncated == "train_without_end" else 0
-    if num_cut:
-        logger.warning("reference log-probs: %d truncated completions (finish_reason 'length') are scored "
-                       "without an end-of-turn token (truncated=train_without_end)", num_cut)
-    binding = {"model_fingerprint": reference_fingerprint(model),
-               "settings": pass_settings(tokenizer, chat_format=chat_format, chat_date=chat_date,
-                                         enable_thinking=enable_thinking, max_length=max_length, truncated=truncated,
-                                         tokenizer_fp=fields.get("tokenizer_fingerprint"),
-                                         over_max_length=over_max_length)}
-    scorer = _BatchScorer(model, tokenizer, collator, {
-        "chat_format": chat_format, "max_length": max_length, "enable_thinking": enable_thinking, "chat_date": chat_date,
-        "truncated": truncated, "over_max_length": over_max_length}, binding)
-    was_training = model.training
-    model.eval()
-    try:
-        job = run_job(records, scorer, output_dir, shard_index=shard_index, num_shards=num_shards,
-                      batch_size=batch_size, sort_key=scorer.length, desc=f"ref log-probs {shard_index}/{num_shards}",
-                      fingerprint={"cache_key": key, **fields})
-        finish_forwards(model)  # a model partitioned over ranks: forward in step until every shard is done
-    finally:
-        model.train(was_training)
+    with block_attention_for(unwrap_model(model), block_attention, next(model.parameters()).device):
+        attn = getattr(unwrap_model(model).config, "_attn_implementation", None) or "eager"
+        collator = SequenceCollator(
+            pad_token_id=tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0,
+            padding_free=padding_free,
+            attn_implementation=attn,
+            mask_dtype=mask_dtype_for(attn, next(model.parameters()).dtype),
+            max_row_tokens=max_row_tokens,
+            prefix_sharing=resolve_prefix_sharing(prefix_sharing, attn),
+            attention_blocks=attn == BLOCK_ATTENTION,
+        )
+        check_truncated_policy(truncated)
+        num_cut = count_truncated(records) if truncated == "train_without_end" else 0
+        if num_cut:
+            logger.warning("reference log-probs: %d truncated completions (finish_reason 'length') are scored "
+                           "without an end-of-turn token (truncated=train_without_end)", num_cut)
+        binding = {"model_fingerprint": reference_fingerprint(model),
+                   "settings": pass_settings(tokenizer, chat_format=chat_format, chat_date=chat_date,
+                                             enable_thinking=enable_thinking, max_length=max_length,
+                                             truncated=truncated, tokenizer_fp=fields.get("tokenizer_fingerprint"),
+                                             over_max_length=over_max_length)}
+        scorer = _BatchScorer(model, tokenizer, collator, {
+            "chat_format": chat_format, "max_length": max_length, "enable_thinking": enable_thinking,
+            "chat_date": chat_date, "truncated": truncated, "over_max_length": over_max_length}, binding)
+        was_training = model.training
+        model.eval()
+        try:
+            job = run_job(records, scorer, output_dir, shard_index=shard_index, num_shards=num_shards,
+                          batch_size=batch_size, sort_key=scorer.length,
+                          desc=f"ref log-probs {shard_index}/{num_shards}", fingerprint={"cache_key": key, **fields})
+            finish_forwards(model)  # a model partitioned over ranks: forward in step until every shard is done
+        finally:
+            model.train(was_training)
     if scorer.num_skipped:
         logger.warning("reference log-probs: %d rows exceed max_length=%s and are not scored (over_max_length="
                        "exclude): written with ref_skip, the trainer excludes them too", scorer.num_skipped, max_length)

@@ -127,6 +127,12 @@ class PreferenceConfig(ModelFields, LoraFields, OptimizerFields, TrainingArgumen
         `"auto"`: on where the attention takes a 4D mask (`sdpa`, `eager`), off for
         FlashAttention, whose varlen kernels cannot keep two completions of one prompt apart;
         `true` there is an error.
+    block_attention (`"auto"`, `true` or `false`, defaults to `"auto"`):
+        Compute attention over each piece of a packed or prefix-shared row alone (a sequence;
+        a prompt; a completion with its prompt), not over the row's whole masked grid: the
+        same numbers for less work (`align.scoring.block_attention`, the model switched to
+        the `sdpa_blocks` implementation). `"auto"`: on CPU, for a model on `sdpa`; `true`:
+        on any device, for a model on `sdpa`.
 
     > Parameters that control the optimizer, the model and the LoRA adapter
 
@@ -168,6 +174,9 @@ class PreferenceConfig(ModelFields, LoraFields, OptimizerFields, TrainingArgumen
     pad_to_multiple_of: int | None = field(default=None, metadata={"help": "round padded widths up"})
     prefix_sharing: bool | str = field(default="auto", metadata={"help": "auto | true | false: each prompt once "
                                                                           "per pair"})
+    block_attention: bool | str = field(default="auto", metadata={
+        "help": "auto | true | false: attention over each piece of a packed or prefix-shared row alone "
+                "(auto: on CPU, for a model on sdpa)"})
     # Entry point (the model, LoRA and optimizer keys: align.trainers.common)
     ref_model_name_or_path: str | None = field(default=None, metadata={"help": "reference to load"})
     # TrainingArguments defaults that differ
@@ -225,6 +234,10 @@ class PreferenceConfig(ModelFields, LoraFields, OptimizerFields, TrainingArgumen
             self.prefix_sharing = self.prefix_sharing == "true"
         if self.prefix_sharing not in ("auto", True, False):
             raise ConfigError(f"prefix_sharing={self.prefix_sharing!r}: choose auto, true or false")
+        if self.block_attention in ("true", "false"):
+            self.block_attention = self.block_attention == "true"
+        if self.block_attention not in ("auto", True, False):
+            raise ConfigError(f"block_attention={self.block_attention!r}: choose auto, true or false")
         if self.global_batch_size is not None and self.global_batch_size < 1:
             raise ConfigError(f"global_batch_size={self.global_batch_size}: must be a positive number of pairs, "
                               "or None")

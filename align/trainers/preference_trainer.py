@@ -44,7 +44,11 @@ from align.scoring import (
     takes_4d_mask,
     unwrap_model,
 )
-from align.scoring.block_attention import BLOCK_ATTENTION
+from align.scoring.block_attention import (
+    BLOCK_ATTENTION,
+    use_block_attention,
+    wants_block_attention,
+)
 from align.trainers.callbacks import bind_callbacks
 from align.trainers.common import (
     accumulation_from_global_batch,
@@ -114,6 +118,8 @@ class PreferenceTrainer(Trainer):
         if is_peft_model(model) and args.gradient_checkpointing:
             model.enable_input_require_grads()
         self._check_reference(model, ref_model, args)
+        if wants_block_attention(args.block_attention, unwrap_model(model), args.device):
+            use_block_attention(unwrap_model(model))  # same numbers; the rows' pieces alone (docs/method.md)
         self.data_summary: dict[str, Any] = {}
         if train_dataset is not None:
             train_dataset = prepare_dataset(train_dataset, processing_class, args, model, self.data_summary)
@@ -171,6 +177,8 @@ class PreferenceTrainer(Trainer):
         )
 
     def _prepare_reference(self, ref_model: PreTrainedModel) -> torch.nn.Module:
+        if getattr(unwrap_model(self.model).config, "_attn_implementation", None) == BLOCK_ATTENTION:
+            use_block_attention(ref_model)  # it reads the same batches (a model not on sdpa ignores the pieces)
         ref_model.eval()
         ref_model.requires_grad_(False)
         if self.is_deepspeed_enabled:

@@ -286,3 +286,30 @@ def test_block_attention_off_the_cpu_kernels_equals_the_masked_grid(tiny_tokeniz
                              attention_blocks=True, max_row_tokens=400).collate_groups(groups)
     with torch.no_grad():
         torch.testing.assert_close(completion_logps(model, batch), completion_logps(grid, batch), rtol=0, atol=1e-4)
+
+
+def test_block_attention_setting_switches_sdpa_models_on_cpu_and_the_pass_restores_them(tiny_tokenizer, tmp_path):
+    from align.scoring.block_attention import wants_block_attention
+
+    cpu, cuda = torch.device("cpu"), torch.device("cuda")
+    model = build_causal_lm(tiny_tokenizer)
+    assert wants_block_attention("auto", model, cpu) and not wants_block_attention("auto", model, cuda)
+    assert wants_block_attention(True, model, cuda) and not wants_block_attention(False, model, cpu)
+    eager = build_causal_lm(tiny_tokenizer, attn_implementation="eager")
+    assert not wants_block_attention("auto", eager, cpu)
+    with pytest.raises(ConfigError, match="block_attention=true needs a model on sdpa"):
+        wants_block_attention(True, eager, cpu)
+    with pytest.raises(ConfigError, match="choose auto, true or false"):
+        wants_block_attention("sometimes", model, cpu)
+    with pytest.raises(ConfigError, match="block_attention"):
+        PreferenceConfig(output_dir="unused", use_cpu=True, block_attention="maybe")
+    assert PreferenceConfig(output_dir="unused", use_cpu=True, block_attention="false").block_attention is False
+
+    rows = make_rows(6)
+    scored = {}
+    for setting in ("auto", False):
+        compute_ref_logprobs(rows, model, tiny_tokenizer, batch_size=4, max_length=MAX_LENGTH, chat_date=DATE,
+                             output_dir=tmp_path / str(setting), block_attention=setting)
+        assert model.config._attn_implementation == "sdpa"  # back on its own implementation
+        scored[setting] = [r["ref_chosen_logps"] for r in load_ref_logprobs(tmp_path / str(setting), rows)]
+    assert scored["auto"] == pytest.approx(scored[False], abs=1e-4)
