@@ -21,12 +21,14 @@ of the mask. It is registered with transformers as the attention implementation
 collators add them with ``attention_blocks=True``; the trainer and the log-prob pass do for
 a model on ``sdpa_blocks``); a call without them is plain ``sdpa``. The trainer and the
 pass switch a model on ``sdpa`` to it on CPU by default (``block_attention="auto"``,
-``wants_block_attention``). Measured in the preference bench (2 cores, a 6-layer 5.4M
-Llama, 8 prefix-shared pairs a step, 20 timed steps): 1.27× the training steps per second
-of the masked grid (median step 1.49 s against 1.89 s), 1.08× in the forward-only pass
-(bench/README.md). An earlier version ran ``sdpa`` on each piece's corner of the mask on
-CPU too, and a step took 1.9× as long as with the grid: the per-piece masks and gathered
-keys cost more than the grid they skipped.
+``wants_block_attention``). Measured on 2 cores, one 6-layer 5.4M Llama scoring the same
+64 prefix-shared pairs in batches of 8, forward and backward, switching between the two
+paths each round (``bench/block_attention_ab.py``): 1.10× and 1.16× as fast as the masked
+grid in two runs; between the preference bench's contenders, which run one after another,
+the difference is within the drift of the machine's speed (bench/README.md). An earlier
+version ran ``sdpa`` on each piece's corner of the mask on CPU too, and a step took 1.9× as
+long as with the grid: the per-piece masks and gathered keys cost more than the grid they
+skipped.
 """
 
 from __future__ import annotations
@@ -215,10 +217,10 @@ BLOCK_ATTENTION_SETTINGS = ("auto", True, False)
 def wants_block_attention(setting: bool | str, model: torch.nn.Module, device: torch.device) -> bool:
     """Whether attention runs piece by piece (``sdpa_blocks``) for ``model`` (unwrapped) on ``device``.
 
-    ``"auto"``: on CPU, for a model on ``sdpa`` (measured on 2 cores, a 5.4M Llama, 8
-    prefix-shared pairs a step: 1.27× the steps per second of the masked grid; on GPUs the
-    per-piece path runs ``sdpa`` on each piece's corner of the mask, not measured against
-    the grid there, so ``"auto"`` leaves it off); ``True``: on any device, for a model on
+    ``"auto"``: on CPU, for a model on ``sdpa`` (1.10–1.16× as fast as the masked grid,
+    forward and backward, measured as the module says; on GPUs the per-piece path runs
+    ``sdpa`` on each piece's corner of the mask, not measured against the grid there, so
+    ``"auto"`` leaves it off); ``True``: on any device, for a model on
     ``sdpa``; ``False``: never. A model already on ``sdpa_blocks`` keeps it.
     """
     if setting not in BLOCK_ATTENTION_SETTINGS:

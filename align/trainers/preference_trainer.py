@@ -119,7 +119,7 @@ class PreferenceTrainer(Trainer):
             model.enable_input_require_grads()
         self._check_reference(model, ref_model, args)
         if wants_block_attention(args.block_attention, unwrap_model(model), args.device):
-            use_block_attention(unwrap_model(model))  # same numbers; the rows' pieces alone (docs/method.md)
+            use_block_attention(unwrap_model(model))  # same numbers: each piece of a row alone
         self.data_summary: dict[str, Any] = {}
         if train_dataset is not None:
             train_dataset = prepare_dataset(train_dataset, processing_class, args, model, self.data_summary)
