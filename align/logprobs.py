@@ -370,7 +370,7 @@ def compute_ref_logprobs(
     truncated: str = "exclude",
     over_max_length: str = "exclude",
     prefix_sharing: bool | str = "auto",
-    block_attention: bool | str = "auto",
+    block_attention: bool | str = False,
 ) -> LogprobsResult:
     """Score shard ``shard_index`` of ``num_shards`` of ``records`` into ``output_dir`` (resumable).
 
@@ -384,8 +384,8 @@ def compute_ref_logprobs(
     the trainer's setting must match. ``prefix_sharing`` (``"auto"``: wherever the attention
     takes a 4D mask) scores a row's completions after one copy of its prompt; like
     ``padding_free`` it is a batch layout and changes no result. ``block_attention``
-    (``"auto"``: on CPU, for a model on ``sdpa``) runs attention over each piece of a row
-    alone for the pass, the model back on its own implementation after.
+    (off by default; ``"auto"``: on CPU, for a model on ``sdpa``) runs attention over each
+    piece of a row alone for the pass, the model back on its own implementation after.
     """
     check_over_max_length_policy(over_max_length)
     fields = dict(cache_fields) if cache_fields is not None else cache_fields_for(

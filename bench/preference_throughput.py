@@ -220,15 +220,15 @@ def worker_logps_align(settings: dict) -> dict:
     model = _load(settings)
     start = time.perf_counter()
     shared = settings.get("prefix_sharing", "auto")
-    blocks = settings.get("block_attention", "auto")
-    output_dir = settings["ref_dir"] + f"-{shared}" + ("-grid" if blocks is False else "")
+    blocks = settings.get("block_attention", False)
+    output_dir = settings["ref_dir"] + f"-{shared}" + ("-blocks" if blocks else "")
     compute_ref_logprobs(rows, model, tokenizer, chat_format="apertus", batch_size=settings["batch_size"],
                          max_length=settings["max_length"], output_dir=output_dir,
                          chat_date=DATE, model_fingerprint="bench", prefix_sharing=shared, block_attention=blocks)
     StepTimer._sync()
     seconds = time.perf_counter() - start
     name = "align log-prob pass" + (" (prompt per sequence)" if shared is False else " (prefix-shared)")
-    name += ", masked grid" if blocks is False else ""
+    name += ", block attention" if blocks else ""
     return _finish({"name": name, "seconds": seconds, "tokens_per_s": tokens / seconds, "kind": "pass"},
                    baseline, settings)
 
@@ -300,14 +300,14 @@ def worker_train_align(settings: dict) -> dict:
         train_sampling_strategy="sequential", use_cpu=not cuda, bf16=cuda, max_length=settings["max_length"],
         chat_date=DATE, loss_type="dpo", length_normalize=False, beta=0.1, optimizer="adamw",
         learning_rate=1e-6, padding_free=True, gradient_checkpointing=settings["checkpointing"],
-        prefix_sharing=settings.get("prefix_sharing", "auto"), block_attention=settings.get("block_attention", "auto"))
+        prefix_sharing=settings.get("prefix_sharing", "auto"), block_attention=settings.get("block_attention", False))
     timer = StepTimer()
     trainer = PreferenceTrainer(_load(settings), config, train_dataset=data, processing_class=tokenizer,
                                 callbacks=[timer.callback])
     trainer.train()
     layout = ", prompt per sequence" if settings.get("prefix_sharing") is False else ", prefix-shared"
     name = "align (precomputed ref, padding-free" + layout + (", checkpointing" if settings["checkpointing"] else "")
-    name += ", masked grid)" if settings.get("block_attention") is False else ")"
+    name += ", block attention)" if settings.get("block_attention") else ")"
     return _train_result(name, timer, step_tokens, baseline, settings)
 
 
@@ -353,17 +353,17 @@ def peak_fraction(result: dict, params: int, peak_flops: float) -> float:
     return per_token * params * result["tokens_per_s"] / peak_flops
 
 
-CONTENDERS = (  # key, worker, settings (align's defaults unless named: prefix-shared, block attention on CPU)
+CONTENDERS = (  # key, worker, settings (align's defaults unless named: prefix-shared, the masked grid)
     ("logps_trl", "logps_trl", {}),
     ("logps_align_per_sequence", "logps_align", {"prefix_sharing": False}),
-    ("logps_align_grid", "logps_align", {"prefix_sharing": "auto", "block_attention": False}),
     ("logps_align", "logps_align", {"prefix_sharing": "auto"}),
+    ("logps_align_blocks", "logps_align", {"prefix_sharing": "auto", "block_attention": True}),
     ("train_trl", "train_trl", {}),
     ("train_align_per_sequence", "train_align", {"prefix_sharing": False, "checkpointing": False}),
-    ("train_align_grid", "train_align", {"prefix_sharing": "auto", "checkpointing": False,
-                                         "block_attention": False}),
     ("train_align", "train_align", {"prefix_sharing": "auto", "checkpointing": False}),
     ("train_align_ckpt", "train_align", {"prefix_sharing": "auto", "checkpointing": True}),
+    ("train_align_blocks", "train_align", {"prefix_sharing": "auto", "checkpointing": False,
+                                           "block_attention": True}),
 )
 
 
@@ -382,11 +382,11 @@ def report(results: dict[str, dict], settings: dict, params: int, peak_flops: fl
                      f"{result['peak_rss_mib']:.0f} |")
     trl, trl_pass = results["train_trl"], results["logps_trl"]
     lines.append("")
-    for key in ("train_align_per_sequence", "train_align_grid", "train_align", "train_align_ckpt"):
+    for key in ("train_align_per_sequence", "train_align", "train_align_ckpt", "train_align_blocks"):
         ours = results[key]
         lines.append(f"{ours['name']} vs TRL DPOTrainer: {ours['tokens_per_s'] / trl['tokens_per_s']:.2f}x tokens/s, "
                      f"{ours[memory_key] / trl[memory_key]:.2f}x peak memory (targets >= 4x, <= 0.35x)")
-    for key in ("logps_align_per_sequence", "logps_align_grid", "logps_align"):
+    for key in ("logps_align_per_sequence", "logps_align", "logps_align_blocks"):
         ours = results[key]
         lines.append(f"{ours['name']} vs TRL precompute: {ours['tokens_per_s'] / trl_pass['tokens_per_s']:.2f}x "
                      f"tokens/s, {ours[memory_key] / trl_pass[memory_key]:.2f}x peak memory (target >= 2.5x)")
@@ -395,7 +395,7 @@ def report(results: dict[str, dict], settings: dict, params: int, peak_flops: fl
         return 1 / train["tokens_per_s"] + 1 / logps["tokens_per_s"]
 
     for train_key, pass_key in (("train_align_per_sequence", "logps_align_per_sequence"),
-                                ("train_align_grid", "logps_align_grid"), ("train_align", "logps_align")):
+                                ("train_align", "logps_align"), ("train_align_blocks", "logps_align_blocks")):
         ratio = seconds_per_token(trl, trl_pass) / seconds_per_token(results[train_key], results[pass_key])
         lines.append(f"pass + train, {results[pass_key]['name'].removeprefix('align log-prob pass ')} vs TRL "
                      f"precompute + train (TRL's train step with its live reference): {ratio:.2f}x (target >= 3x)")

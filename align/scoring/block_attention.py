@@ -20,12 +20,17 @@ of the mask. It is registered with transformers as the attention implementation
 ``sdpa_blocks`` (``register``) and runs where a batch carries ``attention_blocks`` (the
 collators add them with ``attention_blocks=True``; the trainer and the log-prob pass do for
 a model on ``sdpa_blocks``); a call without them is plain ``sdpa``. The trainer and the
-pass switch a model on ``sdpa`` to it on CPU by default (``block_attention="auto"``,
-``wants_block_attention``). Measured on 2 cores, one 6-layer 5.4M Llama scoring the same
-64 prefix-shared pairs in batches of 8, forward and backward, switching between the two
-paths each round (``bench/block_attention_ab.py``): 1.10× and 1.16× as fast as the masked
-grid in two runs; between the preference bench's contenders, which run one after another,
-the difference is within the drift of the machine's speed (bench/README.md). An earlier
+pass switch a model on ``sdpa`` to it when asked (``block_attention``: ``true``, or
+``"auto"`` for CPU only; ``wants_block_attention``). Off by default, because it pays only
+on long rows. Measured on 2 cores, one 6-layer 5.4M Llama scoring the same 64
+prefix-shared pairs (rows of about 1,000 tokens) in batches of 8, forward and backward,
+switching between the two paths each round (``bench/block_attention_ab.py``): 1.10× and
+1.16× as fast as the masked grid in two runs (between the preference bench's contenders,
+which run one after another, the difference is within the drift of the machine's speed).
+On the demo's rows (32 pairs of a 15-token prompt and 6-token completions, rows of 27
+tokens) forward and backward took 46–52 ms against 10–13 ms on the grid, and on rows of
+140 tokens 78 ms against 39–51 ms: one flash call per piece costs more than the small grid
+it replaces (the demo's tuning took 2.6× as long with it on). An earlier
 version ran ``sdpa`` on each piece's corner of the mask on CPU too, and a step took 1.9× as
 long as with the grid: the per-piece masks and gathered keys cost more than the grid they
 skipped.
@@ -217,10 +222,9 @@ BLOCK_ATTENTION_SETTINGS = ("auto", True, False)
 def wants_block_attention(setting: bool | str, model: torch.nn.Module, device: torch.device) -> bool:
     """Whether attention runs piece by piece (``sdpa_blocks``) for ``model`` (unwrapped) on ``device``.
 
-    ``"auto"``: on CPU, for a model on ``sdpa`` (1.10–1.16× as fast as the masked grid,
-    forward and backward, measured as the module says; on GPUs the per-piece path runs
-    ``sdpa`` on each piece's corner of the mask, not measured against the grid there, so
-    ``"auto"`` leaves it off); ``True``: on any device, for a model on
+    ``"auto"``: on CPU, for a model on ``sdpa`` (where the module's measurements were made;
+    on GPUs the per-piece path runs ``sdpa`` on each piece's corner of the mask, not
+    measured against the grid there, so ``"auto"`` leaves it off); ``True``: on any device, for a model on
     ``sdpa``; ``False``: never. A model already on ``sdpa_blocks`` keeps it.
     """
     if setting not in BLOCK_ATTENTION_SETTINGS:
