@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from align.demo.config import DATE, MAX_LENGTH, DemoConfig
+from align.demo.config import DATE, GENERATE_BATCH, MAX_LENGTH, DemoConfig
 
 
 def demo_reward() -> Any:
@@ -48,3 +48,45 @@ def encodable_pairs(pairs: list[dict], tokenizer: Any, skips: list[dict]) -> lis
             continue
         kept.append(pair)
     return kept
+
+
+# The steps round 1 and every later round run the same way, each into its own directory
+# (``out``: the demo's output_dir in round 1, ``round-k/<method>/`` after).
+
+
+def sample_into(out: Path, config: DemoConfig, prompts: list[dict], sampler: Any) -> None:
+    """n reference completions per prompt at T = 1 from ``sampler``'s policy, into ``out/sample``."""
+    from align.sampling.stages import sample_references
+
+    sample_references(prompts, sampler, output_dir=out / "sample", n=config.n, max_tokens=config.max_tokens,
+                      seed=config.seed, batch_size=GENERATE_BATCH)
+
+
+def annotate_into(out: Path) -> list[dict]:
+    """The verifiable reward of every sample in ``out/sample``, into ``out/annotate``; the annotated records."""
+    from align.io import read_output
+    from rewards.annotate import annotate
+
+    annotate(read_output(out / "sample"), demo_reward(), out / "annotate", batch_size=GENERATE_BATCH)
+    return read_output(out / "annotate")
+
+
+def pairs_into(out: Path, config: DemoConfig, annotated: list[dict], tokenizer: Any) -> tuple[list[dict], list[dict]]:
+    """Quantile rewards and chosen/rejected pairs the trainer can take, written to ``out/pairs``; (pairs, skips)."""
+    from align.data.pairs import make_pairs
+    from align.io import write_jsonl
+
+    pairs, skips = make_pairs(annotated, seed=config.seed, num_ref_rewards=config.n)
+    pairs = encodable_pairs(pairs, tokenizer, skips)
+    write_jsonl(out / "pairs" / "pairs.jsonl", pairs)
+    write_jsonl(out / "pairs" / "skipped.jsonl", skips)
+    return pairs, skips
+
+
+def reference_rows(out: Path, pairs: list[dict], model: Any, tokenizer: Any) -> list[dict]:
+    """The reference pass of ``model`` over the pairs into ``out/logprobs``; the pairs with their log-probs."""
+    from align.logprobs import compute_ref_logprobs, load_ref_logprobs
+
+    compute_ref_logprobs(pairs, model, tokenizer, chat_format="apertus", batch_size=128, max_length=MAX_LENGTH,
+                         output_dir=out / "logprobs", chat_date=DATE)
+    return load_ref_logprobs(out / "logprobs", pairs)

@@ -91,30 +91,27 @@ def method_round(state: Any, method: str, round_: int) -> RoundResult:
     """Sample, reward, pair, the reference pass and one training, all from π_{k-1} of ``method``."""
     from transformers import AutoModelForCausalLM
 
-    from align.data.pairs import make_pairs
-    from align.demo.config import DATE, GENERATE_BATCH, MAX_LENGTH
-    from align.demo.parts import demo_reward, encodable_pairs, preference_config
+    from align.demo.config import DATE, GENERATE_BATCH
+    from align.demo.parts import (
+        annotate_into,
+        demo_reward,
+        pairs_into,
+        preference_config,
+        reference_rows,
+        sample_into,
+    )
     from align.demo.report import count_reasons
-    from align.io import read_output, write_jsonl
-    from align.logprobs import compute_ref_logprobs, load_ref_logprobs
     from align.sampling.hf import TransformersSampler
-    from align.sampling.stages import sample_references
     from align.sweep.run import run_sweep
-    from rewards.annotate import annotate
 
     config, out = state.config, state.out / f"round-{round_}" / method
     start = previous_policy(state, method, round_)
     model = AutoModelForCausalLM.from_pretrained(start)
     model.eval()
-    sampler = TransformersSampler(model, state.tokenizer, chat_format="apertus", batch_size=GENERATE_BATCH,
-                                  chat_date=DATE, model_name=f"demo-{policy_name(method, round_ - 1)}")
-    sample_references(state.splits["prompts"], sampler, output_dir=out / "sample", n=config.n,
-                      max_tokens=config.max_tokens, seed=config.seed, batch_size=GENERATE_BATCH)
-    annotate(read_output(out / "sample"), demo_reward(), out / "annotate", batch_size=GENERATE_BATCH)
-    pairs, skips = make_pairs(read_output(out / "annotate"), seed=config.seed, num_ref_rewards=config.n)
-    pairs = encodable_pairs(pairs, state.tokenizer, skips)
-    write_jsonl(out / "pairs" / "pairs.jsonl", pairs)
-    write_jsonl(out / "pairs" / "skipped.jsonl", skips)
+    sample_into(out, config, state.splits["prompts"], TransformersSampler(
+        model, state.tokenizer, chat_format="apertus", batch_size=GENERATE_BATCH, chat_date=DATE,
+        model_name=f"demo-{policy_name(method, round_ - 1)}"))
+    pairs, skips = pairs_into(out, config, annotate_into(out), state.tokenizer)
     mean = lambda xs: sum(xs) / len(xs) if xs else None
     found = RoundResult(method=method, round=round_, start_dir=start, pairs=len(pairs), skipped_prompts=len(skips),
                         skip_reasons=count_reasons(s["reason"] for s in skips),
@@ -124,13 +121,11 @@ def method_round(state: Any, method: str, round_: int) -> RoundResult:
         print(f"[align demo] round {round_}, {method.upper()}: no prompt gave a pair "
               f"({found.skip_reasons}); the policy stays as it was", flush=True)
         return found
-    compute_ref_logprobs(pairs, model, state.tokenizer, chat_format="apertus", batch_size=128,
-                         max_length=MAX_LENGTH, output_dir=out / "logprobs", chat_date=DATE)
-    rows = load_ref_logprobs(out / "logprobs", pairs)
+    rows = reference_rows(out, pairs, model, state.tokenizer)
     chosen = state.sweeps[method].chosen.settings
     settings = replace(config.sweep_settings(method), grid={key: [value] for key, value in chosen.items()})
-    found.result = run_sweep(preference_config(config, out / "train", method), rows, state.splits["validation"], demo_reward(), settings, model=model,
-                             tokenizer=state.tokenizer)
+    found.result = run_sweep(preference_config(config, out / "train", method), rows, state.splits["validation"],
+                             demo_reward(), settings, model=model, tokenizer=state.tokenizer)
     if found.result.chosen is None:
         raise RuntimeError(f"round {round_}, {method}: the trained policy could not be scored on the validation "
                            "prompts")

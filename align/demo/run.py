@@ -14,9 +14,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from align.demo.config import DATE, GENERATE_BATCH, MAX_LENGTH, SFT_MAX_LENGTH, DemoConfig
+from align.demo.config import DATE, GENERATE_BATCH, SFT_MAX_LENGTH, DemoConfig
 from align.demo.output import check_demo_output_dir, claim_output_dir
-from align.demo.parts import demo_reward, encodable_pairs, preference_config
+from align.demo.parts import (
+    annotate_into,
+    demo_reward,
+    pairs_into,
+    preference_config,
+    reference_rows,
+    sample_into,
+)
 from align.errors import ConfigError
 
 
@@ -139,19 +146,12 @@ def supervised_finetuning(state: DemoState) -> None:
 
 def sample_references(state: DemoState) -> None:
     """n reference completions per prompt at T = 1 from the SFT policy."""
-    from align.sampling.stages import sample_references as sample
-
-    sample(state.splits["prompts"], state.sampler, output_dir=state.out / "sample", n=state.config.n,
-           max_tokens=state.config.max_tokens, seed=state.config.seed, batch_size=GENERATE_BATCH)
+    sample_into(state.out, state.config, state.splits["prompts"], state.sampler)
 
 
 def reward_answers(state: DemoState) -> None:
     """The verifiable reward: each sampled answer checked against the prompt's answer."""
-    from align.io import read_output
-    from rewards.annotate import annotate
-
-    annotate(read_output(state.out / "sample"), demo_reward(), state.out / "annotate", batch_size=GENERATE_BATCH)
-    state.annotated = read_output(state.out / "annotate")
+    state.annotated = annotate_into(state.out)
 
 
 def score_with_judge(state: DemoState) -> None:
@@ -183,13 +183,7 @@ def score_with_judge(state: DemoState) -> None:
 
 def select_pairs(state: DemoState) -> None:
     """Quantile rewards against the references, then chosen/rejected pairs."""
-    from align.data.pairs import make_pairs
-    from align.io import write_jsonl
-
-    pairs, state.skips = make_pairs(state.annotated, seed=state.config.seed, num_ref_rewards=state.config.n)
-    state.pairs = encodable_pairs(pairs, state.tokenizer, state.skips)
-    write_jsonl(state.out / "pairs" / "pairs.jsonl", state.pairs)
-    write_jsonl(state.out / "pairs" / "skipped.jsonl", state.skips)
+    state.pairs, state.skips = pairs_into(state.out, state.config, state.annotated, state.tokenizer)
     if not state.pairs:
         from align.demo.report import count_reasons
 
@@ -202,11 +196,7 @@ def select_pairs(state: DemoState) -> None:
 
 def reference_logprobs(state: DemoState) -> None:
     """The offline pass: the SFT policy's log-probs of every chosen and rejected completion."""
-    from align.logprobs import compute_ref_logprobs, load_ref_logprobs
-
-    compute_ref_logprobs(state.pairs, state.sft.model, state.tokenizer, chat_format="apertus", batch_size=128,
-                         max_length=MAX_LENGTH, output_dir=state.out / "logprobs", chat_date=DATE)
-    state.train_rows = load_ref_logprobs(state.out / "logprobs", state.pairs)
+    state.train_rows = reference_rows(state.out, state.pairs, state.sft.model, state.tokenizer)
 
 
 def tune(state: DemoState, loss_type: str) -> None:
@@ -215,8 +205,9 @@ def tune(state: DemoState, loss_type: str) -> None:
     from align.sweep.run import run_sweep
 
     config = state.config
-    result = run_sweep(preference_config(config, state.out / loss_type, loss_type), state.train_rows, state.splits["validation"],
-                       demo_reward(), config.sweep_settings(loss_type), model=state.sft.model, tokenizer=state.tokenizer)
+    result = run_sweep(preference_config(config, state.out / loss_type, loss_type), state.train_rows,
+                       state.splits["validation"], demo_reward(), config.sweep_settings(loss_type),
+                       model=state.sft.model, tokenizer=state.tokenizer)
     if result.chosen is None:
         raise RuntimeError(f"{loss_type}: no point of the grid could be scored on the validation prompts")
     state.sweeps[loss_type] = result
