@@ -392,13 +392,14 @@ def compute_ref_logprobs(
         records, model, tokenizer, chat_format=chat_format, max_length=max_length, enable_thinking=enable_thinking,
         chat_date=chat_date, model_fingerprint=model_fingerprint, over_max_length=over_max_length)
     key = ref_cache_key(fields)
-    with block_attention_for(unwrap_model(model), block_attention, next(model.parameters()).device):
-        attn = getattr(unwrap_model(model).config, "_attn_implementation", None) or "eager"
+    base, parameter = unwrap_model(model), next(model.parameters())
+    with block_attention_for(base, block_attention, parameter.device):
+        attn = getattr(base.config, "_attn_implementation", None) or "eager"
         collator = SequenceCollator(
             pad_token_id=tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0,
             padding_free=padding_free,
             attn_implementation=attn,
-            mask_dtype=mask_dtype_for(attn, next(model.parameters()).dtype),
+            mask_dtype=mask_dtype_for(attn, parameter.dtype),
             max_row_tokens=max_row_tokens,
             prefix_sharing=resolve_prefix_sharing(prefix_sharing, attn),
             attention_blocks=attn == BLOCK_ATTENTION,

@@ -224,8 +224,8 @@ def wants_block_attention(setting: bool | str, model: torch.nn.Module, device: t
 
     ``"auto"``: on CPU, for a model on ``sdpa`` (where the module's measurements were made;
     on GPUs the per-piece path runs ``sdpa`` on each piece's corner of the mask, not
-    measured against the grid there, so ``"auto"`` leaves it off); ``True``: on any device, for a model on
-    ``sdpa``; ``False``: never. A model already on ``sdpa_blocks`` keeps it.
+    measured against the grid there, so ``"auto"`` leaves it off); ``True``: on any device,
+    for a model on ``sdpa``; ``False``: never. A model already on ``sdpa_blocks`` keeps it.
     """
     if setting not in BLOCK_ATTENTION_SETTINGS:
         raise ConfigError(f"block_attention={setting!r}: choose auto, true or false")

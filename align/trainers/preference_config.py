@@ -232,14 +232,8 @@ class PreferenceConfig(ModelFields, LoraFields, OptimizerFields, TrainingArgumen
             raise ConfigError(f"truncated={self.truncated!r}: choose 'exclude' or 'train_without_end'")
         if self.over_max_length not in ("exclude", "cut"):
             raise ConfigError(f"over_max_length={self.over_max_length!r}: choose 'exclude' or 'cut'")
-        if self.prefix_sharing in ("true", "false"):  # from a command line that kept the text
-            self.prefix_sharing = self.prefix_sharing == "true"
-        if self.prefix_sharing not in ("auto", True, False):
-            raise ConfigError(f"prefix_sharing={self.prefix_sharing!r}: choose auto, true or false")
-        if self.block_attention in ("true", "false"):
-            self.block_attention = self.block_attention == "true"
-        if self.block_attention not in ("auto", True, False):
-            raise ConfigError(f"block_attention={self.block_attention!r}: choose auto, true or false")
+        self.prefix_sharing = _auto_or_bool("prefix_sharing", self.prefix_sharing)
+        self.block_attention = _auto_or_bool("block_attention", self.block_attention)
         if self.global_batch_size is not None and self.global_batch_size < 1:
             raise ConfigError(f"global_batch_size={self.global_batch_size}: must be a positive number of pairs, "
                               "or None")
@@ -247,3 +241,12 @@ class PreferenceConfig(ModelFields, LoraFields, OptimizerFields, TrainingArgumen
     def _check_reference(self) -> None:
         if self.reference not in REFERENCE_MODES:
             raise ConfigError(f"reference={self.reference!r}: choose one of {list(REFERENCE_MODES)}")
+
+
+def _auto_or_bool(key: str, value: bool | str) -> bool | str:
+    """``"auto"``, True or False; ``"true"``/``"false"`` from a command line that kept the text."""
+    if value in ("true", "false"):
+        value = value == "true"
+    if value not in ("auto", True, False):
+        raise ConfigError(f"{key}={value!r}: choose auto, true or false")
+    return value
