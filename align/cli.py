@@ -12,6 +12,7 @@ from collections.abc import Sequence
 
 from align.errors import AlignError, ConfigError
 from align.stages import STAGES, stage_module
+from align.stages.common import stage_config
 
 USAGE = """usage: align STAGE [RECIPE.yaml] [key=value ...]
        align STAGE --help
@@ -19,9 +20,10 @@ USAGE = """usage: align STAGE [RECIPE.yaml] [key=value ...]
 Stages:
 {stages}
 
-A recipe is a YAML file of the stage's keys (or a pipeline recipe with one section per
-stage); key=value arguments override it (nested keys with dots, values parsed as YAML).
-`align STAGE --help` lists every key with its type and default."""
+A recipe is a YAML file of the stage's keys, or a pipeline recipe (steps, or one section
+per stage: the command runs the recipe's one step of that stage; `align step RECIPE NAME`
+runs any step); key=value arguments override it (nested keys with dots, values parsed as
+YAML). `align STAGE --help` lists every key with its type and default."""
 
 
 def _usage() -> str:
@@ -36,19 +38,6 @@ def stage_help(name: str) -> str:
     module = stage_module(name)
     doc = (module.__doc__ or "").strip()
     return f"usage: align {name} [RECIPE.yaml] [key=value ...]\n\n{doc}\n\nRecipe keys:\n{describe(module.Config)}"
-
-
-def split_args(args: Sequence[str]) -> tuple[str | None, list[str]]:
-    """Separate the optional recipe path (the first argument without '=') from overrides."""
-    recipe, overrides = None, []
-    for arg in args:
-        if "=" in arg:
-            overrides.append(arg)
-        elif recipe is None:
-            recipe = arg
-        else:
-            raise ConfigError(f"unexpected argument {arg!r} (one recipe, then key=value overrides)")
-    return recipe, overrides
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -68,15 +57,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     if any(a in ("-h", "--help") for a in rest):
         print(stage_help(name))
         return 0
-    from align.config import load_config
-
     module = stage_module(name)
     try:
-        if hasattr(module, "config_from_args"):  # a stage whose recipe is its input (align plan)
+        if hasattr(module, "config_from_args"):  # a command whose recipe is its input (pipeline, plan, status)
             config = module.config_from_args(rest)
         else:
-            recipe, overrides = split_args(rest)
-            config = load_config(module.Config, recipe, overrides, section=name)
+            config = stage_config(name, rest)
         module.run(config)
     except AlignError as exc:  # a mistake the user can fix (align.errors); anything else is a bug
         if os.environ.get("ALIGN_TRACEBACK"):

@@ -8,14 +8,18 @@ hour into a run.
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import dataclasses
 import datetime
 import difflib
 import enum
 import inspect
+import math
+import numbers
 import types
 import typing
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Literal, TypeVar, Union, get_args, get_origin
 
@@ -24,6 +28,34 @@ import yaml
 from align.errors import ConfigError
 
 T = TypeVar("T")
+
+# The most values a recipe may hold once its YAML aliases are expanded: a ~1 KB file of nested
+# aliases ("billion laughs") expands to billions, which every later walk over the settings
+# (merging, the manifest, printing) would pay for.
+MAX_RECIPE_VALUES = 100_000
+
+_DEVICE_CHECKS = contextvars.ContextVar("align_device_checks", default=True)
+
+
+@contextlib.contextmanager
+def deferred_device_checks() -> Iterator[None]:
+    """Build configs without checking this machine's devices (bf16 support, GPUs).
+
+    ``align status``, ``align plan`` and ``align submit`` read recipes on a login node that
+    has no GPU: a training section with ``bf16: true`` describes the job's node, not this
+    one. Inside this block the trainer configs skip those checks; the job that runs the
+    stage builds its config again, outside it, and checks its own devices.
+    """
+    token = _DEVICE_CHECKS.set(False)
+    try:
+        yield
+    finally:
+        _DEVICE_CHECKS.reset(token)
+
+
+def device_checks_enabled() -> bool:
+    """False inside ``deferred_device_checks`` (a config read where the job does not run)."""
+    return _DEVICE_CHECKS.get()
 
 
 class _DuplicateKey(yaml.YAMLError):
@@ -53,9 +85,34 @@ class _RecipeLoader(yaml.SafeLoader):
         return super().construct_mapping(node, deep=deep)
 
 
+def expanded_size(value: Any, limit: int = MAX_RECIPE_VALUES) -> int:
+    """How many values ``value`` holds with every shared (aliased) node counted each time it
+    appears; counting stops past ``limit``."""
+    memo: dict[int, int] = {}
+
+    def size(node: Any, depth: int) -> int:
+        if depth > 100:
+            raise ConfigError("the recipe nests deeper than 100 levels")
+        if not isinstance(node, (dict, list)):
+            return 1
+        if id(node) in memo:
+            return memo[id(node)]
+        children = node.values() if isinstance(node, dict) else node
+        total = 1
+        for child in children:
+            total += size(child, depth + 1)
+            if total > limit:
+                break
+        memo[id(node)] = total
+        return total
+
+    return size(value, 0)
+
+
 def read_yaml(path: str | Path) -> dict[str, Any]:
     """Read a recipe file into a mapping (an empty file is an empty recipe); a key given
-    twice in one mapping is an error naming it and both lines."""
+    twice in one mapping is an error naming it and both lines; aliases that expand past
+    ``MAX_RECIPE_VALUES`` values are an error."""
     path = Path(path)
     if not path.is_file():
         raise ConfigError(f"recipe file not found: {path}")
@@ -70,6 +127,9 @@ def read_yaml(path: str | Path) -> dict[str, Any]:
         raise ConfigError(f"{path}{where}: not valid YAML ({problem})") from None
     if not isinstance(data, dict):
         raise ConfigError(f"{path}: a recipe must be a mapping of keys to values, got {type(data).__name__}")
+    if expanded_size(data) > MAX_RECIPE_VALUES:
+        raise ConfigError(f"{path}: expands to more than {MAX_RECIPE_VALUES:,} values (YAML aliases referring to "
+                          "aliases); write the settings out")
     return data
 
 
@@ -144,7 +204,7 @@ def renamed_key_hint(key: str, names: Sequence[str]) -> str | None:
     return None
 
 
-def _unknown_key_error(cls: type, key: str, where: str) -> ConfigError:
+def unknown_key_error(cls: type, key: str, where: str) -> ConfigError:
     names = sorted(f.name for f in dataclasses.fields(cls) if f.init)
     hint = renamed_key_hint(key, names)
     if hint is None:
@@ -212,20 +272,26 @@ def _coerce(value: Any, annotation: Any, where: str) -> Any:
             return value
         raise ConfigError(f"{where}: expected true/false, got {value!r}")
     if annotation is int:
-        if isinstance(value, int) and not isinstance(value, bool):
-            return value
-        if isinstance(value, float) and value.is_integer():
+        if isinstance(value, numbers.Integral) and not isinstance(value, bool):
+            return int(value)  # numpy integers too
+        if isinstance(value, numbers.Real) and not isinstance(value, bool) and float(value).is_integer():
             return int(value)
         raise ConfigError(f"{where}: expected an integer, got {value!r}")
     if annotation is float:
-        if isinstance(value, (int, float)) and not isinstance(value, bool):
-            return float(value)
-        if isinstance(value, str):
+        number = None
+        if isinstance(value, numbers.Real) and not isinstance(value, bool):
+            number = float(value)  # numpy and torch scalars too
+        elif isinstance(value, str):
             try:
-                return float(value)  # YAML reads "5e-7" (no dot) as a string
+                number = float(value)  # YAML reads "5e-7" (no dot) as a string
             except ValueError:
                 pass
-        raise ConfigError(f"{where}: expected a number, got {value!r}")
+        if number is None:
+            raise ConfigError(f"{where}: expected a number, got {value!r}")
+        if not math.isfinite(number):
+            raise ConfigError(f"{where}: {value!r} is not a finite number (a run with it would compute NaN "
+                              "and could still be marked complete)")
+        return number
     if annotation is str:
         if isinstance(value, str):
             return value
@@ -249,7 +315,7 @@ def from_dict(cls: type[T], data: Mapping[str, Any], *, where: str = "") -> T:
     kwargs = {}
     for key, value in data.items():
         if key not in fields:
-            raise _unknown_key_error(cls, key, where)
+            raise unknown_key_error(cls, key, where)
         factory = fields[key].default_factory
         if isinstance(value, Mapping) and factory is not dataclasses.MISSING:
             # `sampler.device=cpu` changes that one key of the field's default (evaluate's

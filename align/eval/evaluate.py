@@ -322,7 +322,16 @@ def given_generations(policy: EvalPolicy, prompts: Sequence[Mapping[str, Any]], 
 # --------------------------------------------------------------------------- jobs
 
 
+def shard_is_done(out: Path, settings: EvalSettings) -> bool:
+    """This task's shard of a job directory is complete: nothing to build an engine for."""
+    from align.io.markers import shard_done_path
+
+    return shard_done_path(out, settings.shard_index, settings.num_shards).exists()
+
+
 def _generate_job(policy: EvalPolicy, prompts: list[dict], out: Path, settings: EvalSettings) -> None:
+    if shard_is_done(out, settings):
+        return  # no engine is built for a job this task already finished
     sampler = policy.open()
 
     def process(batch: list[dict]) -> list[dict]:
@@ -360,6 +369,8 @@ def _texts(gen: Mapping[str, Any]) -> list[str]:
 
 def _score_job(provider: Any, prompts: dict[str, dict], generations: list[dict], out: Path, settings: EvalSettings,
                name: str) -> None:
+    if shard_is_done(out, settings):
+        return
     field_name = getattr(provider, "reference_field", None)
 
     def process(batch: list[dict]) -> list[dict]:
@@ -383,6 +394,8 @@ PROMPT_TOO_LONG = "prompt_too_long"  # the judge's note on a comparison it could
 
 def _pairwise_job(judge: Any, prompts: dict[str, dict], gens: list[dict], base: dict[str, dict], out: Path,
                   settings: EvalSettings, name: str) -> None:
+    if shard_is_done(out, settings):
+        return
     def pairs_of(gen: Mapping[str, Any]) -> list[tuple[str, str, str]]:
         other = base[gen["id"]]
         out_pairs = []
@@ -487,6 +500,10 @@ def evaluate(
             generations[policy.name] = [rows[i] for i in ids]
 
     built_here = not _is_provider(provider)
+    if built_here and _scoring_done(out, policies, baseline, settings):
+        # every scoring job of this shard is finished: no engine to build
+        provider = _Done(out / "scores" / policies[0].name, settings.judge_pairwise)
+        built_here = False
     if built_here:  # every sampler is released by now: the provider's engine has the GPUs
         provider = provider()
         if getattr(provider, "reference_field", None):
@@ -541,6 +558,31 @@ def evaluate(
                           kl_notes=kl_notes)
     write_outputs(out, rows, report, plots=settings.plots)
     return report
+
+
+def _scoring_done(out: Path, policies: Sequence[EvalPolicy], baseline: str, settings: EvalSettings) -> bool:
+    """Every scoring job of this task's shard is finished (and, for the judge, every comparison)."""
+    scores = [out / "scores" / p.name for p in policies]
+    if not all(shard_is_done(path, settings) for path in scores):
+        return False
+    if not (settings.judge_pairwise and _Done(scores[0], True).name == "constitutional_judge"):
+        return True
+    return all(shard_is_done(out / "pairwise" / p.name, settings) for p in policies if p.name != baseline)
+
+
+class _Done:
+    """The reward provider of an evaluation whose scoring jobs are all finished: it is never built.
+    Its name is the one the scoring jobs recorded; ``compare_pairs`` is there when they compared pairs."""
+
+    def __init__(self, score_dir: Path, pairwise: bool):
+        import json
+
+        try:
+            self.name = json.loads((score_dir / "_job.json").read_text()).get("provider", "unknown")
+        except (OSError, ValueError):
+            self.name = "unknown"
+        if pairwise and self.name == "constitutional_judge":
+            self.compare_pairs = None  # the judge's comparisons are read back, not asked again
 
 
 def _in_order(rows: list[dict], ids: list[str], where: Path) -> list[dict]:

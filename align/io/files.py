@@ -15,6 +15,7 @@ from collections.abc import Callable, Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import IO, Any
 
+from align.io.ledger import note
 from align.errors import InputError
 
 
@@ -93,6 +94,7 @@ def atomic_write(path: str | Path, write: Callable[[IO[str]], None]) -> Path:
     """Create or replace ``path`` with what ``write(handle)`` writes: temp file, fsync, rename."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
+    note(path)  # the stage's ledger, when its output directory holds it (align.io.ledger)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
         os.fchmod(fd, 0o666 & ~_umask())  # mkstemp's 0600 would make this one output private

@@ -9,15 +9,21 @@ here, faster than the disk, so hashing costs what reading costs (docs/environmen
 1.2 GB/s disk, 140 GB of 70B weights about 2 minutes). XXH3 is not cryptographic: it
 detects changes, not an adversary forging a collision, which is all a cache needs.
 
-Nothing is remembered between calls: a digest keyed by size and modification time would
-miss a file rewritten within the clock's resolution, which is the one thing it must not do.
+Nothing is remembered between calls, except inside ``remembered()``: a digest keyed by size
+and modification time would miss a file rewritten within the clock's resolution, which is
+the one thing it must not do across runs. Within one stage run the same weights are hashed
+for its manifest and again by its own checks (the log-prob pass's cache key, the trainer's
+reference check); ``remembered()`` lets the second use the first's per-file digests while
+the file's size, inode and times are unchanged.
 """
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
-from collections.abc import Iterable
+import os
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -25,6 +31,18 @@ import xxhash
 
 WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth")
 _CHUNK = 16 << 20
+_MEMO: list[dict[tuple, str]] = []  # the digests remembered by the innermost ``remembered()``
+HASHED: list[str] = []  # every file hashed in full, in order (tests count them)
+
+
+@contextlib.contextmanager
+def remembered() -> Iterator[None]:
+    """Within the block, a file's digest is computed once while its size, inode and times stay."""
+    _MEMO.append({})
+    try:
+        yield
+    finally:
+        _MEMO.pop()
 
 
 def json_digest(payload: Any) -> str:
@@ -34,6 +52,24 @@ def json_digest(payload: Any) -> str:
 
 def file_digest(path: str | Path) -> str:
     """XXH3-128 of every byte of a file (hex)."""
+    key = None
+    if _MEMO:
+        stat = os.stat(path)
+        key = (os.path.realpath(path), stat.st_size, stat.st_ino, stat.st_mtime_ns, stat.st_ctime_ns)
+        if key in _MEMO[-1]:
+            return _MEMO[-1][key]
+    value = _hash_file(path)
+    if key is not None:
+        _MEMO[-1][key] = value
+    return value
+
+
+def _hash_file(path: str | Path) -> str:
+    HASHED.append(str(path))
+    log = os.environ.get("ALIGN_HASH_LOG")  # a file each full hash is listed in (tests count them across ranks)
+    if log:
+        with open(log, "a", encoding="utf-8") as handle:
+            handle.write(f"{os.environ.get('RANK', '0')} {path}\n")
     digest = xxhash.xxh3_128()
     buffer = bytearray(_CHUNK)
     view = memoryview(buffer)
@@ -90,10 +126,12 @@ def weights_fingerprint(model_or_path: Any) -> str:
 
 
 __all__ = [
+    "HASHED",
     "WEIGHT_SUFFIXES",
     "file_digest",
     "files_fingerprint",
     "json_digest",
+    "remembered",
     "tensors_fingerprint",
     "weight_files",
     "weights_fingerprint",

@@ -29,7 +29,8 @@ DATA_SUFFIXES = (".jsonl", ".json", ".parquet")
 # Files the library itself writes next to data (completion markers, the job fingerprint,
 # shard markers and locks, a killed atomic writer's temp file): skipped when a directory is
 # read. A new marker name belongs here, or readers refuse the directories that hold it.
-MARKER_NAMES = frozenset({"_COMPLETE.json", "_job.json", "_manifest.json", "_manifest_rows.json", ".align-stage.lock"})
+MARKER_NAMES = frozenset({"_COMPLETE.json", "_job.json", "_manifest.json", "_manifest_rows.json", "_written.jsonl",
+                          ".align-stage.lock", ".align-writer.lock"})
 _MARKER_RE = re.compile(r"^(?:shard-\d{5}-of-\d{5}\.(?:done\.json|lock)|\..+\.tmp)$")
 
 

@@ -28,6 +28,7 @@ from typing import Any, Self
 
 from align.errors import InputError, RecordError
 from align.io.files import iter_jsonl
+from align.io.ledger import note
 
 SHARD_RE = re.compile(r"^shard-(\d{5})-of-(\d{5})\.jsonl$")
 JOB_FILE = "_job.json"
@@ -127,6 +128,8 @@ class ShardWriter:
     def __init__(self, path: Path):
         self.path = path
         path.parent.mkdir(parents=True, exist_ok=True)
+        note(path)
+        note(path.with_suffix(".lock"))
         self._fd = -1
         self._lock = _open_no_symlink(path.with_suffix(".lock"), os.O_RDWR)
         try:
@@ -181,6 +184,7 @@ def check_fingerprint(output_dir: Path, fingerprint: Mapping[str, Any]) -> None:
     output_dir.mkdir(parents=True, exist_ok=True)
     path = output_dir / JOB_FILE
     wanted = json.loads(json.dumps(fingerprint, sort_keys=True, default=_to_json))
+    note(path)
     tmp = output_dir / f".{JOB_FILE}.{os.getpid()}.tmp"
     tmp.write_text(json.dumps(wanted, indent=2, sort_keys=True))
     try:

@@ -31,6 +31,24 @@ from align.io.shards import (
 from align.jobs.sharding import check_shard, shard_of
 
 ProcessBatch = Callable[[list[dict]], list[dict]]
+# output directory (real path) -> a check that raises when the directory is no longer this run's
+_GUARDS: dict[str, Callable[[], None]] = {}
+
+
+def guard_writes(output_dir: str | Path, check: Callable[[], None] | None) -> None:
+    """Run ``check`` before every append to (and the done marker of) a shard under ``output_dir``:
+    a run whose directory another run took over stops instead of writing there (None: stop checking)."""
+    key = os.path.realpath(output_dir)
+    if check is None:
+        _GUARDS.pop(key, None)
+    else:
+        _GUARDS[key] = check
+
+
+def _check_guard(output_dir: Path) -> None:
+    check = _GUARDS.get(os.path.realpath(output_dir))
+    if check is not None:
+        check()
 
 
 def is_replica_process() -> bool:
@@ -169,11 +187,13 @@ def run_job(
                 batch_ids = [source.ids[i] for i in chunk]
                 by_id = _check_outputs(batch_ids, process_batch(batch), id_field)
                 lines = [encode_record(by_id[rid], rid) for rid in batch_ids]
+                _check_guard(output_dir)
                 for line in lines:
                     writer.write(line)
                 writer.sync()
                 processed += len(chunk)
                 bar.update(len(chunk))
+        _check_guard(output_dir)
         mark_shard_done(
             output_dir, shard_index, num_shards,
             {"shard_index": shard_index, "num_shards": num_shards, "num_records": len(mine),

@@ -19,10 +19,14 @@ recorded, not compared: an upgrade does not redo finished work.
 - ``state``: the manifest files of an output directory (``recorded_manifest``).
 - ``rerun``: the rules every stage applies (``begin``, ``start``, ``completion_fields``,
   ``StaleOutputError``).
+- ``outputs``: the files a finished output holds, and whether they changed since.
+- ``lifecycle``: ``StageRun``, the one object every stage runs its edges through.
+- ``status``: where a recipe's steps stand (``step_state``), for ``align status`` and ``align submit``.
 """
 
 from align.manifests.differences import differences, explain
 from align.manifests.inputs import dir_key, fingerprint_input, row_digests
+from align.manifests.lifecycle import StageRun
 from align.manifests.manifest import Manifest, build_manifest
 from align.manifests.redaction import is_secret_key, redact
 from align.manifests.rerun import (
@@ -43,6 +47,7 @@ __all__ = [
     "STAGE_NEUTRAL_KEYS",
     "Begun",
     "Manifest",
+    "StageRun",
     "StaleOutputError",
     "begin",
     "build_manifest",

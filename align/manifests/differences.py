@@ -31,6 +31,18 @@ def _rows_change(old: Mapping[str, str], new: Mapping[str, str]) -> str:
     return f"content changed ({', '.join(parts)})"
 
 
+def _model_change(old: Mapping[str, str], new: Mapping[str, str]) -> str:
+    """Which files of a checkpoint differ: its weights, or its config, tokenizer or chat template."""
+    from align.io.fingerprint import WEIGHT_SUFFIXES
+
+    names = sorted(n for n in old.keys() | new.keys() if old.get(n) != new.get(n))
+    weights = [n for n in names if n.endswith(WEIGHT_SUFFIXES)]
+    others = [n for n in names if n not in weights]
+    parts = ([f"other weights ({', '.join(weights[:3])})"] if weights else []) + \
+        ([f"other {', '.join(others[:4])}" + (" (not the weights)" if not weights else "")] if others else [])
+    return "; ".join(parts) or "other files"
+
+
 def differences(stage: str, old: Mapping[str, Any], new: Manifest, old_rows: Mapping[str, Any] | None = None,
                 new_rows: Mapping[str, Mapping[str, str]] | None = None) -> list[str]:
     """One line per difference between a recorded manifest and this run's."""
@@ -57,8 +69,19 @@ def differences(stage: str, old: Mapping[str, Any], new: Manifest, old_rows: Map
         if {k: v for k, v in before.items() if k != "path"} == {k: v for k, v in after.items() if k != "path"}:
             continue
         name = f"{stage}.{key} ({after.get('path')})"
-        if after.get("kind") == "stage" or before.get("kind") == "stage":
-            if before.get("fingerprint") == after.get("fingerprint"):
+        if after.get("changed"):
+            lines.append(f"{name}: the {after.get('stage') or 'earlier'} stage's output changed since it was made "
+                         f"({'; '.join(after['changed'][:3])})")
+        elif before.get("kind") == "stage" and after.get("kind") == "stage" and \
+                before.get("stage") != after.get("stage"):
+            lines.append(f"{name}: now the {after.get('stage')} stage's output (was the {before.get('stage')} "
+                         "stage's)")
+        elif after.get("kind") == "stage" or before.get("kind") == "stage":
+            if before.get("fingerprint") == after.get("fingerprint") and after.get("output_id") is None \
+                    and "output_id" in after:
+                lines.append(f"{name}: the {after.get('stage') or 'earlier'} step that makes it is not current, so it "
+                             "will be made again")
+            elif before.get("fingerprint") == after.get("fingerprint"):
                 lines.append(f"{name}: made again since (the {after.get('stage') or 'earlier'} stage's output is "
                              "new, though made from the same settings and inputs)")
             else:
@@ -66,6 +89,8 @@ def differences(stage: str, old: Mapping[str, Any], new: Manifest, old_rows: Map
                              "stage's manifest changed)")
         elif old_rows and new_rows and key in old_rows and key in new_rows:
             lines.append(f"{name}: {_rows_change(old_rows[key], new_rows[key])}")
+        elif after.get("kind") == "model" and before.get("files") and after.get("files"):
+            lines.append(f"{name}: {_model_change(before['files'], after['files'])}")
         elif after.get("kind") in ("model", "charter"):
             lines.append(f"{name}: other {'weights' if after['kind'] == 'model' else 'charter text'}")
         else:

@@ -10,6 +10,8 @@ from pathlib import Path
 from typing import Any
 
 from align.io import stage_completion_info
+from align.io.records import is_marker
+from align.manifests.outputs import changed_outputs
 from align.io.fingerprint import (
     WEIGHT_SUFFIXES,
     file_digest,
@@ -58,6 +60,9 @@ def fingerprint_input(value: str, overrides: Mapping[str, tuple[str, str, str | 
     if info and info.get("manifest_fingerprint"):
         entry.update(kind="stage", stage=info.get("stage"), fingerprint=info["manifest_fingerprint"],
                      output_id=info.get("output_id"))
+        changed = changed_outputs(stage_dir, info.get("files"))
+        if changed:  # edited since it was made: not the output its id names
+            entry["changed"] = changed
         if stage_dir != path:
             entry["file"] = path.name
         return entry
@@ -71,9 +76,10 @@ def fingerprint_input(value: str, overrides: Mapping[str, tuple[str, str, str | 
     elif path.is_dir():
         weights = weight_files(path)
         if weights:  # a checkpoint: its weights, config and tokenizer files (top level)
-            entry.update(kind="model", fingerprint=files_fingerprint(
-                [p for p in sorted(path.iterdir()) if p.is_file() and not p.name.startswith(".")
-                 and p.suffix != ".lock"]))
+            files = [p for p in sorted(path.iterdir()) if p.is_file() and not p.name.startswith(".")
+                     and p.suffix != ".lock" and not is_marker(p.name)]
+            entry.update(kind="model", fingerprint=files_fingerprint(files),
+                         files={p.name: file_digest(p)[:16] for p in files})
         else:
             entry.update(kind="directory", fingerprint=_relative_fingerprint(path, _data_files(path)))
     else:

@@ -46,7 +46,7 @@ class Manifest:
         chosen = {k: v for k, v in self.settings.items()
                   if k not in self.defaults or json_digest(v) != json_digest(self.defaults[k])}
         self.fingerprint = json_digest({"stage": self.stage, "settings": chosen,
-                                        "inputs": {k: {n: v for n, v in e.items() if n != "path"}
+                                        "inputs": {k: {n: v for n, v in e.items() if n not in ("path", "files")}
                                                    for k, e in self.inputs.items()}})
 
     def as_json(self) -> dict[str, Any]:
@@ -82,7 +82,7 @@ def build_manifest(stage: str, config: Any, *,
     output_dir = getattr(config, "output_dir", None)
     inputs: dict[str, dict[str, Any]] = {}
     kept: dict[str, Any] = {}
-    for key, value in flat.items():
+    for key, value in _paths_listed(flat).items():
         leaf = re.sub(r"\[\d+\]$", "", key.rsplit(".", 1)[-1])
         if leaf == "resume_from_checkpoint" and isinstance(value, str) and value and output_dir and \
                 not dir_key(value).startswith(dir_key(output_dir) + os.sep):
@@ -105,6 +105,17 @@ def build_manifest(stage: str, config: Any, *,
             kept[key] = value
     defaults = {k: v for k, v in field_defaults(config).items() if k in kept}
     return Manifest(stage=stage, settings=kept, inputs=inputs, defaults=defaults)
+
+
+def _paths_listed(flat: Mapping[str, Any]) -> dict[str, Any]:
+    """A path setting given as a list of paths (several inputs read as one) as one entry per path."""
+    out: dict[str, Any] = {}
+    for key, value in flat.items():
+        if isinstance(value, list) and value and all(isinstance(v, str) for v in value) and is_path_key(key):
+            out.update({f"{key}[{i}]": v for i, v in enumerate(value)})
+        else:
+            out[key] = value
+    return out
 
 
 def _uses_charter(flat: Mapping[str, Any], key: str) -> bool:

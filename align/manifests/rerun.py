@@ -6,8 +6,12 @@
   differ, 1 added)``) and the two ways forward: another ``output_dir``, or ``overwrite=true``;
 * partial, same manifest: resume (job shards skip finished ids, trainers resume from their
   last checkpoint);
-* ``overwrite=true`` over a different output: remove what that stage wrote (everything in
-  the directory except what was there before the stage first started), then start afresh.
+* complete, same manifest, but a file it wrote changed since (``align.manifests.outputs``):
+  stop, naming the file; ``overwrite=true`` redoes it;
+* ``overwrite=true`` over a different (or changed) output: remove what that stage wrote (the
+  entries its ledger and completion marker list, never anything else), then start afresh.
+  An output written without a manifest (by an earlier version) is not removed: what it
+  holds is unknown, so the user removes it.
 """
 
 from __future__ import annotations
@@ -21,10 +25,11 @@ from pathlib import Path
 from typing import Any
 
 from align.errors import InputError
-from align.io import write_json
+from align.io import stage_completion_info, write_json
 from align.manifests.differences import explain
 from align.manifests.inputs import row_digests
 from align.manifests.manifest import Manifest, build_manifest
+from align.manifests.outputs import changed_outputs
 from align.manifests.state import (
     LOCK_FILE,
     MANIFEST_FILE,
@@ -54,6 +59,7 @@ class Begun:
     output_dir: Path
     resumed: bool = False
     overwrite: bool = False  # remove an output of other settings in ``start``, once the inputs are checked
+    redo: bool = False  # the output's manifest is this run's, but its files changed since: remove and redo
 
 
 def begin(stage: str, config: Any, output_dir: str | Path, *, overwrite: bool = False) -> Begun:
@@ -67,20 +73,28 @@ def begin(stage: str, config: Any, output_dir: str | Path, *, overwrite: bool = 
     manifest = build_manifest(stage, config)
     state, recorded = recorded_manifest(output_dir)
     same = recorded is not None and recorded.get("fingerprint") == manifest.fingerprint
-    if state == "complete" and same:
+    changed = changed_outputs(output_dir, (stage_completion_info(output_dir) or {}).get("files")) \
+        if state == "complete" and same else []
+    if state == "complete" and same and not changed:
         print(f"[align {stage}] {output_dir} is already complete; skipping (made from the same settings and inputs)")
         return Begun(True, manifest, output_dir)
+    if changed:
+        if not overwrite:
+            raise StaleOutputError(f"{stage}: {output_dir} changed since it was made: {'; '.join(changed[:5])}"
+                                   f"{f' and {len(changed) - 5} more' if len(changed) > 5 else ''}. "
+                                   f"{_forward(output_dir)}")
+        return Begun(False, manifest, output_dir, overwrite=True, redo=True)
     if state == "empty" or same:
         return Begun(False, manifest, output_dir, resumed=state == "partial")
     if recorded is not None and recorded.get("stage") not in (None, stage):
         raise StaleOutputError(f"{stage}: {output_dir} holds the {recorded.get('stage')} stage's output; choose "
                                "another output_dir (overwrite=true never removes another stage's output)")
+    if recorded is None:
+        raise StaleOutputError(f"{stage}: {output_dir} holds a stage output written without a manifest (by an "
+                               "earlier version of align), so what it was made from, and which of its files the "
+                               "stage wrote, are unknown: remove it yourself, or use another output_dir")
     if not overwrite:
-        if recorded is None:
-            problem = ["it was written without a manifest (by an earlier version of align), so what it was "
-                       + "made from is unknown"]
-        else:
-            problem = explain(stage, output_dir, recorded, manifest)
+        problem = explain(stage, output_dir, recorded, manifest)
         what = "an output" if state == "complete" else "a partial output"
         raise StaleOutputError(f"{stage}: {output_dir} holds {what} made from other settings or inputs: "
                                + "; ".join(problem) + f". {_forward(output_dir)}")
@@ -102,17 +116,15 @@ def start(begun: Begun, rows_by_key: Mapping[str, Sequence[Mapping[str, Any]]] |
     with locked(output_dir):
         state, recorded = recorded_manifest(output_dir)  # again, under the lock: others may have started
         found = read_json(output_dir / MANIFEST_FILE)
-        if state != "empty" and (recorded or {}).get("fingerprint") != manifest.fingerprint:
+        if begun.redo or (state != "empty" and (recorded or {}).get("fingerprint") != manifest.fingerprint):
             if not begun.overwrite:  # another run started here since `begin` looked
                 raise StaleOutputError(f"{manifest.stage}: {output_dir} now holds work of another run with other "
                                        f"settings or inputs (started while this one was reading its inputs). "
                                        f"{_forward(output_dir)}")
-            removed = remove_stage_output(output_dir, found)
-            print(f"[align {manifest.stage}] overwrite=true: removed {len(removed)} entries the stage wrote in "
-                  f"{output_dir}")
-            # without an earlier manifest, whatever is left was the stage's too (files of an older version)
-            found = found if found is not None else {"preexisting": []}
-            found = {**found, "fingerprint": None}
+            removed, kept = remove_stage_output(output_dir, found, stage_completion_info(output_dir))
+            print(f"[align {manifest.stage}] overwrite=true: removed the {len(removed)} entries the stage wrote in "
+                  f"{output_dir}" + (f"; kept {len(kept)} it did not write: {', '.join(kept[:5])}" if kept else ""))
+            found = {**(found or {"preexisting": []}), "fingerprint": None}
         if found is None or found.get("fingerprint") != manifest.fingerprint:
             preexisting = list(found.get("preexisting") or []) if found else \
                 sorted(p.name for p in output_dir.iterdir() if p.name not in (LOCK_FILE, ROWS_FILE))

@@ -13,11 +13,16 @@ from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
-from align.io import stage_completion_info
+from align.io import STAGE_COMPLETE_MARKER, stage_completion_info
+from align.io.ledger import LEDGER_FILE, written
+from align.io.records import is_marker
 
 MANIFEST_FILE = "_manifest.json"
 ROWS_FILE = "_manifest_rows.json"
 LOCK_FILE = ".align-stage.lock"
+WRITER_LOCK = ".align-writer.lock"
+# The library's own files in a stage output: never a user's, removed with the output they describe
+OWN_MARKERS = (STAGE_COMPLETE_MARKER, ROWS_FILE, LEDGER_FILE, "_job.json")
 
 
 def read_json(path: Path) -> Any:
@@ -36,7 +41,7 @@ def recorded_manifest(output_dir: str | Path) -> tuple[str, dict[str, Any] | Non
         return "complete", info.get("manifest")
     started = read_json(output_dir / MANIFEST_FILE)
     if started is not None:
-        own = {MANIFEST_FILE, ROWS_FILE, LOCK_FILE, *(started.get("preexisting") or [])}
+        own = {MANIFEST_FILE, ROWS_FILE, LOCK_FILE, WRITER_LOCK, LEDGER_FILE, *(started.get("preexisting") or [])}
         if all(p.name in own for p in output_dir.iterdir()):
             return "empty", None  # started, but failed before writing anything: nothing to keep
         return "partial", started
@@ -65,13 +70,19 @@ def locked(output_dir: Path) -> Iterator[None]:
         os.close(fd)
 
 
-def remove_stage_output(output_dir: Path, started: Mapping[str, Any] | None) -> list[str]:
-    """Remove what the stage wrote: everything but what was there before it first started."""
-    keep = set((started or {}).get("preexisting") or []) | {LOCK_FILE}
-    victims = [p for p in output_dir.iterdir() if p.name not in keep] if started else stage_artifacts(output_dir)
+def remove_stage_output(output_dir: Path, started: Mapping[str, Any] | None,
+                        info: Mapping[str, Any] | None = None) -> tuple[list[str], list[str]]:
+    """Remove what the stage wrote: the entries its ledger holds and the files its completion marker
+    lists (and the library's own markers); (removed, kept: entries the stage did not write)."""
+    names = set(written(output_dir)) | {name.split("/", 1)[0] for name in ((info or {}).get("files") or {})}
+    names |= set(OWN_MARKERS)
+    keep = set((started or {}).get("preexisting") or []) | {LOCK_FILE, WRITER_LOCK, MANIFEST_FILE}
+    victims = [p for p in output_dir.iterdir() if p.name in names and p.name not in keep]
     for path in victims:
         if path.is_dir() and not path.is_symlink():
             shutil.rmtree(path)
         else:
             path.unlink(missing_ok=True)
-    return sorted(p.name for p in victims)
+    kept = sorted(p.name for p in output_dir.iterdir() if p.name not in names and p.name not in keep
+                  and not p.name.startswith(".") and not is_marker(p.name))
+    return sorted(p.name for p in victims), kept

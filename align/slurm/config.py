@@ -1,8 +1,15 @@
-"""The recipe's ``slurm:`` section: where and how big each stage's SLURM job is.
+"""The recipe's ``slurm:`` section: where and how big each step's SLURM job is, and which Python runs it.
 
-The top-level keys apply to every stage; ``stages: {STAGE: {key: value}}`` changes them for
-one stage (``stages: {train: {nodes: 8}, annotate: {array: 16, gpus_per_task: 2}}``).
-``align submit`` reads it; ``align pipeline`` and ``align status`` accept it and ignore it.
+The top-level keys apply to every step; ``stages: {NAME: {key: value}}`` changes them for
+the steps of one stage type (``train``) or for one step by its name (``annotate_judge``; a
+step's name wins over its stage's): ``stages: {train: {nodes: 8}, annotate_judge: {array:
+16, gpus_per_task: 2, python: .venv-vllm/bin/python}}``. ``align submit`` reads it; ``align
+pipeline`` and ``align status`` accept it and ignore it.
+
+Resources a cluster admin expects on every job are written on every script: GPUs, CPUs
+(default 8 per GPU the task holds, 4 for a task without GPUs), memory (default 8 GiB per
+CPU for array and one-task steps; training launches hold their nodes whole: ``--exclusive``
+and ``--mem=0``), time, partition, account.
 """
 
 from __future__ import annotations
@@ -17,7 +24,9 @@ from align.config import ConfigError, from_dict
 # How each stage runs as a job: an array of shards, one launch over nodes, or one task.
 ARRAY_STAGES = ("sample", "annotate", "evaluate")
 LAUNCH_STAGES = ("sft", "logprobs", "train")
-SINGLE_STAGES = ("decontaminate", "pairs")
+SINGLE_STAGES = ("decontaminate", "pairs", "split", "join", "judge-validate")
+# Every stage a recipe step may run.
+STEP_STAGES = (*ARRAY_STAGES, *LAUNCH_STAGES, *SINGLE_STAGES)
 
 
 @dataclass
@@ -35,8 +44,17 @@ class JobSettings:
         "help": "training stages: ranks per node (default: gpus_per_node, at least 1)"})
     gpus_per_task: int = field(default=1, metadata={
         "help": "array stages (sample, annotate, evaluate) and one-task stages: GPUs per task; 0: none asked for"})
-    cpus_per_task: int | None = field(default=None, metadata={"help": "CPUs per task (--cpus-per-task); none: the cluster's default"})
-    mem: str | None = field(default=None, metadata={"help": "memory per node (--mem, e.g. 200G); none: the cluster's default"})
+    cpus_per_task: int | None = field(default=None, metadata={
+        "help": "CPUs per task (--cpus-per-task; a training launch's task is one node's launcher); none: 8 per GPU "
+                "the task holds (4 without GPUs)"})
+    mem: str | None = field(default=None, metadata={
+        "help": "memory per node (--mem, e.g. 200G; 0: all of it); none: 8G per CPU for array and one-task steps, "
+                "0 (the whole node) for training launches"})
+    exclusive: bool | None = field(default=None, metadata={
+        "help": "--exclusive: no other job on the nodes; none: on for training launches, off otherwise"})
+    python: str | None = field(default=None, metadata={
+        "help": "the Python that runs the step (e.g. .venv-vllm/bin/python for the vLLM steps, .venv/bin/python for "
+                "training; relative to the directory align submit runs in); none: the Python align submit runs in"})
     array: int = field(default=1, metadata={"help": "array stages: shards, one array task each (--array=0-(array-1))"})
     array_parallel: int | None = field(default=None, metadata={"help": "array stages: at most this many tasks at once (--array=...%N)"})
     accelerate_config: str = field(default="recipes/accelerate/zero3.yaml", metadata={
@@ -59,6 +77,8 @@ class JobSettings:
             value = getattr(self, name)
             if value is not None and value < 1:
                 raise ConfigError(f"{name}: must be at least 1 (or null), got {value}")
+        if self.mem is not None and not re.fullmatch(r"\d+[KMGT]?", str(self.mem)):
+            raise ConfigError(f"mem: {self.mem!r} is not a SLURM memory size (e.g. 64G, 500M, 0 for all of a node)")
         names = [k for k in self.env if not (isinstance(k, str) and re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", k))]
         if names:
             raise ConfigError(f"env: {names} are not environment variable names")
@@ -69,6 +89,22 @@ class JobSettings:
     @property
     def ranks_per_node(self) -> int:
         return self.processes_per_node or max(self.gpus_per_node, 1)
+
+    def cpus_for(self, kind: str) -> int:
+        """CPUs per task: the setting, else 8 per GPU the task holds (4 without GPUs)."""
+        if self.cpus_per_task is not None:
+            return self.cpus_per_task
+        gpus = self.gpus_per_node if kind == "launch" else self.gpus_per_task
+        return 8 * gpus if gpus else 4
+
+    def mem_for(self, kind: str) -> str:
+        """Memory per node: the setting, else the whole node for a launch, 8G per CPU otherwise."""
+        if self.mem is not None:
+            return str(self.mem)
+        return "0" if kind == "launch" else f"{8 * self.cpus_for(kind)}G"
+
+    def exclusive_for(self, kind: str) -> bool:
+        return self.exclusive if self.exclusive is not None else kind == "launch"
 
 
 @dataclass
@@ -84,19 +120,17 @@ class SlurmConfig(JobSettings):
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        known = set(ARRAY_STAGES + LAUNCH_STAGES + SINGLE_STAGES)
-        for stage, changes in self.stages.items():
-            if stage not in known:
-                raise ConfigError(f"stages: {stage!r} is not a stage (one of {sorted(known)})")
+        for stage, changes in self.stages.items():  # step names are checked against the recipe's steps
             if not isinstance(changes, dict):
                 raise ConfigError(f"stages.{stage}: expected a mapping of keys to values, got {changes!r}")
             self.for_stage(stage)  # every key checked at load time
 
-    def for_stage(self, stage: str) -> JobSettings:
-        """The settings of one stage: the section's keys, under its ``stages`` entry."""
+    def for_stage(self, stage: str, step: str | None = None) -> JobSettings:
+        """The settings of one step: the section's keys, under its stage's ``stages`` entry, under its own."""
         base = {f.name: getattr(self, f.name) for f in dataclasses.fields(JobSettings)}
-        changes: dict[str, Any] = self.stages.get(stage) or {}
+        changes: dict[str, Any] = {**(self.stages.get(stage) or {}), **((self.stages.get(step) or {}) if step else {})}
+        where = step if step and step in self.stages else stage
         try:
-            return from_dict(JobSettings, {**base, **changes}, where=f"stages.{stage}.")
+            return from_dict(JobSettings, {**base, **changes}, where=f"stages.{where}.")
         except ConfigError as exc:  # a key's own check may name the key alone
-            raise (exc if str(exc).startswith("stages.") else ConfigError(f"stages.{stage}.{exc}")) from None
+            raise (exc if str(exc).startswith("stages.") else ConfigError(f"stages.{where}.{exc}")) from None

@@ -8,7 +8,10 @@ providers) live elsewhere; a stage only wires them to a recipe.
 from __future__ import annotations
 
 import importlib
+from collections.abc import Mapping, Sequence
+from pathlib import Path
 from types import ModuleType
+from typing import Any
 
 # name -> (module, one-line summary); modules are imported only when their stage runs.
 STAGES: dict[str, tuple[str, str]] = {
@@ -25,9 +28,10 @@ STAGES: dict[str, tuple[str, str]] = {
     "plan": ("align.stages.plan", "memory per GPU of each stage of a recipe, whether it fits, the smallest change that does"),
     "split": ("align.stages.split", "one part of a prompt file (the prompts of one round: round_prompts=split)"),
     "join": ("align.stages.join", "a policy's samples beside π_ref's reference samples (rounds, reference=initial)"),
-    "pipeline": ("align.stages.pipeline", "every stage from one recipe, skipping those whose output is current"),
-    "status": ("align.stages.status", "each stage of a pipeline recipe: done, stale (why), partial or not started"),
-    "submit": ("align.stages.submit", "a pipeline recipe's stages as SLURM jobs, each after the one before"),
+    "pipeline": ("align.stages.pipeline", "every step of a recipe, skipping those whose output is current"),
+    "step": ("align.stages.step", "one named step of a pipeline recipe (what a submitted job runs)"),
+    "status": ("align.stages.status", "each step of a recipe: done, stale (why), partial or not started"),
+    "submit": ("align.stages.submit", "a recipe's steps as SLURM jobs, each after the steps it reads"),
     "demo": ("align.stages.demo", "the whole method on a tiny model on CPU, in minutes"),
 }
 
@@ -37,3 +41,16 @@ def stage_module(name: str) -> ModuleType:
     if name not in STAGES:
         raise KeyError(f"unknown stage {name!r}; stages: {', '.join(STAGES)}")
     return importlib.import_module(STAGES[name][0])
+
+
+def stage_config_class(name: str) -> type:
+    """The ``Config`` dataclass of a stage (its recipe keys)."""
+    return stage_module(name).Config
+
+
+def load_recipe(source: str | Path | Mapping[str, Any], overrides: Sequence[str] | Mapping[str, Any] = (), *,
+                stage: str | None = None, devices: str = "check") -> Any:
+    """``align.recipe.read_recipe`` with the stages' configs: a recipe of any shape as its steps."""
+    from align.recipe import read_recipe
+
+    return read_recipe(source, overrides, config_class=stage_config_class, stage=stage, devices=devices)

@@ -24,12 +24,13 @@ Example: ``align annotate recipes/apertus-8b/annotate_rm.yaml`` or
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 from align.errors import ConfigError
-from align.manifests import begin, start
-from align.stages.common import check_model_path, check_output_dir, finish, read_input
+from align.manifests import StageRun
+from align.manifests.lifecycle import check_model_path
 from rewards.config import RewardProviderConfig, build_reward_provider
 
 
@@ -39,10 +40,29 @@ class Config(RewardProviderConfig):
 
     input: str = field(default="", metadata={"help": "records with completions (file or stage dir)"})
     output_dir: str = field(default="runs/annotate", metadata={"help": "job output directory (shards)"})
+    where: dict = field(default_factory=dict, metadata={
+        "help": "annotate only the records whose fields have these values: {FIELD: value or [values]} (e.g. "
+                "{controversial: true} for the judge, {controversial: [false, null]} for the reward model); the "
+                "others are left out of this output, counted in its summary"})
     batch_size: int = field(default=16, metadata={"help": "prompt records per job batch"})
     shard_index: int | None = field(default=None, metadata={"help": "this shard (default: from SLURM/RANK env)"})
     num_shards: int | None = field(default=None, metadata={"help": "number of shards (default: from env)"})
     overwrite: bool = field(default=False, metadata={"help": "redo a finished or partial output made from other settings or inputs (removes only what this stage wrote there)"})
+
+
+def selected(records: list[dict[str, Any]], where: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """The records whose fields match ``where`` (each value, or one of a list of values)."""
+    if not where:
+        return records
+
+    def matches(row: Mapping[str, Any]) -> bool:
+        for name, wanted in where.items():
+            allowed = wanted if isinstance(wanted, list) else [wanted]
+            if row.get(name) not in allowed:
+                return False
+        return True
+
+    return [row for row in records if matches(row)]
 
 
 def run(config: Config) -> dict:
@@ -56,14 +76,16 @@ def run(config: Config) -> dict:
 
     if not config.input:
         raise ConfigError("annotate: set input (records with completions, e.g. the sample stage's output)")
-    check_output_dir(config.output_dir, "annotate")
-    begun = begin("annotate", config, config.output_dir, overwrite=config.overwrite)
-    if begun.skip:
+    run = StageRun.begin("annotate", config, job=True)
+    if run.skip:
         return {}
-    records = read_input(config.input, "annotate", "input")
+    everything = run.read("input")
+    records = selected(everything, config.where)
+    if config.where:
+        print(f"[align annotate] where={config.where}: {len(records)} of {len(everything)} records selected")
     if config.provider != "verifiable" and config.backend != "openai":
         check_model_path(config.model, "annotate", "model")
-    start(begun, {"input": records})
+    run.start()
     index, count = resolve_shard(config.shard_index, config.num_shards)
     provider = build_reward_provider(config)
     common = {"shard_index": index, "num_shards": count, "batch_size": config.batch_size}
@@ -73,9 +95,12 @@ def run(config: Config) -> dict:
         annotate(records, provider, config.output_dir, **common)
     if not job_is_complete(config.output_dir, records, count):
         print(f"[align annotate] shard {index} of {count} written to {config.output_dir}; other shards still to run")
+        run.close()
         return {"shard": index}
     rows = read_output(config.output_dir)
     summary: dict[str, Any] = {"records": len(rows), "provider": config.provider}
+    if config.where:
+        summary["not_selected"] = len(everything) - len(records)
     if config.provider == "classifier":
         summary["controversial"] = sum(r.get("controversial") is True for r in rows)
         summary["failed"] = sum(r.get("controversy_label") is None for r in rows)
@@ -87,4 +112,4 @@ def run(config: Config) -> dict:
         summary["empty_completions"] = sum("empty_completion" in d for d in details)
         if config.provider == "reward_model":
             summary["truncated_inputs"] = sum(d.get("truncated") is True for d in details)
-    return finish("annotate", config, config.output_dir, summary, begun, job=True)
+    return run.finish(summary)

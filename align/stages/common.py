@@ -1,102 +1,84 @@
-"""What every stage does at its edges: announce its output, record completion."""
+"""What stages share beyond ``align.manifests.StageRun``: secrets kept out of outputs, and the
+marker of an output that has no manifest of its own (a sweep: each point has one)."""
 
 from __future__ import annotations
 
 import json
+import os
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 from align.config import to_dict
-from align.errors import ConfigError, InputError, MissingInputError
-from align.io import STAGE_COMPLETE_MARKER, mark_stage_complete, stage_completion_info
-from align.io.records import looks_local
-from align.manifests import Begun, completion_fields, redact
+from align.errors import ConfigError
+from align.io import mark_stage_complete
+from align.manifests import redact
+from align.manifests.lifecycle import (
+    check_input_exists,
+    check_model_path,
+    check_output_dir,
+    check_stage_input,
+)
 
-# Stage outputs that hold more than one kind of row: reading the whole directory would mix
-# them (skipped prompts into pairs, contaminated rows into the training set).
-DATA_FILES = {"pairs": "pairs.jsonl", "decontaminate": "kept.jsonl"}
-
-
-def check_stage_input(path: str | Path, stage: str, key: str) -> None:
-    """Refuse a stage output directory that is unfinished, or that must be read by file.
-
-    A directory holding job shards (``shard-*.jsonl``) or a job fingerprint (``_job.json``)
-    but no completion marker is a stage still running, killed, or a SLURM array with tasks
-    left: reading it would silently use a subset of the records. A finished ``pairs`` or
-    ``decontaminate`` output holds two kinds of rows (pairs / skipped, kept / removed): the
-    file to read must be named. Plain data directories and files are read as they are.
-    """
-    path = Path(path)
-    if not path.is_dir():
-        return
-    info = stage_completion_info(path)
-    if info is None:
-        if (path / "_job.json").exists() or any(path.glob("shard-*-of-*.jsonl")):
-            raise InputError(
-                f"{stage}: {key}={str(path)!r} is an unfinished stage output (no {STAGE_COMPLETE_MARKER}): "
-                "finish the stage that writes it first (rerun it; for a SLURM array, every task)"
-            )
-        return
-    if info.get("stage") in DATA_FILES:
-        wanted = path / DATA_FILES[info["stage"]]
-        raise InputError(
-            f"{stage}: {key}={str(path)!r} is the {info['stage']} stage's output, which holds more than one "
-            f"kind of row; name the file instead: {key}={wanted}"
-        )
+__all__ = ["check_input_exists", "check_model_path", "check_output_dir", "check_stage_input", "is_main_process",
+           "keep_hub_token_out_of_outputs", "launch_devices", "mark_unmanaged_complete", "split_args"]
 
 
-def check_input_exists(path: str | Path, stage: str, key: str) -> None:
-    """A missing local input is an error naming the key, not a hub lookup failing deep in `datasets`."""
-    if not str(path).strip():
-        raise ConfigError(f"{stage}: set {key} (an empty path is never read as the current directory)")
-    if not Path(path).exists() and looks_local(str(path)):
-        raise MissingInputError(f"{stage}: {key}={str(path)!r} does not exist")
+def split_args(args: Sequence[str]) -> tuple[str | None, list[str]]:
+    """Separate the optional recipe path (the first argument without '=') from ``key=value`` overrides."""
+    recipe, overrides = None, []
+    for arg in args:
+        if "=" in arg:
+            overrides.append(arg)
+        elif recipe is None:
+            recipe = arg
+        else:
+            raise ConfigError(f"unexpected argument {arg!r} (one recipe, then key=value overrides)")
+    return recipe, overrides
 
 
-def check_model_path(model: str | Path | None, stage: str, key: str) -> None:
-    """A model given as a local path must be a directory with a config.json.
+def recipe_from_args(command: str, args: Sequence[str], devices: str = "defer") -> Any:
+    """``align COMMAND RECIPE [key=value ...]`` for a command that reads a whole recipe (status, submit):
+    a pipeline recipe, or a stage file whose opening comments name its stage (``align STAGE ...``)."""
+    from align.config import read_yaml
+    from align.plan.recipe_header import header_lines, stage_from_header
+    from align.recipe.read import is_pipeline
+    from align.stages import STAGES, load_recipe
 
-    (A hub name, ``org/name``, is left to ``from_pretrained``.) Without this check a
-    missing directory surfaces as the hub client refusing it as a repo id.
-    """
-    if not model:
-        raise ConfigError(f"{stage}: set {key} (a model directory or name)")
-    path = Path(model).expanduser()
-    if path.exists():
-        if not (path / "config.json").is_file():
-            raise InputError(f"{stage}: {key}={str(model)!r} has no config.json (not a saved model)")
-        return
-    if looks_local(str(model)):
-        raise MissingInputError(f"{stage}: {key}={str(model)!r} does not exist (a model directory, or a hub "
-                                "name such as org/name)")
-
-
-def check_output_dir(path: str | Path, stage: str, key: str = "output_dir") -> None:
-    """An output directory that cannot be created or written is an error before any work."""
-    import os
-
-    path = Path(path)
-    for ancestor in (path, *path.parents):
-        if ancestor.exists():
-            if not ancestor.is_dir():
-                raise InputError(f"{stage}: {key}={str(path)!r}: {str(ancestor)!r} is a file, not a "
-                                 "directory")
-            if not os.access(ancestor, os.W_OK | os.X_OK):
-                raise InputError(f"{stage}: {key}={str(path)!r}: {str(ancestor)!r} is not writable")
-            return
+    path, overrides = split_args(args)
+    if path is None:
+        raise ConfigError(f"give the recipe: align {command} RECIPE.yaml [key=value ...]")
+    stage = None
+    if not is_pipeline(read_yaml(path)):
+        stage = stage_from_header(header_lines(path), STAGES)
+        if stage is None:
+            raise ConfigError(f"{path}: the keys of one stage, and its opening comments name no `align STAGE` "
+                              "command: add one (e.g. `# align sample RECIPE`), or use a pipeline recipe")
+    return load_recipe(path, overrides, stage=stage, devices=devices)
 
 
-def read_input(path: str | Path, stage: str, key: str) -> list[dict[str, Any]]:
-    """A stage's input rows: checked (exists, finished), not empty; ``align.io.read_records``
-    refuses an id on two rows, naming both places."""
-    from align.io import read_records
+def stage_config(stage: str, args: Sequence[str]) -> Any:
+    """``align STAGE [RECIPE] [key=value ...]``: the stage's config from a stage file, or from the one step of
+    that stage in a pipeline recipe (the overrides are that step's keys)."""
+    from align.config import merge, parse_overrides
+    from align.stages import load_recipe
 
-    check_input_exists(path, stage, key)
-    check_stage_input(path, stage, key)
-    rows = read_records(path)
-    if not rows:
-        raise InputError(f"{stage}: {key}={str(path)!r} holds no rows")
-    return rows
+    path, overrides = split_args(args)
+    recipe = load_recipe(path if path is not None else {}, () if path is not None else overrides, stage=stage)
+    if recipe.kind == "stage":
+        if path is None:
+            return recipe.config(recipe.steps[0])
+        recipe = load_recipe(path, overrides, stage=stage)
+        return recipe.config(recipe.steps[0])
+    steps = [s for s in recipe if s.stage == stage and not s.phase]
+    if len(steps) != 1:
+        names = [s.name for s in steps]
+        raise ConfigError(f"{path} has {len(steps)} steps of stage {stage}{f' ({names})' if names else ''}: run one "
+                          f"with `align step {path} NAME`" if steps else
+                          f"{path} has no step of stage {stage} (steps: {[s.name for s in recipe]})")
+    step = steps[0]
+    step.keys = merge(step.keys, parse_overrides(overrides))
+    return recipe.config(step)
 
 
 def keep_hub_token_out_of_outputs(config: Any) -> None:
@@ -106,43 +88,29 @@ def keep_hub_token_out_of_outputs(config: Any) -> None:
     (``training_args.bin``); a token left there would sit in plain text under output_dir.
     The hub client reads ``$HF_TOKEN``, so ``push_to_hub`` still works.
     """
-    import os
-
     token = getattr(config, "hub_token", None)
     if token:
         os.environ["HF_TOKEN"] = token
         config.hub_token = None
 
 
+def launch_devices(config: Any) -> None:
+    """Under a distributed launch, set up the launch's devices and process group now, as the trainer would
+    (``TrainingArguments.device``): rank 0 then decides for every rank (``align.manifests.StageRun``)."""
+    if int(os.environ.get("WORLD_SIZE", "1")) > 1:
+        _ = config.device
+
+
 def is_main_process() -> bool:
     """Rank 0 of a distributed launch (or a plain process): the one that writes markers."""
-    import os
-
     return int(os.environ.get("RANK", "0")) == 0
 
 
-def finish(stage: str, config: Any, output_dir: str | Path, summary: dict[str, Any],
-           begun: Begun | None = None, *, job: bool = False) -> dict[str, Any]:
-    """Mark the output complete with the config (secrets removed), its manifest and the summary.
-
-    A trainer's ranks all finish the same run: only the main process writes. A sharded job
-    (``job``: sample, annotate, evaluate) is complete when its last shard lands, on whichever
-    rank or array task that is: that one writes, with an output id drawn from the shards'
-    done markers, so two processes finishing together write the same id.
-    """
-    if not (job or is_main_process()):
+def mark_unmanaged_complete(stage: str, config: Any, output_dir: str | Path, summary: dict[str, Any]) -> dict[str, Any]:
+    """Mark an output complete that has no manifest of its own (its parts have theirs)."""
+    if not is_main_process():
         return summary
-    output_id = None
-    if job:
-        from align.io.fingerprint import json_digest
-
-        markers = sorted(Path(output_dir).rglob("shard-*.done.json"))
-        output_id = json_digest([[str(p.relative_to(output_dir)), p.read_text()] for p in markers])[:32]
-    fields = completion_fields(begun)
-    if output_id and fields:
-        fields["output_id"] = output_id
-    mark_stage_complete(output_dir, stage=stage, config=redact(to_dict(config)), summary=redact(summary),
-                        **fields)
+    mark_stage_complete(output_dir, stage=stage, config=redact(to_dict(config)), summary=redact(summary))
     print(f"[align {stage}] wrote {output_dir}")
-    print(f"[align {stage}] " + json.dumps(summary, default=str))
+    print(f"[align {stage}] " + json.dumps(redact(summary), default=str))
     return summary

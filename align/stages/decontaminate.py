@@ -25,8 +25,7 @@ from align.data.decontaminate_report import summary_lines
 from align.errors import ConfigError, InputError, MissingInputError, RecordError
 from align.io import iter_jsonl, read_records, write_json, write_jsonl
 from align.io.records import data_suffix
-from align.manifests import begin, start
-from align.stages.common import finish
+from align.manifests import StageRun
 
 __all__ = ["BenchmarkSpec", "Config", "DecontaminationConfig", "decontaminate_files", "load_benchmark", "run"]
 
@@ -195,19 +194,24 @@ def _columns_from_rows(
 # --------------------------------------------------------------------------- the stage
 
 
-def decontaminate_files(config: DecontaminationConfig) -> dict[str, Any]:
+def decontaminate_files(config: DecontaminationConfig, run: StageRun | None = None) -> dict[str, Any]:
     """Load the training set and benchmarks named in the config, write the three outputs.
 
     Writes ``kept.jsonl`` (records unchanged), ``removed.jsonl`` (see
     ``align.data.decontaminate.decontaminate``) and ``summary.json`` into
-    ``config.output_dir``; returns the summary.
+    ``config.output_dir``; returns the summary. With ``run`` (the stage's lifecycle), every
+    input is read and checked before ``run.start()`` may remove an earlier output.
     """
     config.check_file_run()
     benches = [load_benchmark(spec) for spec in config.benchmarks]
     train = read_rows(config.input, split=config.split)
+    if run is not None:
+        run.start()
     kept, removed, summary = decontaminate(train, benches, config, source=config.input)
     summary["train"]["source"] = config.input
     out = Path(config.output_dir)
+    if run is not None:
+        run.check_owner()
     write_jsonl(out / "kept.jsonl", kept, default=str)
     write_jsonl(out / "removed.jsonl", removed, default=str)
     write_json(out / "summary.json", summary)
@@ -218,12 +222,11 @@ def run(config: DecontaminationConfig) -> dict:
     """Decontaminate the training file against every benchmark in the recipe."""
     if config.output_dir is None:
         raise ConfigError("decontaminate: output_dir is required (where kept.jsonl and removed.jsonl go)")
-    begun = begin("decontaminate", config, config.output_dir, overwrite=config.overwrite)
-    if begun.skip:
+    stage_run = StageRun.begin("decontaminate", config)
+    if stage_run.skip:
         return {}
-    start(begun)
     logger.info("decontaminate config: %s", json.dumps(asdict(config), default=repr))
-    summary = decontaminate_files(config)
+    summary = decontaminate_files(config, stage_run)
     for line in summary_lines(summary):
         logger.info("%s", line)
-    return finish("decontaminate", config, config.output_dir, summary, begun)
+    return stage_run.finish(summary)

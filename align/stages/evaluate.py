@@ -25,16 +25,12 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
+from align.config import from_dict, merge, to_dict
 from align.errors import ConfigError, MissingInputError
 from align.eval.evaluate import EvalSettings
-from align.manifests import begin, start
+from align.manifests import StageRun
+from align.manifests.lifecycle import check_stage_input
 from align.sampling.config import SamplerConfig
-from align.stages.common import (
-    check_output_dir,
-    check_stage_input,
-    finish,
-    read_input,
-)
 from rewards.config import RewardProviderConfig, build_reward_provider
 
 
@@ -45,12 +41,20 @@ class PolicyConfig:
     completions: str | None = field(
         default=None, metadata={"help": "completions generated before (a sample stage output), instead of a model"}
     )
+    sampler: dict | None = field(default=None, metadata={
+        "help": "this policy's sampler keys over the shared sampler (e.g. {backend: openai, base_url: ...} for a "
+                "policy served by vllm serve)"})
 
     def __post_init__(self) -> None:
         if not self.name:
             raise ConfigError("policies: every policy needs a name")
         if (self.model is None) == (self.completions is None):
             raise ConfigError(f"policy {self.name!r}: set exactly one of model and completions")
+        if self.sampler is not None and self.completions is not None:
+            raise ConfigError(f"policy {self.name!r}: sampler keys apply to a policy that generates (model), not to "
+                              "completions given")
+        if self.sampler and "model" in self.sampler:
+            raise ConfigError(f"policy {self.name!r}: sampler.model is the policy's model; set model instead")
 
 
 def _eval_reward() -> RewardProviderConfig:
@@ -82,9 +86,18 @@ class Config(EvalSettings):
 
     def __post_init__(self) -> None:
         super().__post_init__()
+        for policy in self.policies:
+            if policy.sampler:
+                self.policy_sampler(policy)  # every policy's sampler keys are checked at load
         if self.reward.provider == "classifier":
             raise ConfigError("reward.provider: evaluate scores with reward_model, judge or verifiable "
                               "(the classifier labels prompts; it gives no reward)")
+
+    def policy_sampler(self, policy: PolicyConfig) -> SamplerConfig:
+        """The shared sampler with the policy's own keys over it, and its model."""
+        values = merge(to_dict(self.sampler), policy.sampler or {})
+        values["model"] = policy.model
+        return from_dict(SamplerConfig, values, where=f"policies[{policy.name}].sampler.")
 
     def eval_settings(self, shard_index: int, num_shards: int) -> EvalSettings:
         """The library's settings object: this config's `EvalSettings` fields, with the shard resolved."""
@@ -94,8 +107,6 @@ class Config(EvalSettings):
 
 def build_policies(config: Config) -> list[Any]:
     """An `EvalPolicy` per recipe entry; a model path that does not exist is an error naming it."""
-    from dataclasses import replace
-
     from align.eval.evaluate import EvalPolicy
     from align.sampling.config import build_sampler
 
@@ -110,7 +121,7 @@ def build_policies(config: Config) -> list[Any]:
         if not _model_exists(spec.model):
             raise MissingInputError(f"policies[{i}] ({spec.name!r}): model={spec.model!r} does not exist "
                                     "(a directory with config.json, or a model name)")
-        sampler_config = replace(config.sampler, model=spec.model)
+        sampler_config = config.policy_sampler(spec)
         model, tokenizer = _kl_model_from_path(config, spec.model)
         policies.append(EvalPolicy(spec.name, sampler=lambda c=sampler_config: build_sampler(c), model=model,
                                    tokenizer=tokenizer))
@@ -171,12 +182,14 @@ def run(config: Config) -> dict:
     if not Path(config.prompts).exists():
         raise MissingInputError(f"evaluate: prompts={config.prompts!r} does not exist")
     check_policies([p.name for p in config.policies], config.baseline)  # before loading any model
-    check_output_dir(config.output_dir, "evaluate")
-    begun = begin("evaluate", config, config.output_dir, overwrite=config.overwrite)
-    if begun.skip:
+    run = StageRun.begin("evaluate", config, job=True)
+    if run.skip:
         return {}
-    prompts = read_input(config.prompts, "evaluate", "prompts")
-    start(begun, {"prompts": prompts})
+    prompts = run.read("prompts")
+    for i, spec in enumerate(config.policies):  # every input is checked before an overwrite removes anything
+        if spec.completions is not None:
+            check_stage_input(spec.completions, "evaluate", f"policies[{i}].completions")
+    run.start()
     index, count = _kl_launch_shard(config) or resolve_shard(config.shard_index, config.num_shards)
     settings = config.eval_settings(index, count)
     # The reward provider is built by evaluate() after every policy has generated and released
@@ -189,9 +202,10 @@ def run(config: Config) -> dict:
     report = evaluate(prompts, build_policies(config), provider, config.output_dir, baseline=config.baseline,
                       settings=settings, source=config.prompts)
     if report.get("complete") is False:
+        run.close()
         return report
     summary = {"prompts": report["prompts"], "report": str(Path(config.output_dir) / "report.md"),
                "verdicts": [v for c in report["overall"]["comparisons"].values() for v in c["verdicts"]]}
     for verdict in summary["verdicts"]:
         print(f"[align evaluate] {verdict}")
-    return finish("evaluate", config, config.output_dir, summary, begun, job=True)
+    return run.finish(summary)

@@ -26,8 +26,7 @@ from typing import Any
 
 from align.errors import ConfigError, InputError, RecordError
 from align.io import write_jsonl
-from align.manifests import begin, start
-from align.stages.common import check_output_dir, finish, read_input
+from align.manifests import StageRun
 
 OUTPUT_FILE = "records.jsonl"
 
@@ -78,17 +77,17 @@ def run(config: Config) -> dict[str, Any]:
     """Join the two sample outputs; mark the output complete."""
     if not config.input or not config.completions:
         raise ConfigError("join: set input (π_ref's reference samples) and completions (the policy's samples)")
-    check_output_dir(config.output_dir, "join")
-    begun = begin("join", config, config.output_dir, overwrite=config.overwrite)
-    if begun.skip:
+    run = StageRun.begin("join", config)
+    if run.skip:
         return {}
-    references = read_input(config.input, "join", "input")
-    candidates = read_input(config.completions, "join", "completions")
-    start(begun, {"input": references, "completions": candidates})
+    references = run.read("input")
+    candidates = run.read("completions")
+    run.start()
     rows = join_records(references, candidates)
+    run.check_owner()
     write_jsonl(Path(config.output_dir) / OUTPUT_FILE, rows)
     summary = {"prompts": len(rows),
                "reference_completions": sum(bool(c.get("is_reference")) for r in references
                                             for c in r.get("completions") or []),
                "added_completions": sum(len(r.get("completions") or []) for r in candidates)}
-    return finish("join", config, config.output_dir, summary, begun)
+    return run.finish(summary)

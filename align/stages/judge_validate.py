@@ -23,8 +23,8 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from align.errors import ConfigError
-from align.manifests import begin, start
-from align.stages.common import check_model_path, check_output_dir, finish, read_input
+from align.manifests import StageRun
+from align.manifests.lifecycle import check_model_path
 from rewards.config import GeneratorConfig, JudgeModelConfig, build_generator, build_judge
 
 
@@ -91,14 +91,13 @@ def run(config: Config) -> dict:
         raise ConfigError("judge-validate: set input (prompts with good completions)")
     if not config.model:
         raise ConfigError("judge-validate: set model (the judge to validate: a model path or name)")
-    check_output_dir(config.output_dir, "judge-validate")
-    begun = begin("judge-validate", config, config.output_dir, overwrite=config.overwrite)
-    if begun.skip:
+    run = StageRun.begin("judge-validate", config)
+    if run.skip:
         return {}
-    records = read_input(config.input, "judge-validate", "input")
+    records = run.read("input")
     if config.backend != "openai" and config.model:
         check_model_path(config.model, "judge-validate", "model")
-    start(begun, {"input": records})
+    run.start()
     if config.max_prompts:
         records = records[: config.max_prompts]
     judge = build_judge(config)
@@ -119,4 +118,4 @@ def run(config: Config) -> dict:
         "kendall_tau": {mode: round(iv["estimate"], 4) for mode, iv in tau.items() if iv},
         "qualified": {group: v["qualified"] for group, v in report["verdicts"].items()},
     }
-    return finish("judge-validate", config, config.output_dir, summary, begun)
+    return run.finish(summary)

@@ -35,21 +35,21 @@ from align.logprobs import (
     ref_cache_key,
     weights_fingerprint,
 )
-from align.manifests import begin, start
+from align.manifests import StageRun
+from align.manifests.lifecycle import (
+    check_input_exists,
+    check_model_path,
+    check_stage_input,
+    on_rank_zero,
+)
 from align.scoring import check_over_max_length_policy, check_truncated_policy
 from align.scoring.sharded import (
     all_ranks_agree,
+    init_distributed,
     check_sharding,
     init_distributed,
     load_scoring_model,
     release_model,
-)
-from align.stages.common import (
-    check_input_exists,
-    check_model_path,
-    check_output_dir,
-    check_stage_input,
-    finish,
 )
 
 __all__ = ["Config", "LogprobsConfig", "resolved_output_dir", "run", "run_pass"]
@@ -137,31 +137,38 @@ def run(config: Config) -> dict:
     """Compute (or reuse) reference log-probs; mark the output complete when all rows are in."""
     check_input_exists(config.input, "logprobs", "input")
     check_stage_input(config.input, "logprobs", "input")
-    begun = None
+    if int(os.environ.get("WORLD_SIZE", "1")) > 1:
+        init_distributed()  # rank 0 decides for the launch (align.manifests.lifecycle), the others follow
+    stage_run = None
     if config.output_dir is not None:
-        check_output_dir(config.output_dir, "logprobs")
-        begun = begin("logprobs", config, config.output_dir, overwrite=config.overwrite)
-        if begun.skip:
+        stage_run = StageRun.begin("logprobs", config, job=True)  # shards: ranks or array tasks
+        if stage_run.skip:
             return {}
     check_model_path(config.model_name_or_path, "logprobs", "model_name_or_path")
-    records = read_records(config.input)
-    if not records:
-        raise InputError(f"logprobs: input={config.input!r} holds no rows (a directory is read as job "
-                         "shards, shard-*.jsonl; for the pairs stage's output name the file: .../pairs.jsonl)")
-    if begun is not None:
-        start(begun, {"input": records})
+    if stage_run is not None:
+        records = stage_run.read("input")
+        stage_run.start()
+    else:
+        records = read_records(config.input)
+        if not records:
+            raise InputError(f"logprobs: input={config.input!r} holds no rows (a directory is read as job "
+                             "shards, shard-*.jsonl; for the pairs stage's output name the file: .../pairs.jsonl)")
     output_dir = run_pass(config)
     missing = missing_ids(output_dir, records)
     if missing:  # another shard (SLURM array task) has not finished yet
         print(f"[align logprobs] this shard is done; {len(missing)} rows wait for other shards in {output_dir}")
+        if stage_run is not None:
+            stage_run.close()
         return {"missing": len(missing)}
     skipped = over_max_length_skips(output_dir, records)
     if skipped:
         print(f"[align logprobs] {len(skipped)} of {len(records)} rows exceed max_length={config.max_length} and "
               f"are not scored (over_max_length=exclude; column ref_skip), e.g. {skipped[:5]}; the trainer "
               "excludes them too")
-    return finish("logprobs", config, output_dir, {"rows": len(records), "over_max_length_skipped": len(skipped)},
-                  begun)
+    summary = {"rows": len(records), "over_max_length_skipped": len(skipped)}
+    if stage_run is None:
+        return summary
+    return stage_run.finish(summary)
 
 
 def over_max_length_skips(output_dir: str | Path, records) -> list[str]:
@@ -207,7 +214,8 @@ def run_pass(config: LogprobsConfig) -> Path:
     fields = cache_fields_for(
         records, config.model_name_or_path, tokenizer, chat_format=config.chat_format, max_length=config.max_length,
         enable_thinking=config.enable_thinking, chat_date=config.chat_date, dtype=config.dtype,
-        model_fingerprint=weights_fingerprint(config.model_name_or_path), over_max_length=config.over_max_length)
+        model_fingerprint=on_rank_zero(lambda: weights_fingerprint(config.model_name_or_path)),
+        over_max_length=config.over_max_length)
     key = ref_cache_key(fields)
     output_dir = resolved_output_dir(config, key)
     if all_ranks_agree(job_is_complete(output_dir, records, num_shards)):  # loading is collective under zero3

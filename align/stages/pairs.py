@@ -17,13 +17,14 @@ from pathlib import Path
 from typing import Literal
 
 from align.io import write_jsonl
-from align.manifests import begin, start
-from align.stages.common import check_output_dir, finish, read_input
+from align.manifests import StageRun
 
 
 @dataclass
 class Config:
-    input: str = field(default="runs/annotate", metadata={"help": "annotated records (file or stage dir)"})
+    input: str | list[str] = field(default="runs/annotate", metadata={
+        "help": "annotated records (file or stage dir; a list: several outputs read as one, e.g. the reward model's "
+                "and the judge's)"})
     output_dir: str = field(default="runs/pairs", metadata={"help": "where pairs.jsonl and skipped.jsonl go"})
     seed: int = field(default=0, metadata={"help": "seed of the random choice inside each bucket"})
     low_threshold: float = field(
@@ -56,18 +57,18 @@ def run(config: Config) -> dict:
     """Select pairs for every annotated prompt; record why a prompt gave none."""
     from align.data.pairs import is_truncated, make_pairs
 
-    check_output_dir(config.output_dir, "pairs")
-    begun = begin("pairs", config, config.output_dir, overwrite=config.overwrite)
-    if begun.skip:
+    run = StageRun.begin("pairs", config)
+    if run.skip:
         return {}
-    records = read_input(config.input, "pairs", "input")
-    start(begun, {"input": records})
+    records = run.read("input")
+    run.start()
     pairs, skips = make_pairs(
         records, seed=config.seed, low_threshold=config.low_threshold, num_ref_rewards=config.num_ref_rewards,
         truncated=config.truncated, num_pairs_per_prompt=config.num_pairs_per_prompt,
         chat_format=config.chat_format,
     )
     out = Path(config.output_dir)
+    run.check_owner()
     write_jsonl(out / "pairs.jsonl", pairs)
     write_jsonl(out / "skipped.jsonl", skips)
     fallbacks = sum(1 for p in pairs if p.get("pair_fallback"))
@@ -78,4 +79,4 @@ def run(config: Config) -> dict:
     summary = {"prompts": len(records), "pairs": len(pairs), "skipped": sum(not s.get("paired") for s in skips),
                "fallbacks": fallbacks, "truncated_completions": truncated, "truncated_in_pairs": paired_truncated,
                "special_token_text": left_out}
-    return finish("pairs", config, out, summary, begun)
+    return run.finish(summary)

@@ -36,7 +36,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from align.config import ConfigError, apply_defaults, from_dict, load_config, merge, read_yaml
+from align.config import ConfigError, apply_defaults, load_config, read_yaml
 from align.io import write_json
 from align.plan.advice import Knob, doublings, halvings, smallest_change
 from align.plan.configs import load_model_config, missing_config_error
@@ -67,7 +67,7 @@ from align.plan.recipe_header import (
 )
 from align.plan.report import JobPlan, Verdict, render, to_json
 from align.plan.shapes import linear_shapes, model_shape
-from align.stages import STAGES, stage_module
+from align.stages import stage_module
 
 # Stages that use no GPU (they read and write rows).
 NO_GPU_STAGES = ("pairs", "decontaminate")
@@ -173,46 +173,34 @@ class Context:
         return int(self.config.headroom_gib * GIB)
 
 
-def _stage_sections(config: Config, data: dict[str, Any], header: list[tuple[int, str]]) -> list[tuple[str, dict]]:
-    """(stage, its keys) for each stage the recipe describes, in pipeline order."""
-    sections = [name for name in PLANNED_STAGES if isinstance(data.get(name), Mapping)]
-    if sections:  # a pipeline recipe: one mapping per stage
-        defaults = data.get("defaults") or {}
-        order = [n for n in STAGES if n in sections]
-        picked = [config.stage] if config.stage else order
-        missing = [n for n in picked if n not in sections]
-        if missing:
-            raise ConfigError(f"stage: the pipeline recipe has no {missing[0]!r} section (it has {order})")
-        out = []
-        for name in picked:
-            section = apply_defaults(stage_module(name).Config, defaults, data[name])
-            out.append((name, merge(section, config.set.get(name) or {})))
-        unknown = set(config.set) - set(order)
-        if unknown:
-            raise ConfigError(f"set: {sorted(unknown)} name no section of this pipeline recipe ({order})")
-        return out
-    stage = config.stage or stage_from_header(header, PLANNED_STAGES)
-    if stage is None:
-        raise ConfigError(f"stage: {config.recipe} does not say which stage it is for (no `align STAGE` command in "
-                          f"its opening comments); give stage=NAME, one of {list(PLANNED_STAGES)}")
-    if stage not in PLANNED_STAGES:
-        raise ConfigError(f"stage: align plan plans {list(PLANNED_STAGES)}, not {stage!r}")
-    return [(stage, merge(data, config.set))]
+def _steps(config: Config, header: list[tuple[int, str]]) -> tuple[Any, list[Any]]:
+    """(the recipe, the steps to plan), read as a login node reads it: no device is checked."""
+    from align.recipe.read import is_pipeline
+    from align.stages import load_recipe
+
+    data = read_yaml(config.recipe)
+    stage = None
+    if not is_pipeline(data):
+        stage = config.stage or stage_from_header(header, PLANNED_STAGES)
+        if stage is None:
+            raise ConfigError(f"stage: {config.recipe} does not say which stage it is for (no `align STAGE` command "
+                              f"in its opening comments); give stage=NAME, one of {list(PLANNED_STAGES)}")
+        if stage not in PLANNED_STAGES:
+            raise ConfigError(f"stage: align plan plans {list(PLANNED_STAGES)}, not {stage!r}")
+    recipe = load_recipe(config.recipe, dict(config.set), stage=stage, devices="defer")
+    steps = [step for step in recipe if not step.phase]
+    if recipe.kind == "pipeline" and config.stage:
+        picked = [step for step in steps if step.stage == config.stage]
+        if not picked:
+            raise ConfigError(f"stage: the pipeline recipe has no {config.stage!r} step (it has "
+                              f"{sorted({s.stage for s in steps})})")
+        steps = picked
+    return recipe, steps
 
 
-def _stage_config(name: str, keys: dict[str, Any]) -> Any:
-    """The stage's Config from its keys. Trainer configs are built with bf16 off (transformers
-    refuses bf16 on a machine without a GPU, where plans are made); the recipe's bf16 is kept."""
-    cls = stage_module(name).Config
-    names = {f.name for f in dataclasses.fields(cls)}
-    built = dict(keys)
-    if "bf16" in names:
-        built["bf16"] = False
-        built.setdefault("use_cpu", False)
-    try:
-        return from_dict(cls, built, where=f"{name}.")
-    except ConfigError as exc:
-        raise ConfigError(f"{name} recipe: {exc}") from None
+def _step_keys(recipe: Any, step: Any) -> dict[str, Any]:
+    """A step's keys over the defaults its stage knows (what the plan reads: bf16, the model paths)."""
+    return apply_defaults(stage_module(step.stage).Config, recipe.settings.defaults, step.keys)
 
 
 def _hardware(config: Config, header: list[tuple[int, str]]) -> dict[str, Any]:
@@ -626,14 +614,14 @@ def _stage_plans(ctx: Context, stage: str, config: Any, keys: dict[str, Any]) ->
 def plan_recipe(config: Config) -> tuple[list[JobPlan], dict[str, Any]]:
     """Every job's plan, and the plan's header (recipe, hardware, launch)."""
     path = Path(config.recipe)
-    data = read_yaml(path)
     header = header_lines(path)
-    sections = _stage_sections(config, data, header)
+    recipe, steps = _steps(config, header)
+    sections = {step.name: _step_keys(recipe, step) for step in recipe if not step.phase}
     ctx = Context(config, header, _hardware(config, header), _launch_source(config, header),
-                  model_lineage(path, {name: keys for name, keys in sections}))
+                  model_lineage(path, sections))
     plans = []
-    for name, keys in sections:
-        plans.extend(_stage_plans(ctx, name, _stage_config(name, keys), keys))
+    for step in steps:
+        plans.extend(_stage_plans(ctx, step.stage, recipe.config(step), sections[step.name]))
     hardware = {k: ctx.hardware[k] for k in DEFAULT_HARDWARE}
     info = {"recipe": str(path), "hardware": hardware, "hardware_source": ctx.hardware["source"],
             "headroom_gib": config.headroom_gib,

@@ -17,9 +17,9 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from align.errors import ConfigError
-from align.manifests import begin, start
+from align.manifests import StageRun
+from align.manifests.lifecycle import check_model_path
 from align.sampling.config import SamplerConfig
-from align.stages.common import check_model_path, check_output_dir, finish, read_input
 
 
 @dataclass
@@ -58,14 +58,13 @@ def run(config: Config) -> dict:
 
     if not config.prompts:
         raise ConfigError("sample: set prompts (the prompt records to sample for)")
-    check_output_dir(config.output_dir, "sample")
-    begun = begin("sample", config, config.output_dir, overwrite=config.overwrite)
-    if begun.skip:
+    run = StageRun.begin("sample", config, job=True)
+    if run.skip:
         return {}
-    records = read_input(config.prompts, "sample", "prompts")
+    records = run.read("prompts")
     if config.sampler.backend != "openai":
         check_model_path(config.sampler.model, "sample", "sampler.model")
-    start(begun, {"prompts": records})
+    run.start()
     index, count = resolve_shard(config.shard_index, config.num_shards)
     sampler = build_sampler(config.sampler)
     common = {"output_dir": config.output_dir, "n": config.n, "temperature": config.temperature,
@@ -84,5 +83,6 @@ def run(config: Config) -> dict:
         )
     if not job_is_complete(config.output_dir, records, count):
         print(f"[align sample] shard {index} of {count} written to {config.output_dir}; other shards still to run")
+        run.close()
         return summary
-    return finish("sample", config, config.output_dir, summary, begun, job=True)
+    return run.finish(summary)

@@ -16,14 +16,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from align.errors import ConfigError
-from align.manifests import begin, start
-from align.stages.common import (
-    check_model_path,
-    check_output_dir,
-    finish,
-    keep_hub_token_out_of_outputs,
-    read_input,
-)
+from align.manifests import StageRun
+from align.manifests.lifecycle import check_model_path
+from align.stages.common import keep_hub_token_out_of_outputs, launch_devices
 from align.trainers.sft_config import SFTConfig
 
 
@@ -49,21 +44,22 @@ def run(config: Config) -> dict:
         raise ConfigError("sft: set input (the conversation rows to train on)")
     if not config.model_name_or_path:
         raise ConfigError("sft: set model_name_or_path (the base model)")
-    check_output_dir(config.output_dir, "sft")
     keep_hub_token_out_of_outputs(config)
-    begun = begin("sft", config, config.output_dir, overwrite=config.overwrite)
-    if begun.skip:
+    launch_devices(config)
+    run = StageRun.begin("sft", config)
+    if run.skip:
         return {}
-    records = read_input(config.input, "sft", "input")
+    records = run.read("input")
     check_model_path(config.model_name_or_path, "sft", "model_name_or_path")
     _check_conversations(records)
-    start(begun, {"input": records})
+    run.start()
     last = get_last_checkpoint(config.output_dir) if _is_dir(config.output_dir) else None
     if last and config.resume_from_checkpoint is None:
         print(f"[align sft] resuming from {last}")
         config.resume_from_checkpoint = last
     trainer = train_sft(config, records)
     if not trainer.is_world_process_zero():
+        run.close()
         return {}
     summary = {"steps": trainer.state.global_step, "train_loss": _last_loss(trainer)}
     hygiene = dict(getattr(trainer, "data_summary", {}) or {})
@@ -80,7 +76,7 @@ def run(config: Config) -> dict:
         if used < cleaned:  # said here, not only in a log line a CLI user never sees
             print(f"[align sft] dropped {cleaned - used} of {cleaned} rows: no assistant token "
                   f"within max_length={config.max_length} (raise max_length, or shorten those conversations)")
-    return finish("sft", config, config.output_dir, summary, begun)
+    return run.finish(summary)
 
 
 def _rows_used(trainer, config: Config) -> int | None:

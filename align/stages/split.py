@@ -18,8 +18,7 @@ from typing import Any, TypeVar
 
 from align.errors import ConfigError, InputError
 from align.io import write_jsonl
-from align.manifests import begin, start
-from align.stages.common import check_output_dir, finish, read_input
+from align.manifests import StageRun
 
 T = TypeVar("T")
 
@@ -52,16 +51,16 @@ def run(config: Config) -> dict[str, Any]:
     """Write this part of the prompts; mark the output complete."""
     if not config.input:
         raise ConfigError("split: set input (the prompt records to split)")
-    check_output_dir(config.output_dir, "split")
-    begun = begin("split", config, config.output_dir, overwrite=config.overwrite)
-    if begun.skip:
+    run = StageRun.begin("split", config)
+    if run.skip:
         return {}
-    rows = read_input(config.input, "split", "input")
-    start(begun, {"input": rows})
+    rows = run.read("input")
+    run.start()
     chosen = part_of(rows, config.part, config.parts)
     if not chosen:
         raise InputError(f"split: input={config.input!r} holds {len(rows)} rows, so part {config.part} of "
                          f"{config.parts} is empty: use fewer parts")
+    run.check_owner()
     write_jsonl(Path(config.output_dir) / OUTPUT_FILE, chosen)
     summary = {"rows": len(rows), "part": config.part, "parts": config.parts, "prompts": len(chosen)}
-    return finish("split", config, config.output_dir, summary, begun)
+    return run.finish(summary)

@@ -14,14 +14,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from align.errors import ConfigError
-from align.manifests import begin, start
-from align.stages.common import (
-    check_model_path,
-    check_output_dir,
-    finish,
-    keep_hub_token_out_of_outputs,
-    read_input,
-)
+from align.manifests import StageRun
+from align.manifests.lifecycle import check_model_path
+from align.stages.common import keep_hub_token_out_of_outputs, launch_devices
 from align.trainers.preference_config import PreferenceConfig
 
 
@@ -47,23 +42,24 @@ def run(config: Config) -> dict:
 
     if not config.input:
         raise ConfigError("train: set input (pair rows with reference log-probs, from `align logprobs`)")
-    check_output_dir(config.output_dir, "train")
     keep_hub_token_out_of_outputs(config)
-    begun = begin("train", config, config.output_dir, overwrite=config.overwrite)
-    if begun.skip:
+    launch_devices(config)
+    run = StageRun.begin("train", config)
+    if run.skip:
         return {}
-    records = read_input(config.input, "train", "input")
+    records = run.read("input")
     check_model_path(config.model_name_or_path, "train", "model_name_or_path")
-    start(begun, {"input": records})
+    run.start()
     last = get_last_checkpoint(config.output_dir) if os.path.isdir(config.output_dir) else None
     if last and config.resume_from_checkpoint is None:
         print(f"[align train] resuming from {last}")
         config.resume_from_checkpoint = last
     trainer = train(config, records)
     if not trainer.is_world_process_zero():
+        run.close()
         return {}
     losses = [log["loss"] for log in trainer.state.log_history if "loss" in log]
     summary = {"loss_type": config.loss_type, "steps": trainer.state.global_step,
                "train_loss": losses[-1] if losses else None, "world_size": trainer.args.world_size,
                "deepspeed": bool(trainer.is_deepspeed_enabled), **trainer.data_summary}
-    return finish("train", config, config.output_dir, summary, begun)
+    return run.finish(summary)

@@ -22,8 +22,8 @@ from pathlib import Path
 from typing import Any
 
 from align.config import to_dict
-from align.io import mark_stage_complete, stage_completion_info
-from align.manifests import begin, completion_fields, redact, start
+from align.io import stage_completion_info
+from align.manifests import StageRun
 from align.sweep.grid import Point
 
 POINT_STAGE = "sweep-point"
@@ -86,11 +86,11 @@ def train_point(point: Point, config: Any, rows: Callable[[], tuple[Any, Mapping
     out = Path(config.output_dir)
     spec = PointSpec(output_dir=str(out), training=to_dict(config), start=dict(fingerprints["start"]),
                      tokenizer=fingerprints["tokenizer"], rows=fingerprints["rows"])
-    begun = begin(POINT_STAGE, spec, out, overwrite=overwrite)
-    if begun.skip:
+    run = StageRun.begin(POINT_STAGE, spec, output_dir=out, overwrite=overwrite)
+    if run.skip:
         info = stage_completion_info(out) or {}
         return Trained(summary=info.get("summary") or {}, output_id=str(info.get("output_id")))
-    start(begun)
+    run.start()
     last = get_last_checkpoint(str(out)) if out.is_dir() else None
     if last:
         print(f"[align sweep] {point.label}: resuming from {last}", flush=True)
@@ -102,9 +102,9 @@ def train_point(point: Point, config: Any, rows: Callable[[], tuple[Any, Mapping
     summary = {"settings": point.settings, "steps": trainer.state.global_step,
                "train_loss": losses[-1] if losses else None, "log_history": trainer.state.log_history,
                **counted, **trainer.data_summary}
-    fields = completion_fields(begun)
-    mark_stage_complete(out, stage=POINT_STAGE, config=redact(to_dict(spec)), summary=redact(summary), **fields)
-    return Trained(summary=summary, output_id=fields["output_id"], model=trainer.model, now=True)
+    run.finish(summary, announce=False)
+    output_id = str((stage_completion_info(out) or {}).get("output_id"))
+    return Trained(summary=summary, output_id=output_id, model=trainer.model, now=True)
 
 
 def validate_point(point: Point, trained: Trained, output_dir: Path, prompts: Sequence[Mapping[str, Any]],
@@ -123,18 +123,17 @@ def validate_point(point: Point, trained: Trained, output_dir: Path, prompts: Se
     figures = {k: v for k, v in to_dict(settings).items() if k not in NEUTRAL_VALIDATION_KEYS}
     spec = ValidationSpec(output_dir=str(output_dir), point=trained.output_id, start=dict(fingerprints["start"]),
                           prompts=fingerprints["validation"], provider=fingerprints["provider"], settings=figures)
-    begun = begin(VALIDATION_STAGE, spec, output_dir, overwrite=overwrite)
-    if begun.skip:
+    run = StageRun.begin(VALIDATION_STAGE, spec, output_dir=output_dir, overwrite=overwrite)
+    if run.skip:
         return (stage_completion_info(output_dir) or {}).get("summary") or {}
-    start(begun)
+    run.start()
     builders = {START: lambda: sampler(START, start_policy), point.name: lambda: sampler(point.name, policy)}
     policies = [EvalPolicy(name, sampler=build if release else build()) for name, build in builders.items()]
     report = evaluate(prompts, policies, provider, output_dir, baseline=START, settings=settings,
                       source="validation prompts")
     summary = {"settings": point.settings, "metrics": point_metrics(report, point.name),
                "start": start_metrics(report, START), "prompts": report["prompts"]}
-    mark_stage_complete(output_dir, stage=VALIDATION_STAGE, config=redact(to_dict(spec)), summary=summary,
-                        **completion_fields(begun))
+    run.finish(summary, announce=False)
     return summary
 
 

@@ -31,6 +31,7 @@ from typing import Any
 
 import torch
 
+from align.config import device_checks_enabled
 from align.errors import AlignError, ConfigError, MissingDependencyError, loading, optional_import
 from align.optim import OPTIMIZERS, build_optimizer
 
@@ -135,16 +136,30 @@ class OptimizerFields:
 
 
 @contextlib.contextmanager
-def library_checks() -> Iterator[None]:
+def library_checks(config: Any = None) -> Iterator[None]:
     """Around ``TrainingArguments.__post_init__`` (and TRL's): their own checks of a setting
     raise ValueError naming it (bf16 without a GPU, a save and eval strategy that disagree),
-    a recipe mistake like any other, so a ``ConfigError``."""
+    a recipe mistake like any other, so a ``ConfigError``.
+
+    Inside ``align.config.deferred_device_checks`` (a recipe read on a login node) the
+    mixed-precision switches are off while transformers checks them, then set back: the
+    recipe keeps ``bf16: true`` for the job's node, which checks it when it builds its own.
+    """
+    precision = {}
+    if config is not None and not device_checks_enabled():
+        precision = {name: True for name in ("bf16", "fp16", "bf16_full_eval", "fp16_full_eval")
+                     if getattr(config, name, False)}
+        for name in precision:
+            setattr(config, name, False)
     try:
         yield
     except ValueError as exc:
         if isinstance(exc, AlignError):
             raise
         raise ConfigError(" ".join(str(exc).split())) from exc
+    finally:
+        for name in precision:
+            setattr(config, name, True)
 
 
 def check_model_fields(config: Any) -> None:

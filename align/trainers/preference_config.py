@@ -195,7 +195,7 @@ class PreferenceConfig(ModelFields, LoraFields, OptimizerFields, TrainingArgumen
         check_model_fields(self)
         check_lora_fields(self)
         check_optimizer_fields(self)
-        with library_checks():
+        with library_checks(self):
             super().__post_init__()
 
     @property

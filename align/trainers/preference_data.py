@@ -153,8 +153,12 @@ def prepare_row(row: Mapping[str, Any], index: int, tokenizer: Any, config: Any,
 def expected_ref_fingerprint(config: Any, model: Any = None) -> str | None:
     """The reference checkpoint's fingerprint as the trainer knows it: ``ref_model_name_or_path``,
     else the policy's starting checkpoint (``model_name_or_path``, or the model's own path);
-    None when the model is held only in memory."""
-    return reference_fingerprint(config.ref_model_name_or_path or config.model_name_or_path or model)
+    None when the model is held only in memory. Under a launch, rank 0 hashes the checkpoint once
+    and the other ranks receive its fingerprint (every rank calls this at the same point)."""
+    from align.manifests.lifecycle import on_rank_zero
+
+    return on_rank_zero(lambda: reference_fingerprint(config.ref_model_name_or_path or config.model_name_or_path
+                                                      or model))
 
 
 def check_ref_model(row: Mapping[str, Any], expected: str | None, rid: str) -> None:

@@ -164,7 +164,7 @@ class SFTConfig(ModelFields, LoraFields, OptimizerFields, TRLSFTConfig):
     )
 
     def __post_init__(self) -> None:
-        with library_checks():
+        with library_checks(self):
             super().__post_init__()
         self._check_align_fields()
 

@@ -1,0 +1,206 @@
+"""``read_recipe``: a recipe of any shape (stage file, sections, step graph) as one ``Recipe``."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from align.config import from_dict, merge, parse_overrides, read_yaml, unknown_key_error
+from align.errors import ConfigError
+from align.recipe import graph
+from align.recipe.graph import (
+    ConfigClass,
+    Recipe,
+    Step,
+    check_defaults,
+    check_outputs,
+    expand_phases,
+    reads_from,
+    references_in,
+    resolve_references,
+)
+from align.recipe.rounds import ROUND_SECTIONS, graph_rounds, section_rounds
+from align.recipe.settings import SECTIONS, PipelineSettings
+
+PIPELINE_KEYS = frozenset(f.name for f in dataclasses.fields(PipelineSettings))
+
+
+def config_builds() -> list[str]:
+    """The step names whose config was built, in order, since the process started (tests count them)."""
+    return list(graph.BUILDS)
+
+
+def is_pipeline(data: Mapping[str, Any]) -> bool:
+    """A recipe of sections or of steps (else: the keys of one stage)."""
+    return "steps" in data or any(isinstance(data.get(name), Mapping) for name in SECTIONS)
+
+
+def read_recipe(source: str | Path | Mapping[str, Any], overrides: Sequence[str] | Mapping[str, Any] = (), *,
+                config_class: ConfigClass, stage: str | None = None, devices: str = "check") -> Recipe:
+    """Read a recipe into its steps.
+
+    ``source``: a YAML file or the recipe as a mapping. ``overrides``: ``key=value`` strings
+    (or a mapping) over it; for a pipeline, a step's keys are ``NAME.key=value``.
+    ``stage``: the stage a stage file is for (required for that shape). ``devices``: ``check``
+    where the steps run, ``defer`` where they are only read (status, plan, submit on a login node).
+    """
+    where = str(source) if isinstance(source, (str, Path)) else None
+    data = read_yaml(source) if isinstance(source, (str, Path)) else dict(source or {})
+    extra = parse_overrides(overrides) if not isinstance(overrides, Mapping) else dict(overrides)
+    base = Path(where).parent if where else Path(".")
+    if not is_pipeline(data) and not is_pipeline(extra):
+        if stage is None:
+            raise ConfigError(f"{where or 'the recipe'}: the keys of one stage, with no stage named (a pipeline "
+                              "recipe has steps: or one section per stage)")
+        keys = merge(data, extra)
+        step = Step(stage, stage, keys, base=stage)
+        raw = {"steps": {stage: {"stage": stage, **keys}}}
+        return Recipe(PipelineSettings(), [step], config_class, where, "stage", devices, raw)
+    if isinstance(data.get("steps"), Mapping):  # NAME.key=value: a step's key
+        named = {k: v for k, v in extra.items() if k in data["steps"] and (k in SECTIONS or k not in PIPELINE_KEYS)}
+        extra = {k: v for k, v in extra.items() if k not in named}
+        if named:
+            extra = merge(extra, {"steps": named})
+    data = merge(data, extra)
+    top = {k: v for k, v in data.items() if k in PIPELINE_KEYS}
+    unknown = sorted(set(data) - PIPELINE_KEYS)
+    if unknown:
+        raise unknown_key_error(PipelineSettings, unknown[0], "")
+    settings = from_dict(PipelineSettings, top)
+    if settings.steps is not None:
+        from align.slurm.config import STEP_STAGES
+
+        expanded = {name: _step_keys(name, keys, base, STEP_STAGES) for name, keys in settings.steps.items()}
+        settings.steps = expanded
+        data = {**data, "steps": expanded}
+        steps = _graph_steps(settings, base, config_class)
+    else:
+        steps = _section_steps(settings, config_class)
+    check_defaults(settings.defaults, steps, config_class)
+    steps = [phase for step in steps for phase in expand_phases(step, config_class)]
+    check_outputs(steps)
+    _check_slurm_names(settings, steps)
+    steps = steps[: _stop_index(settings, steps) + 1]
+    return Recipe(settings, steps, config_class, where, "pipeline", devices, data)
+
+
+def _with_needs(steps: list[Step]) -> list[Step]:
+    """Each step's ``needs``: the earlier steps whose output directory one of its values names."""
+    outputs: dict[str, str] = {}
+    for step in steps:
+        step.needs = tuple(dict.fromkeys([*step.needs, *reads_from(step.keys, outputs)]))
+        if step.output_dir is not None:
+            outputs[step.name] = step.output_dir
+    return steps
+
+
+def _section_steps(settings: PipelineSettings, config_class: ConfigClass) -> list[Step]:
+    once = [Step(name, name, dict(getattr(settings, name)), base=name) for name in SECTIONS
+            if getattr(settings, name) is not None and (settings.rounds is None or name not in ROUND_SECTIONS)]
+    if settings.rounds is not None:
+        once += section_rounds(settings, once, config_class)
+    if not once:
+        raise ConfigError(f"a pipeline recipe needs steps: or at least one stage section of {list(SECTIONS)}")
+    return _with_needs(once)
+
+
+def _step_keys(name: str, keys: Any, base: Path, stages: Sequence[str]) -> dict[str, Any]:
+    """A step's keys as written, with the stage file its ``from`` names underneath."""
+    if not isinstance(keys, Mapping):
+        raise ConfigError(f"steps.{name}: expected a mapping ({{stage: TYPE, ...}}), got {keys!r}")
+    if not isinstance(name, str) or not name or "." in name or "/" in name or name.startswith(("@", "round-")):
+        raise ConfigError(f"steps: {name!r} is not a step name (letters, digits, _ and -; no '.', '/', a leading "
+                          "'@' or 'round-')")
+    stage = keys.get("stage")
+    if stage not in stages:
+        raise ConfigError(f"steps.{name}.stage: {stage!r} is not a stage; one of {sorted(stages)}")
+    out = {k: v for k, v in keys.items() if k != "from"}
+    if "from" in keys:
+        path = Path(str(keys["from"]))
+        if not path.is_absolute() and (base / path).exists():
+            path = base / path  # beside the recipe, else from the working directory
+        included = read_yaml(path)
+        if is_pipeline(included):
+            raise ConfigError(f"steps.{name}.from: {keys['from']} is a pipeline recipe; name a stage file")
+        out = merge(included, out)
+    return out
+
+
+def _graph_steps(settings: PipelineSettings, base: Path, config_class: ConfigClass) -> list[Step]:
+    raw = dict(settings.steps or {})  # each step's keys, its from: file merged in
+    if not raw:
+        raise ConfigError("steps: give at least one step")
+    order = list(raw)
+    tokens = ("policy", "reference", "initial") if settings.rounds is not None else ()
+    for i, name in enumerate(order):
+        for ref in sorted(references_in(raw[name])):
+            if ref in tokens:
+                continue
+            if ref not in raw:
+                raise ConfigError(f"step {name!r}: @{ref} names no step (steps: {order})")
+            if order.index(ref) >= i:
+                raise ConfigError(f"step {name!r}: @{ref} names a step that runs later (or itself); a step reads "
+                                  "earlier steps' outputs")
+    outputs: dict[str, str | None] = {}
+    steps: list[Step] = []
+    if settings.rounds is None:
+        for name in order:
+            steps.append(_graph_step(settings, name, raw[name], outputs))
+        return _with_needs(steps)
+    once, repeated = graph_rounds(settings, raw, _once_outputs(settings, raw, order), order)
+    for name in once:
+        steps.append(_graph_step(settings, name, raw[name], outputs))
+    for k, name, keys in repeated:
+        steps.append(Step(f"round-{k}.{name}", raw[name]["stage"], keys, k, (), f"round {k}", base=name))
+    return _with_needs(steps)
+
+
+def _once_outputs(settings: PipelineSettings, raw: Mapping[str, dict[str, Any]], order: list[str]) -> dict[str, str]:
+    """Every step's output directory as if it ran once (what ``@NAME`` of a once-step means)."""
+    return {name: str(raw[name].get("output_dir") or Path(settings.output_dir or "") / name) for name in order}
+
+
+def _graph_step(settings: PipelineSettings, name: str, keys: dict[str, Any], outputs: dict[str, str | None]) -> Step:
+    """One step of a graph without rounds (or one that runs once, before them)."""
+    stage = keys["stage"]
+    values = {k: v for k, v in keys.items() if k != "stage"}
+    values = resolve_references(values, outputs, f"step {name!r}")
+    if "output_dir" not in values:
+        if not settings.output_dir:
+            raise ConfigError(f"step {name!r}: set its output_dir, or the recipe's output_dir (step NAME then writes "
+                              "to output_dir/NAME)")
+        values["output_dir"] = str(Path(settings.output_dir) / name)
+    outputs[name] = None if values["output_dir"] is None else str(values["output_dir"])
+    return Step(name, stage, values, base=name)
+
+
+def _check_slurm_names(settings: PipelineSettings, steps: list[Step]) -> None:
+    """``slurm.stages`` keys name a step (its name in the recipe) or a stage type."""
+    known = {s.base or s.name for s in steps} | {s.stage for s in steps}
+    unknown = sorted(set(settings.slurm.stages) - known)
+    if unknown:
+        raise ConfigError(f"slurm.stages: {unknown} name no step or stage of this recipe (steps: "
+                          f"{sorted({s.base or s.name for s in steps})})")
+
+
+def _stop_index(settings: PipelineSettings, steps: list[Step]) -> int:
+    """The index of the last step to run: ``stop_after`` names a step, a stage or (with rounds) a round."""
+    wanted = settings.stop_after
+    if wanted is None:
+        return len(steps) - 1
+    for i, step in enumerate(steps):
+        if wanted in (step.name, step.stage, step.base):
+            last = i
+            while last + 1 < len(steps) and steps[last + 1].phase and steps[last + 1].base == step.base \
+                    and steps[last + 1].round == step.round:
+                last += 1  # an evaluate step's KL and report jobs belong to it
+            return last
+    rounds = [i for i, step in enumerate(steps) if step.round is not None and f"round-{step.round}" == wanted]
+    if rounds:
+        return rounds[-1]
+    if wanted in SECTIONS:  # a stage this recipe does not run: nothing to stop at
+        return len(steps) - 1
+    allowed = [s.name for s in steps] + sorted({f"round-{s.round}" for s in steps if s.round})
+    raise ConfigError(f"stop_after: {wanted!r} is not one of {allowed}")
