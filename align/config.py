@@ -392,22 +392,14 @@ def load_config(
     cls: type[T],
     path: str | Path | None = None,
     overrides: Sequence[str] = (),
-    *,
-    section: str | None = None,
 ) -> T:
-    """Load ``cls`` from a recipe file plus ``key=value`` overrides.
+    """Load ``cls`` from a file of its keys plus ``key=value`` overrides.
 
-    With ``section``, a pipeline recipe (one mapping per stage) is accepted too: the
-    stage's own section is used, over the ``defaults`` keys that ``cls`` or its nested
-    component configs know (``apply_defaults``, as ``align pipeline`` does: a default meant
-    for other stages is not an error here).
+    A pipeline recipe (steps or sections) is read by ``align.stages.load_recipe`` instead,
+    which applies its ``defaults`` and wiring: ``align.stages.stage_config(STAGE, [RECIPE, ...])``
+    gives one step's config as ``align STAGE RECIPE`` builds it.
     """
     data = read_yaml(path) if path is not None else {}
-    if section is not None and isinstance(data.get(section), Mapping):
-        defaults = data.get("defaults") or {}
-        if not isinstance(defaults, Mapping):
-            raise ConfigError(f"defaults: expected a mapping of keys to values, got {defaults!r}")
-        data = apply_defaults(cls, defaults, data[section])
     return from_dict(cls, merge(data, parse_overrides(overrides)))
 
 

@@ -75,10 +75,19 @@ def test_optional_accepts_none_and_values():
     assert from_dict(Outer, {"clamp": 0.1}).clamp == 0.1
 
 
+def section(cls, recipe, name, overrides=()):
+    """One section of a pipeline-shaped mapping over its defaults, as align.recipe builds a step."""
+    from align.config import apply_defaults, merge, parse_overrides, read_yaml
+
+    data = read_yaml(recipe)
+    values = merge(apply_defaults(cls, data.get("defaults") or {}, data[name]), parse_overrides(overrides))
+    return from_dict(cls, values)
+
+
 def test_pipeline_recipe_section_merges_over_defaults(tmp_path):
     recipe = tmp_path / "p.yaml"
     recipe.write_text("defaults:\n  name: shared\n  beta: 3\ntrain:\n  beta: 4\nother:\n  beta: 9\n")
-    config = load_config(Outer, recipe, section="train")
+    config = section(Outer, recipe, "train")
     assert (config.name, config.beta) == ("shared", 4.0)
 
 
@@ -116,16 +125,16 @@ def test_pipeline_defaults_reach_nested_sections_and_a_section_key_wins(tmp_path
                       "b: {chat_date: '2020-01-01', sampler: {chat_date: '2021-01-01'}}\n"
                       "c: {sampler: {device: cpu}}\n"
                       "d: {optional: {backend: x}, items: [{backend: y}]}\n")
-    a = load_config(Stage, recipe, section="a")
+    a = section(Stage, recipe, "a")
     assert (a.chat_date, a.sampler.chat_date, a.sampler.backend) == ("2026-01-01", "2026-01-01", "transformers")
     assert a.optional is None  # a default creates no component that is absent by default
-    b = load_config(Stage, recipe, section="b")
+    b = section(Stage, recipe, "b")
     assert (b.chat_date, b.sampler.chat_date) == ("2020-01-01", "2021-01-01")  # explicit keys win at their level
     with pytest.raises(ConfigError, match="unknown key sampler.'device'"):
-        load_config(Stage, recipe, section="c")
-    d = load_config(Stage, recipe, section="d")
+        section(Stage, recipe, "c")
+    d = section(Stage, recipe, "d")
     assert d.optional.chat_date == "2026-01-01" and d.items[0].chat_date is None  # lists are not reached
-    overridden = load_config(Stage, recipe, ["sampler.chat_date=2019-01-01"], section="a")
+    overridden = section(Stage, recipe, "a", ["sampler.chat_date=2019-01-01"])
     assert (overridden.chat_date, overridden.sampler.chat_date) == ("2026-01-01", "2019-01-01")
 
 
@@ -138,25 +147,26 @@ def test_apply_defaults_and_default_keys(stand_ins):
 
 
 def test_pipeline_defaults_reach_the_real_stages_nested_sections(tmp_path):
-    from align.stages import stage_module
-    from align.stages.pipeline import Config as Pipeline
+    from align.stages import load_recipe
 
     recipe = tmp_path / "p.yaml"
     recipe.write_text("defaults: {chat_date: '2026-01-01', dtype: float32, max_tokens: 5}\n"
-                      "evaluate: {prompts: p.jsonl, sampler: {device: cpu}}\n"
-                      "judge-validate: {input: g.jsonl, model: m}\n")
-    evaluate = load_config(stage_module("evaluate").Config, recipe, section="evaluate")
+                      "output_dir: runs\n"
+                      "steps:\n"
+                      "  evaluate: {stage: evaluate, prompts: p.jsonl, sampler: {device: cpu}}\n"
+                      "  validate: {stage: judge-validate, input: g.jsonl, model: m}\n")
+    read = load_recipe(recipe)
+    evaluate, judge = (read.config(step) for step in read)
     assert (evaluate.sampler.chat_date, evaluate.sampler.dtype, evaluate.reward.dtype) == ("2026-01-01", "float32",
                                                                                           "float32")
     assert evaluate.sampler.backend == "transformers" and evaluate.sampler.device == "cpu"  # its own defaults kept
     assert evaluate.max_tokens == 5 and evaluate.reward.max_tokens == 5
-    judge = load_config(stage_module("judge-validate").Config, recipe, section="judge-validate")
     assert (judge.dtype, judge.generator.dtype, judge.generator.max_tokens) == ("float32", "float32", 5)
     # the pipeline: a default that only a nested section knows is used; one known nowhere is an error
-    pipeline = from_dict(Pipeline, {"defaults": {"chat_date": "2026-01-01"}, "evaluate": {"prompts": "p.jsonl"}})
-    assert dict(pipeline.stage_configs())["evaluate"].sampler.chat_date == "2026-01-01"
-    with pytest.raises(ConfigError, match=r"keys \['name'\] are known to no stage"):  # policies[] are not reached
-        from_dict(Pipeline, {"defaults": {"name": "x"}, "evaluate": {"prompts": "p.jsonl"}})
+    pipeline = load_recipe({"defaults": {"chat_date": "2026-01-01"}, "evaluate": {"prompts": "p.jsonl"}})
+    assert pipeline.config(pipeline.steps[0]).sampler.chat_date == "2026-01-01"
+    with pytest.raises(ConfigError, match=r"keys \['colour'\] are known to no step"):  # policies[] are not reached
+        load_recipe({"defaults": {"colour": "x"}, "evaluate": {"prompts": "p.jsonl"}})
 
 
 def test_a_renamed_key_names_the_new_one_even_where_difflib_would_not(stand_ins):

@@ -21,9 +21,9 @@ The rules (each also in docs/bad-inputs.md):
   log-prob pass's cache key share the weights' digests;
 * **apart from its inputs**: ``output_dir`` may not be, hold, or sit inside an input or a
   model the stage reads;
-* **one writer**: a stage that is not a sharded job holds ``.align-writer.lock`` for its
-  whole run; a second run into the directory is refused before it writes a byte, naming
-  the first. A sharded job's tasks share the directory and lock their own shards; an
+* **one writer**: a stage that is not a sharded job holds ``.align-writer.lock`` from
+  ``start`` to the end of its run; a second run into the directory is refused before it
+  writes a byte, naming the first. A sharded job's tasks share the directory and lock their own shards; an
   overwrite waits for none of them: it is refused while any shard is being written;
 * **a run that lost its directory stops**: ``check_owner`` (before each write, and at
   finish) refuses to go on once the directory's manifest is another run's;
@@ -264,8 +264,6 @@ class StageRun:
                 self._end()
             return
         try:
-            if not self.job and is_writer():
-                self._take_writer_lock()
             self.begun = begin(self.stage, self.config, self.output_dir, overwrite=self.overwrite)
         except BaseException:
             if launch_group() is not None:
@@ -337,6 +335,8 @@ class StageRun:
         if dist is not None and not is_writer():
             dist.barrier()
             return
+        if not self.job:
+            self._take_writer_lock()
         if self.job and self.begun.overwrite:
             _refuse_while_shards_are_written(self.stage, self.output_dir)
         start(self.begun, self.rows)

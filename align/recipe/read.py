@@ -34,7 +34,7 @@ def config_builds() -> list[str]:
 
 def is_pipeline(data: Mapping[str, Any]) -> bool:
     """A recipe of sections or of steps (else: the keys of one stage)."""
-    return "steps" in data or any(isinstance(data.get(name), Mapping) for name in SECTIONS)
+    return isinstance(data.get("steps"), Mapping) or any(isinstance(data.get(name), Mapping) for name in SECTIONS)
 
 
 def read_recipe(source: str | Path | Mapping[str, Any], overrides: Sequence[str] | Mapping[str, Any] = (), *,
@@ -178,7 +178,7 @@ def _graph_step(settings: PipelineSettings, name: str, keys: dict[str, Any], out
 
 def _check_slurm_names(settings: PipelineSettings, steps: list[Step]) -> None:
     """``slurm.stages`` keys name a step (its name in the recipe) or a stage type."""
-    known = {s.base or s.name for s in steps} | {s.stage for s in steps}
+    known = {s.base or s.name for s in steps} | {s.stage for s in steps} | {s.name for s in steps}
     unknown = sorted(set(settings.slurm.stages) - known)
     if unknown:
         raise ConfigError(f"slurm.stages: {unknown} name no step or stage of this recipe (steps: "

@@ -125,11 +125,16 @@ class SlurmConfig(JobSettings):
                 raise ConfigError(f"stages.{stage}: expected a mapping of keys to values, got {changes!r}")
             self.for_stage(stage)  # every key checked at load time
 
-    def for_stage(self, stage: str, step: str | None = None) -> JobSettings:
-        """The settings of one step: the section's keys, under its stage's ``stages`` entry, under its own."""
+    def for_stage(self, stage: str, *steps: str | None) -> JobSettings:
+        """The settings of one step: the section's keys, under its stage type's ``stages`` entry, under its
+        own (by its name in the recipe, then its full name: ``evaluate.kl``, ``round-2.train``)."""
         base = {f.name: getattr(self, f.name) for f in dataclasses.fields(JobSettings)}
-        changes: dict[str, Any] = {**(self.stages.get(stage) or {}), **((self.stages.get(step) or {}) if step else {})}
-        where = step if step and step in self.stages else stage
+        changes: dict[str, Any] = dict(self.stages.get(stage) or {})
+        where = stage
+        for step in steps:
+            if step and step != stage and step in self.stages:
+                changes.update(self.stages[step] or {})
+                where = step
         try:
             return from_dict(JobSettings, {**base, **changes}, where=f"stages.{where}.")
         except ConfigError as exc:  # a key's own check may name the key alone

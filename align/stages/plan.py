@@ -235,6 +235,31 @@ def _launch_source(config: Config, header: list[tuple[int, str]]) -> dict[str, A
     return launch
 
 
+def _step_context(ctx: Context, recipe: Any, step: Any) -> Context:
+    """A pipeline step planned on the machines its ``slurm:`` job asks for (a launch: its nodes and GPUs per
+    node, with its accelerate config; an array task or one task: one node of its GPUs), unless the plan's
+    keys name the hardware."""
+    from dataclasses import replace
+
+    config = ctx.config
+    settings = recipe.settings.slurm.for_stage(step.stage, step.base, step.name)
+    kind = step.job_kind()
+    hardware = dict(ctx.hardware)
+    if config.nodes is None and config.gpus_per_node is None:
+        if kind == "launch":
+            hardware.update(nodes=settings.nodes, gpus_per_node=settings.gpus_per_node)
+        else:
+            hardware.update(nodes=1, gpus_per_node=max(settings.gpus_per_task, 1))
+        hardware["source"] = f"the recipe's slurm settings for {step.name}"
+    launch = ctx.launch_source
+    if kind == "launch" and config.accelerate_config is None and config.zero_stage is None:
+        resolved = find_file(settings.accelerate_config, config.recipe)
+        if resolved is not None:
+            launch = {**read_accelerate_config(resolved), "source": f"{settings.accelerate_config} (slurm settings)",
+                      "from_command": False}
+    return replace(ctx, hardware=hardware, launch_source=launch)
+
+
 # --------------------------------------------------------------------------- models
 
 
@@ -621,7 +646,8 @@ def plan_recipe(config: Config) -> tuple[list[JobPlan], dict[str, Any]]:
                   model_lineage(path, sections))
     plans = []
     for step in steps:
-        plans.extend(_stage_plans(ctx, step.stage, recipe.config(step), sections[step.name]))
+        here = _step_context(ctx, recipe, step) if recipe.kind == "pipeline" else ctx
+        plans.extend(_stage_plans(here, step.stage, recipe.config(step), sections[step.name]))
     hardware = {k: ctx.hardware[k] for k in DEFAULT_HARDWARE}
     info = {"recipe": str(path), "hardware": hardware, "hardware_source": ctx.hardware["source"],
             "headroom_gib": config.headroom_gib,

@@ -171,7 +171,7 @@ def plan(recipe: Recipe, states: dict[str, StepState], recipe_path: Path, workdi
             planned.append(Planned(step.name, f"job {previous} is still {queued[previous].lower()}: not submitted "
                                    "again", job_id=previous, needs=step.needs))
             continue
-        settings = recipe.settings.slurm.for_stage(step.stage, step.base)
+        settings = recipe.settings.slurm.for_stage(step.stage, step.base, step.name)
         kind = step.job_kind()
         shards: tuple[int, ...] = ()
         count = settings.array
@@ -202,8 +202,8 @@ def _recorded_shards(output_dir: Path) -> int | None:
     return found[0] if found else None
 
 
-def _check_files(planned: list[Planned]) -> None:
-    """Every file a job opens before align does exists now (and its Python runs)."""
+def _missing_files(planned: list[Planned]) -> list[str]:
+    """Every file a job opens before align does that is missing now (or a Python that does not run)."""
     problems = []
     for item in planned:
         if item.job is None:
@@ -215,8 +215,7 @@ def _check_files(planned: list[Planned]) -> None:
                 problems.append(f"{item.step}: {what} {path} does not exist")
             elif what == "python" and not os.access(path, os.X_OK):
                 problems.append(f"{item.step}: python {path} is not executable")
-    if problems:
-        raise ConfigError("a job would fail at its start:\n  " + "\n  ".join(problems))
+    return problems
 
 
 def _redo(stale: list[tuple[Step, StepState]], dry_run: bool) -> None:
@@ -257,9 +256,8 @@ def run(submission: Submission | Recipe) -> dict[str, str]:
         if absent:
             raise ConfigError(f"slurm.scripts_dir: {scripts_dir} lacks {absent} (the repository's recipes/slurm; "
                               "run align submit from the repository root or set slurm.scripts_dir)")
-    missing = missing_inputs(recipe)
-    if missing:
-        raise InputError("inputs that no step makes and that do not exist: " + ", ".join(missing))
+    problems = [f"inputs that no step makes and that do not exist: {', '.join(m)}"] if (m := missing_inputs(recipe)) \
+        else []
     jobs = read_jobs(log_dir)
     recorded = [str(entry.get("job_id")) for entry in jobs.values() if isinstance(entry, dict)]
     queued = {} if dry_run else active_jobs(recorded)
@@ -281,7 +279,11 @@ def run(submission: Submission | Recipe) -> dict[str, str]:
     log_dir.mkdir(parents=True, exist_ok=True)
     recipe_path = write_recipe(recipe, log_dir)
     planned = plan(recipe, states, recipe_path, workdir, log_dir, scripts_dir, queued, jobs)
-    _check_files(planned)
+    problems += _missing_files(planned)
+    if problems and not dry_run:
+        raise ConfigError("the jobs would fail:\n  " + "\n  ".join(problems))
+    for problem in problems:  # a dry run writes the scripts anyway, and says what a real submission refuses
+        print(f"[align submit] dry run: a real submission would refuse: {problem}")
     return _submit(planned, recipe, recipe_path, workdir, log_dir, jobs, dry_run)
 
 

@@ -49,7 +49,7 @@ def uninterrupted(tmp_path_factory):
 
 def test_pipeline_runs_every_stage_in_order(uninterrupted):
     workspace, printed = uninterrupted
-    starts = [printed.index(f"[align pipeline] stage {s}\n") for s in STAGES]
+    starts = [printed.index(f"[align pipeline] step {s} ({s})\n") for s in STAGES]
     assert starts == sorted(starts)
     for stage in STAGES:
         assert f"[align {stage}] wrote runs/tiny/{OUTPUTS[stage]}\n" in printed

@@ -28,7 +28,7 @@ from align.errors import ConfigError, InputError, RecordError
 from align.io import STAGE_COMPLETE_MARKER, read_records, stage_completion_info
 from align.io.fingerprint import weights_fingerprint
 from align.stages.join import join_records
-from align.stages.pipeline import Config as PipelineConfig
+from align.stages import load_recipe
 from align.stages.split import part_of
 
 RECIPE = "recipes/tiny/rounds.yaml"
@@ -49,8 +49,8 @@ def by_id(rows: list[dict]) -> list[dict]:
 
 def plan(*overrides: str) -> dict[str, object]:
     """The recipe's steps (with the overrides), by key: each one's validated stage config."""
-    config = load_config(PipelineConfig, RECIPES / "tiny" / "rounds.yaml", overrides, section="pipeline")
-    return {step.key: step.config for step in config.steps()}
+    recipe = load_recipe(RECIPES / "tiny" / "rounds.yaml", overrides)
+    return {step.name: recipe.config(step) for step in recipe}
 
 
 # ---------------------------------------------------------------------------------------------- the plan
@@ -151,10 +151,10 @@ def test_stop_after_a_round_a_stage_or_a_step(stop, last):
 
 
 def test_a_one_round_recipe_is_unchanged():
-    config = load_config(PipelineConfig, RECIPES / "tiny" / "pipeline.yaml", section="pipeline")
-    assert [(s.key, s.stage, s.round) for s in config.steps()] == \
-        [(name, name, None) for name, _ in config.stage_configs()]
-    assert config.steps()[-2].config.output_dir == "runs/tiny/qrpo"
+    recipe = load_recipe(RECIPES / "tiny" / "pipeline.yaml")
+    assert [(s.name, s.stage, s.round) for s in recipe] == \
+        [(name, name, None) for name in ("sft", "sample", "annotate", "pairs", "logprobs", "train", "evaluate")]
+    assert recipe.config(recipe.steps[-2]).output_dir == "runs/tiny/qrpo"
 
 
 # ------------------------------------------------------------------------------ split and join, alone
@@ -218,8 +218,8 @@ def copy_of(workspace: Path, tmp_path: Path) -> Path:
 
 def test_two_rounds_run_every_stage_of_every_round_from_the_policy_before(two_rounds):
     workspace, printed = two_rounds
-    starts = [printed.index(f"[align pipeline] round {k} stage {s}:") for k in (1, 2) for s in ROUND_STAGES]
-    assert starts == sorted(starts) and printed.index("[align pipeline] stage sft") < starts[0]
+    starts = [printed.index(f"[align pipeline] round {k} step round-{k}.{s}:") for k in (1, 2) for s in ROUND_STAGES]
+    assert starts == sorted(starts) and printed.index("[align pipeline] step sft (sft)") < starts[0]
     for k in (1, 2):
         for stage in ROUND_STAGES:
             assert f"[align {stage}] wrote {ROOT}/round-{k}/{stage}\n" in printed
