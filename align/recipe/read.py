@@ -22,7 +22,7 @@ from align.recipe.graph import (
     resolve_references,
 )
 from align.recipe.rounds import ROUND_SECTIONS, graph_rounds, section_rounds
-from align.recipe.settings import SECTIONS, PipelineSettings
+from align.recipe.settings import EXTRA_SECTIONS, SECTIONS, PipelineSettings
 
 PIPELINE_KEYS = frozenset(f.name for f in dataclasses.fields(PipelineSettings))
 
@@ -34,7 +34,8 @@ def config_builds() -> list[str]:
 
 def is_pipeline(data: Mapping[str, Any]) -> bool:
     """A recipe of sections or of steps (else: the keys of one stage)."""
-    return isinstance(data.get("steps"), Mapping) or any(isinstance(data.get(name), Mapping) for name in SECTIONS)
+    return isinstance(data.get("steps"), Mapping) or \
+        any(isinstance(data.get(name), Mapping) for name in (*SECTIONS, *EXTRA_SECTIONS))
 
 
 def read_recipe(source: str | Path | Mapping[str, Any], overrides: Sequence[str] | Mapping[str, Any] = (), *,
@@ -64,8 +65,9 @@ def read_recipe(source: str | Path | Mapping[str, Any], overrides: Sequence[str]
         if named:
             extra = merge(extra, {"steps": named})
     data = merge(data, extra)
+    extra_sections = {k: v for k, v in data.items() if k in EXTRA_SECTIONS and isinstance(v, Mapping)}
     top = {k: v for k, v in data.items() if k in PIPELINE_KEYS}
-    unknown = sorted(set(data) - PIPELINE_KEYS)
+    unknown = sorted(set(data) - PIPELINE_KEYS - set(extra_sections))
     if unknown:
         raise unknown_key_error(PipelineSettings, unknown[0], "")
     settings = from_dict(PipelineSettings, top)
@@ -77,7 +79,10 @@ def read_recipe(source: str | Path | Mapping[str, Any], overrides: Sequence[str]
         data = {**data, "steps": expanded}
         steps = _graph_steps(settings, base, config_class)
     else:
-        steps = _section_steps(settings, config_class)
+        if extra_sections and settings.rounds is not None:
+            raise ConfigError(f"rounds: the sections {sorted(extra_sections)} run once; a recipe with rounds has the "
+                              f"sections {list(SECTIONS)}")
+        steps = _section_steps(settings, config_class, extra_sections)
     check_defaults(settings.defaults, steps, config_class)
     steps = [phase for step in steps for phase in expand_phases(step, config_class)]
     check_outputs(steps)
@@ -96,9 +101,11 @@ def _with_needs(steps: list[Step]) -> list[Step]:
     return steps
 
 
-def _section_steps(settings: PipelineSettings, config_class: ConfigClass) -> list[Step]:
+def _section_steps(settings: PipelineSettings, config_class: ConfigClass,
+                   extra: Mapping[str, Any] | None = None) -> list[Step]:
     once = [Step(name, name, dict(getattr(settings, name)), base=name) for name in SECTIONS
             if getattr(settings, name) is not None and (settings.rounds is None or name not in ROUND_SECTIONS)]
+    once += [Step(name, name, dict(keys), base=name) for name, keys in (extra or {}).items()]
     if settings.rounds is not None:
         once += section_rounds(settings, once, config_class)
     if not once:

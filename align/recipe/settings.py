@@ -9,6 +9,9 @@ from align.slurm import SlurmConfig
 
 # The stage sections of a pipeline recipe of the first shape, in the order they run.
 SECTIONS = ("decontaminate", "sft", "sample", "annotate", "pairs", "logprobs", "train", "evaluate")
+# Stages that may have a section too, after those above (a sweep over the pipeline's outputs, a judge's
+# validation); a recipe of only these is still read by section: `align sweep recipes/tiny/sweep.yaml`.
+EXTRA_SECTIONS = ("judge-validate", "sweep", "split", "join")
 REFERENCES = ("previous", "initial")  # π_ref of round k: π_{k-1}, or π₀ throughout
 ROUND_PROMPTS = ("all", "split")
 

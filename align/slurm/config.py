@@ -24,7 +24,7 @@ from align.config import ConfigError, from_dict
 # How each stage runs as a job: an array of shards, one launch over nodes, or one task.
 ARRAY_STAGES = ("sample", "annotate", "evaluate")
 LAUNCH_STAGES = ("sft", "logprobs", "train")
-SINGLE_STAGES = ("decontaminate", "pairs", "split", "join", "judge-validate")
+SINGLE_STAGES = ("decontaminate", "pairs", "split", "join", "judge-validate", "sweep")
 # Every stage a recipe step may run.
 STEP_STAGES = (*ARRAY_STAGES, *LAUNCH_STAGES, *SINGLE_STAGES)
 

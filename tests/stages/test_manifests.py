@@ -290,11 +290,10 @@ def test_every_stage_takes_overwrite(stage):
 
 
 def test_overwrite_is_a_recipe_key_of_the_trainer_stages(ws):
-    from align.config import load_config
-    from align.stages import stage_module
+    from align.stages.common import stage_config
 
     for stage in ("sft", "train", "sample", "annotate", "logprobs"):
-        config = load_config(stage_module(stage).Config, RECIPE, ["overwrite=true"], section=stage)
+        config = stage_config(stage, [RECIPE, "overwrite=true"])
         assert config.overwrite is True
 
 
@@ -380,15 +379,12 @@ def test_a_remade_earlier_output_makes_what_read_it_stale(ws, tmp_path):
 
 
 def test_a_second_run_cannot_take_over_a_started_directory(ws, tmp_path):
-    from align.config import load_config
-    from align.stages import stage_module
     from align.manifests import StaleOutputError, begin, start
+    from align.stages.common import stage_config
 
     out = tmp_path / "pairs"
-    first = begin("pairs", load_config(stage_module("pairs").Config, RECIPE, [f"output_dir={out}"], section="pairs"),
-                  out)
-    second_config = load_config(stage_module("pairs").Config, RECIPE, [f"output_dir={out}", "seed=1"],
-                                section="pairs")
+    first = begin("pairs", stage_config("pairs", [RECIPE, f"output_dir={out}"]), out)
+    second_config = stage_config("pairs", [RECIPE, f"output_dir={out}", "seed=1"])
     second = begin("pairs", second_config, out)
     start(second)
     (out / "pairs.jsonl").write_text("{}\n")  # the second run's work

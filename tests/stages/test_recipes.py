@@ -12,8 +12,9 @@ import re
 import pytest
 from stage_helpers import RECIPES, TINY_RECIPE
 
-from align.config import load_config
+from align.stages import load_recipe as read_recipe
 from align.stages import stage_module
+from align.stages.common import recipe_from_args, stage_config
 
 RECIPE_FILES = sorted(p for p in RECIPES.rglob("*.yaml") if "accelerate" not in p.relative_to(RECIPES).parts)
 TINY_STAGES = ("sft", "sample", "annotate", "pairs", "logprobs", "train", "evaluate")
@@ -33,18 +34,12 @@ def stage_of(name: str) -> str:
     raise AssertionError(f"recipes/{name}: no stage for this file name; name it after its stage")
 
 
-def cpu_overrides(config_cls: type) -> list[str]:
-    """GPU recipes ask for bf16, which transformers refuses to set up on a CPU-only machine.
-
-    `use_cpu=true` lets their trainer configs be built here; every other key is checked
-    as written.
-    """
-    import dataclasses
-
-    import torch
-
-    names = {f.name for f in dataclasses.fields(config_cls)}
-    return ["use_cpu=true"] if "use_cpu" in names and not torch.cuda.is_available() else []
+def as_read_on_a_login_node(path):
+    """A shipped recipe as `align status` / `align submit` read it: every step's config built, with no device
+    check (the GPU recipes ask for bf16, which a CPU-only machine cannot set up: their jobs check it)."""
+    recipe = recipe_from_args("status", [str(path)])
+    recipe.build_all()
+    return recipe
 
 
 def test_the_glob_finds_the_recipes():
@@ -59,9 +54,11 @@ def test_the_glob_finds_the_recipes():
 @pytest.mark.parametrize("path", RECIPE_FILES, ids=lambda p: str(p.relative_to(RECIPES)))
 def test_recipe_loads_with_its_stage_config(path):
     stage = stage_of(path.name)
-    config_cls = stage_module(stage).Config
-    config = load_config(config_cls, path, cpu_overrides(config_cls), section=stage)
-    assert isinstance(config, config_cls)
+    recipe = as_read_on_a_login_node(path)
+    for step in recipe:
+        assert isinstance(recipe.config(step), stage_module(step.stage).Config)
+    if stage != "pipeline":
+        assert [s.stage for s in recipe] == [stage]  # the header's command names the stage the file is named for
 
 
 @pytest.mark.parametrize("path", RECIPE_FILES, ids=lambda p: str(p.relative_to(RECIPES)))
@@ -76,17 +73,20 @@ def test_recipe_starts_with_its_launch_command(path):
 @pytest.mark.parametrize("stage", TINY_STAGES)
 def test_each_stage_runs_alone_from_the_tiny_pipeline_recipe(stage):
     """`align STAGE recipes/tiny/pipeline.yaml`: the stage's section over the defaults it knows."""
-    config = load_config(stage_module(stage).Config, TINY_RECIPE, section=stage)
+    config = stage_config(stage, [str(TINY_RECIPE)])
     if stage in ("sft", "logprobs", "train"):
         assert config.chat_date == "2026-01-01" and config.chat_format == "apertus"
     if stage == "sample":
         assert config.sampler.chat_date == "2026-01-01" and config.sampler.backend == "transformers"
 
 
-def test_tiny_pipeline_pins_one_date_everywhere():
-    from align.stages.pipeline import Config
+def tiny_configs() -> dict:
+    recipe = read_recipe(TINY_RECIPE)
+    return {step.name: recipe.config(step) for step in recipe}
 
-    configs = dict(load_config(Config, TINY_RECIPE, section="pipeline").stage_configs())
+
+def test_tiny_pipeline_pins_one_date_everywhere():
+    configs = tiny_configs()
     assert list(configs) == list(TINY_STAGES)
     dates = {configs[s].chat_date for s in ("sft", "logprobs", "train")} | {configs["sample"].sampler.chat_date,
                                                                           configs["evaluate"].sampler.chat_date}
@@ -99,9 +99,8 @@ def test_tiny_pipeline_pins_one_date_everywhere():
 
 def load_recipe(size: str, name: str):
     """recipes/SIZE/NAME.yaml loaded with its stage's Config (the defaults it leaves unset included)."""
-    stage = stage_of(f"{name}.yaml")
-    config_cls = stage_module(stage).Config
-    return load_config(config_cls, RECIPES / size / f"{name}.yaml", cpu_overrides(config_cls), section=stage)
+    recipe = as_read_on_a_login_node(RECIPES / size / f"{name}.yaml")
+    return recipe.config(recipe.steps[0])
 
 
 def longest_sampled_sequence(sample_config) -> int | None:
@@ -116,8 +115,8 @@ def test_apertus_stage_recipes_agree_with_each_other(size):
     """The separate stage files of one model size: what the log-prob pass, the trainers, the
     samplers and the evaluation must share is the same in every file, and each stage reads
     what the one before it writes."""
-    r = {name: load_recipe(size, name) for name in ("sft", "sample", "sample_offline", "annotate_rm", "pairs",
-                                                    "logprobs", "qrpo", "dpo", "evaluate")}
+    r = {name: load_recipe(size, name) for name in ("sft", "sample", "sample_offline", "annotate_rm", "annotate_judge",
+                                                    "pairs", "logprobs", "qrpo", "dpo", "evaluate")}
     tokenized = {"sft": r["sft"], "logprobs": r["logprobs"], "qrpo": r["qrpo"], "dpo": r["dpo"]}
     samplers = {"sample": r["sample"].sampler, "evaluate": r["evaluate"].sampler}
 
@@ -155,8 +154,13 @@ def test_apertus_stage_recipes_agree_with_each_other(size):
     assert r["sample"].sampler.model == r["logprobs"].model_name_or_path == sft_out
     assert r["qrpo"].model_name_or_path == r["dpo"].model_name_or_path == sft_out
     assert r["sample_offline"].prompts == r["sample"].output_dir
-    assert r["annotate_rm"].input == r["sample_offline"].output_dir
-    assert r["pairs"].input == r["annotate_rm"].output_dir
+    assert r["annotate_rm"].input == r["annotate_judge"].input == r["sample_offline"].output_dir
+    assert r["pairs"].input == [r["annotate_rm"].output_dir, r["annotate_judge"].output_dir]
+    # every prompt is scored by one of the two: the reward model where the classifier said "not
+    # controversial", the judge where it said controversial or could not say (null)
+    assert r["annotate_rm"].where == {"controversial": False}
+    assert r["annotate_judge"].where == {"controversial": [True, None]}
+    assert r["sample_offline"].on_unclassified == "persona"  # null counts as controversial there too
     assert r["logprobs"].input == f"{r['pairs'].output_dir}/pairs.jsonl"
     assert r["qrpo"].input == r["dpo"].input == r["logprobs"].output_dir
     models = {p.name: p.model for p in r["evaluate"].policies}
@@ -180,11 +184,10 @@ def test_the_one_chat_date_of_the_tiny_pipeline_gives_one_prompt_in_every_stage(
     from align.logprobs import load_ref_logprobs
     from align.sampling.config import build_sampler
     from align.stages.logprobs import run_pass
-    from align.stages.pipeline import Config as PipelineConfig
     from align.trainers.preference_data import prepare_row
     from align.trainers.sft_trainer import SFTTrainer
 
-    configs = dict(load_config(PipelineConfig, TINY_RECIPE, section="pipeline").stage_configs())
+    configs = tiny_configs()
     policy = str(tiny_dirs["policy"])
     tokenizer = AutoTokenizer.from_pretrained(policy)
     messages = [{"role": "user", "content": "Is 14 even? Answer yes or no."}]
@@ -215,8 +218,7 @@ def test_the_one_chat_date_of_the_tiny_pipeline_gives_one_prompt_in_every_stage(
     assert "Current date: 2026-01-01" in tokenizer.decode(prompt)
 
     # and a date set in one section alone would show: the samplers are not tied to the trainers by hand
-    other = load_config(stage_module("sample").Config, TINY_RECIPE, ["sampler.chat_date=2020-01-01"],
-                        section="sample")
+    other = stage_config("sample", [str(TINY_RECIPE), "sampler.chat_date=2020-01-01"])
     assert build_sampler(replace(other.sampler, model=policy)).encoder.prompt_ids(messages) != prompt
 
 
@@ -226,12 +228,32 @@ def test_tiny_pipeline_samples_nothing_over_the_trainers_max_length():
     import json
 
     from align.sampling.base import PromptEncoder
-    from align.stages.pipeline import Config
     from align.testing.tiny import build_tokenizer
 
-    configs = dict(load_config(Config, TINY_RECIPE, section="pipeline").stage_configs())
+    configs = tiny_configs()
     sample = configs["sample"]
     encoder = PromptEncoder(build_tokenizer(), sample.sampler.chat_format, chat_date=sample.sampler.chat_date)
     prompts = [json.loads(line) for line in (RECIPES.parent / sample.prompts).read_text().splitlines() if line.strip()]
     longest = max(len(encoder.prompt_ids(p["messages"], p.get("tools"))) for p in prompts)
     assert longest + sample.max_tokens <= min(configs["logprobs"].max_length, configs["train"].max_length)
+
+
+@pytest.mark.parametrize("size", ["apertus-8b", "apertus-70b"])
+def test_the_apertus_pipeline_is_its_stage_files(size):
+    """recipes/SIZE/pipeline.yaml runs every stage file of the flow, each step's config equal to the
+    file's own (one source: the pipeline cannot drift from the files run by hand), wired in order."""
+    pipeline = as_read_on_a_login_node(RECIPES / size / "pipeline.yaml")
+    files = {"sft": "sft", "classify": "annotate_classifier", "sample": "sample", "sample_offline": "sample_offline",
+             "annotate_rm": "annotate_rm", "annotate_judge": "annotate_judge", "pairs": "pairs",
+             "logprobs": "logprobs", "qrpo": "qrpo", "dpo": "dpo", "evaluate": "evaluate"}
+    main = [s for s in pipeline if not s.phase]
+    assert [s.name for s in main] == list(files)
+    for step in main:
+        assert pipeline.config(step) == load_recipe(size, files[step.name]), step.name
+    needs = {s.name: set(s.needs) for s in main}
+    assert needs["sample"] == {"sft", "classify"} and needs["sample_offline"] == {"sample"}
+    assert needs["annotate_rm"] == needs["annotate_judge"] == {"sample_offline"}
+    assert needs["pairs"] == {"annotate_rm", "annotate_judge"}
+    assert needs["evaluate"] == {"sft", "qrpo", "dpo"}
+    phases = [s.name for s in pipeline if s.phase]
+    assert phases == (["evaluate.kl", "evaluate.report"] if size == "apertus-70b" else [])

@@ -23,7 +23,6 @@ from kill_points import KILL_SEED_ENV, complete_lines, kill_once_written, kill_r
 from stage_helpers import RECIPES, TINY_DATA, make_workspace, run_cli, subprocess_env
 
 import align
-from align.config import load_config
 from align.errors import ConfigError, InputError, RecordError
 from align.io import STAGE_COMPLETE_MARKER, read_records, stage_completion_info
 from align.io.fingerprint import weights_fingerprint
@@ -247,9 +246,9 @@ def test_two_rounds_run_every_stage_of_every_round_from_the_policy_before(two_ro
 def align_status(*overrides: str) -> dict:
     from align.stages import status
 
-    config = load_config(status.Config, RECIPE, overrides, section="status")
+    recipe = status.config_from_args([RECIPE, *overrides])
     with contextlib.redirect_stdout(None):
-        return status.run(config)
+        return status.run(recipe)
 
 
 def test_changing_the_reference_redoes_exactly_what_depends_on_it(two_rounds, tmp_path):

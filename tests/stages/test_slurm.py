@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import os
 import stat
+import contextlib
+import io
 import subprocess
 import sys
 from pathlib import Path
@@ -164,62 +166,72 @@ def test_submit_dry_run_writes_one_script_per_stage_and_the_chain(tmp_path, monk
     ws = make_workspace(tmp_path / "ws")
     monkeypatch.chdir(ws)
     printed = run_cli(["submit", "recipes/tiny/pipeline.yaml", "dry_run=true", "slurm.stages={annotate: {array: 3}}",
-                       "slurm.sbatch_options=[--exclusive]"])
+                       "slurm.sbatch_options=[--constraint=cpu]"])
     assert "dry run: nothing submitted" in printed
     logs = ws / "runs" / "tiny" / "slurm"
     stages = ["sft", "sample", "annotate", "pairs", "logprobs", "train", "evaluate"]
-    assert sorted(p.name for p in logs.glob("*.sbatch")) == [f"{i}-{s}.sbatch" for i, s in enumerate(stages, start=2)]
+    assert sorted(p.name for p in logs.glob("*.sbatch")) == sorted(f"{i}-{s}.sbatch" for i, s in enumerate(stages, 1))
     assert not (logs / "jobs.json").exists()
 
     def options(name: str) -> dict[str, str]:
         lines = (logs / name).read_text().splitlines()
         return dict(line.removeprefix("#SBATCH --").partition("=")[::2] for line in lines if line.startswith("#SBATCH"))
 
-    sample, annotate, train = options("3-sample.sbatch"), options("4-annotate.sbatch"), options("7-train.sbatch")
+    sample, annotate, train = options("2-sample.sbatch"), options("3-annotate.sbatch"), options("6-train.sbatch")
     assert sample["array"] == "0-1" and annotate["array"] == "0-2"  # the recipe's 2 shards; annotate's own 3
     assert sample["chdir"] == str(ws.resolve()) and sample["output"] == f"{logs.resolve()}/sample-%A_%a.out"
     assert sample["time"] == "00:30:00" and sample["cpus-per-task"] == "1" and "gpus-per-task" not in sample
+    assert sample["mem"] == "8G"  # 8G per CPU, the recipe's one CPU
     assert train["nodes"] == "1" and train["ntasks-per-node"] == "1" and "gpus-per-node" not in train
-    assert "exclusive" in train and train["export"] == "ALL"
-    body = (logs / "4-annotate.sbatch").read_text()
-    assert "export STAGE=annotate NUM_SHARDS=3\n" in body and "annotate_array.sbatch" in body
-    assert "train_multinode.sbatch" in (logs / "7-train.sbatch").read_text()
-    recipe = next(logs.glob("recipe-*.yaml"))
-    assert f"exec bash {RECIPES.resolve() / 'slurm' / 'train_multinode.sbatch'} {recipe.resolve()}" in \
-        (logs / "7-train.sbatch").read_text()
+    assert "exclusive" in train and train["mem"] == "0" and train["export"] == "ALL"  # a launch holds its node
+    assert "exclusive" not in sample and sample["constraint"] == "cpu" == train["constraint"]
+    recipe = next(logs.glob("recipe-*.yaml")).resolve()
+    body = (logs / "3-annotate.sbatch").read_text()
+    assert f'exec "$ALIGN_PYTHON" -m align step {recipe} annotate num_shards=3\n' in body
+    assert f"export ALIGN_PYTHON={sys.executable}\n" in body  # the submitting environment's python by default
+    launch = (logs / "6-train.sbatch").read_text()
+    assert f"launch -m align step {recipe} train\n" in launch and "launch_node.sh" in launch
     chain = (logs / "submit.sh").read_text()
-    assert "SFT=$(sbatch --parsable  " in chain
-    assert "ANNOTATE=$(sbatch --parsable --dependency=afterok:$SAMPLE --kill-on-invalid-dep=yes " in chain
+    assert "JOB_SFT=$(sbatch --parsable  " in chain
+    assert "JOB_ANNOTATE=$(sbatch --parsable --dependency=afterok:$JOB_SAMPLE --kill-on-invalid-dep=yes " in chain
+    assert "JOB_TRAIN=$(sbatch --parsable --dependency=afterok:$JOB_SFT:$JOB_LOGPROBS --kill-on-invalid-dep=yes " \
+        in chain  # after every step it reads, not only the one before
     done = subprocess.run(["bash", "-n", str(logs / "submit.sh")], capture_output=True, text=True, check=False)
     assert done.returncode == 0, done.stderr
 
 
 @pytest.mark.parametrize(("override", "message"), [
     ("slurm.time=43200", r"time: 43200 is a number"),
-    ("slurm.stages={tokenize: {array: 2}}", r"stages: 'tokenize' is not a stage"),
+    ("slurm.stages={tokenize: {array: 2}}", r"slurm.stages: \['tokenize'\] name no step or stage"),
     ("slurm.stages={sample: {array: 0}}", r"stages\.sample[.:] ?array: must be at least 1"),
     ("slurm.stages={sample: {array: two}}", r"stages\.sample\.array: expected an integer"),
     ("slurm.gpus_per_task=-1", r"gpus_per_task: must be 0 or more"),
+    ("slurm.mem=lots", r"mem: 'lots' is not a SLURM memory size"),
     ("slurm.sbatch_options=[exclusive]", r"sbatch_options: \['exclusive'\] are not options"),
     ("slurm.scripts_dir=nowhere", r"slurm.scripts_dir: .*nowhere lacks"),
-    ("overwrite=true", r"overwrite=true: align submit redoes no stage"),
 ])
 def test_submit_refuses_bad_slurm_settings(override, message, tmp_path, monkeypatch):
-    from align.config import load_config
     from align.stages import stage_module
 
     monkeypatch.chdir(tmp_path)  # nothing is written, and nowhere near the repository
     with pytest.raises(ValueError, match=message):
         module = stage_module("submit")
-        module.run(load_config(module.Config, TINY_RECIPE, [override, "dry_run=true"], section="submit"))
+        module.run(module.config_from_args([str(TINY_RECIPE), override, "dry_run=true"]))
 
 
-def test_submit_refuses_a_recipe_with_rounds(tmp_path, monkeypatch):
-    from align.config import load_config
+def test_submit_chains_the_rounds(tmp_path, monkeypatch):
+    """A recipe with rounds: every step of every round is a job, each after the steps it reads (round 2's
+    sampling after round 1's training)."""
     from align.stages import stage_module
 
-    monkeypatch.chdir(tmp_path)
+    ws = make_workspace(tmp_path / "ws")
+    monkeypatch.chdir(ws)
     module = stage_module("submit")
-    config = load_config(module.Config, RECIPES / "tiny" / "rounds.yaml", ["dry_run=true"], section="submit")
-    with pytest.raises(ValueError, match=r"rounds: align submit submits each stage of a recipe once"):
-        module.run(config)
+    with contextlib.redirect_stdout(io.StringIO()):
+        module.run(module.config_from_args(["recipes/tiny/rounds.yaml", "dry_run=true", "slurm.log_dir=runs/r"]))
+    chain = (ws / "runs" / "r" / "submit.sh").read_text()
+    assert "JOB_ROUND_2_SAMPLE=$(sbatch --parsable --dependency=afterok:$JOB_ROUND_1_TRAIN " in chain
+    assert "JOB_ROUND_2_TRAIN=$(sbatch --parsable --dependency=afterok:$JOB_ROUND_1_TRAIN:$JOB_ROUND_2_LOGPROBS " \
+        in chain
+    scripts = sorted(p.name for p in (ws / "runs" / "r").glob("*.sbatch"))
+    assert "7-round-1.evaluate.sbatch" in scripts and "13-round-2.evaluate.sbatch" in scripts

@@ -65,13 +65,12 @@ def test_the_trainer_derives_it(tiny_model, tiny_tokenizer, tmp_path):
 @pytest.mark.parametrize("size, world_sizes", [("apertus-8b", (8, 16)), ("apertus-70b", (32, 64))])
 @pytest.mark.parametrize("name", ["qrpo", "dpo"])
 def test_the_apertus_recipes_keep_the_published_global_batch(size, name, world_sizes, tmp_path, monkeypatch):
-    from align.config import load_config
-    from align.stages import stage_module
+    from align.stages.common import stage_config
 
     recipe = Path(__file__).resolve().parents[2] / "recipes" / size / f"{name}.yaml"
     for world_size in world_sizes:
         monkeypatch.setattr(PreferenceConfig, "world_size", property(lambda self, w=world_size: w))
-        args = load_config(stage_module("train").Config, recipe, ["use_cpu=true"], section="train")
+        args = stage_config("train", [str(recipe), "use_cpu=true"])
         assert args.global_batch_size == 512
         accumulation_from_global_batch(args, "pairs")
         assert args.per_device_train_batch_size * world_size * args.gradient_accumulation_steps == 512
