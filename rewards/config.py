@@ -124,8 +124,13 @@ class JudgeModelConfig(EngineFields):
     charter it judges by and its rating scale."""
 
     backend: Literal["transformers", "vllm", "openai"] = field(default="transformers", metadata={
-        "help": "transformers | vllm | openai (an OpenAI-compatible server at base_url: the judge only)"})
+        "help": "transformers | vllm | openai (an OpenAI-compatible server at base_url: the judge and the "
+                "classifier)"})
     base_url: str | None = field(default=None, metadata={"help": "openai backend: the endpoint (http://host:8000/v1)"})
+    timeout_s: float = field(default=1800.0, metadata={
+        "help": "openai backend: seconds per request, sized for a server many array tasks share"})
+    max_retries: int = field(default=5, metadata={
+        "help": "openai backend: retries of a request (connection errors, 5xx, 408, 429), with backoff"})
     tokenizer: str | None = field(default=None, metadata={"help": "openai backend: tokenizer of the served model"})
     api_key_env: str | None = field(default=None, metadata={
         "help": "openai backend: environment variable holding the API key (default: $OPENAI_API_KEY when set); "
@@ -180,8 +185,6 @@ class RewardProviderConfig(JudgeModelConfig, GeneratorConfig):
         _check_engine(self)
         _check_judge(self)
         _check_generation(self)
-        if self.provider == "classifier" and self.backend == "openai":
-            raise ConfigError("backend: the classifier runs on transformers or vllm")
 
 
 # --------------------------------------------------------------------------- builders
@@ -232,7 +235,8 @@ def build_judge_backend(config: JudgeModelConfig) -> Any:
 
         return OpenAIJudgeBackend(config.base_url, config.model, config.tokenizer or config.model,
                                   api_key_env=config.api_key_env, batch_size=config.model_batch_size,
-                                  max_model_len=config.max_model_len)
+                                  max_model_len=config.max_model_len or config.engine_kwargs.get("max_model_len"),
+                                  timeout_s=config.timeout_s, max_retries=config.max_retries)
     from rewards.judge_backends.hf import TransformersJudgeBackend
 
     return TransformersJudgeBackend(config.model, batch_size=config.model_batch_size,
@@ -264,5 +268,15 @@ def build_reward_provider(config: RewardProviderConfig) -> Any:
         return build_judge(config, top_k_pairwise=config.top_k_pairwise)
     from rewards.classifier import ControversyClassifier
 
-    return ControversyClassifier(build_generator(config), threshold=config.threshold,
-                                 max_attempts=config.max_attempts)
+    if config.backend == "openai":  # the classifier's model behind vllm serve
+        from rewards.generation import Generator
+
+        sampler = build_sampler(SamplerConfig(
+            backend="openai", model=config.model, tokenizer=config.tokenizer, base_url=config.base_url,
+            api_key_env=config.api_key_env, chat_format="tokenizer", enable_thinking=False,
+            max_model_len=config.max_model_len or config.engine_kwargs.get("max_model_len"),
+            timeout_s=config.timeout_s, max_retries=config.max_retries))
+        generator = Generator(sampler, max_tokens=config.max_tokens, temperature=config.temperature)
+    else:
+        generator = build_generator(config)
+    return ControversyClassifier(generator, threshold=config.threshold, max_attempts=config.max_attempts)

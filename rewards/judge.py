@@ -201,7 +201,11 @@ class ConstitutionalJudge(RewardProvider):
         labels = self.config.labels
         answers = self.backend.label_logprobs(prompts, labels, shared_prefix=self.shared_prefix("pointwise")) \
             if prompts else []
-        for i, logprobs in zip(asked, answers, strict=True):
+        refused = dict(self.backend.refusals) if prompts else {}
+        for n, (i, logprobs) in enumerate(zip(asked, answers, strict=True)):
+            if n in refused:
+                scores[i] = Score.skip(f"{PROMPT_TOO_LONG}: {refused[n]}")
+                continue
             result = expected_score(logprobs, labels)
             if result is None:
                 scores[i] = Score.skip(f"no scale token ({labels[0]}-{labels[-1]}) among the judge's top tokens")
@@ -247,7 +251,11 @@ class ConstitutionalJudge(RewardProvider):
         if prompts:
             label_a, label_b = self.config.pairwise_labels
             answers = self.backend.label_logprobs(prompts, [label_a, label_b], shared_prefix=self.shared_prefix("pairwise"))
+            refused = dict(self.backend.refusals)
             for n, i in enumerate(asked):
+                if 2 * n in refused or 2 * n + 1 in refused:
+                    results[i] = Comparison(0.5, note=f"{PROMPT_TOO_LONG}: {refused.get(2 * n) or refused[2 * n + 1]}")
+                    continue
                 ab, ba = answers[2 * n], answers[2 * n + 1]
                 p_as_a = preference_from_logprobs(ab.get(label_a), ab.get(label_b))
                 p_b_first = preference_from_logprobs(ba.get(label_a), ba.get(label_b))

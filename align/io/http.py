@@ -27,6 +27,48 @@ class ServerError(ServiceError, OSError):
     JSON: a `ServiceError` (so a RuntimeError, as it was before) and still an OSError."""
 
 
+class RequestRefused(ServerError):
+    """The server answered HTTP 4xx to this request (``status``, ``detail``): it is refused as it is,
+    and sending it again would not help (a prompt over the server's context length, say)."""
+
+    def __init__(self, message: str, status: int, detail: str):
+        super().__init__(message)
+        self.status, self.detail = status, detail
+
+
+# Words a vLLM (or other OpenAI-compatible) server uses when a prompt does not fit its context
+_LENGTH_WORDS = re.compile(r"context length|max_model_len|maximum (context )?length|too long|prompt length|"
+                           r"max_tokens|exceeds", re.IGNORECASE)
+
+
+def refused_for_length(error: BaseException) -> str | None:
+    """The server's reason when ``error`` is a refusal of one request for its length, else None."""
+    if isinstance(error, RequestRefused) and error.status == 400 and _LENGTH_WORDS.search(error.detail):
+        return error.detail[:300]
+    return None
+
+
+_URL_USERINFO = re.compile(r"(?P<scheme>[a-zA-Z][a-zA-Z0-9+.-]*://)[^/@\s]*@")
+_URL_SECRET_QUERY = re.compile(
+    r"(?P<name>[?&][^=&#]*(?:token|key|password|secret|auth|sig|signature|credential)[^=&#]*=)[^&#]*",
+    re.IGNORECASE)
+
+
+def safe_url(text: str) -> str:
+    """``text`` with the credentials a URL can carry cut out (user:password@, signed or keyed query values):
+    what may be printed in an error, a log line or a manifest."""
+    text = _URL_USERINFO.sub(r"\g<scheme>", text)
+    return _URL_SECRET_QUERY.sub(r"\g<name>", text)
+
+
+def join_url(base: str, path: str) -> str:
+    """``base`` + ``path``, the path inserted before a query string (``http://h/v1?x=1`` + ``/models``)."""
+    from urllib.parse import urlsplit, urlunsplit
+
+    parts = urlsplit(base)
+    return urlunsplit(parts._replace(path=parts.path.rstrip("/") + path))
+
+
 def check_api_key_env(api_key_env: str | None) -> None:
     """``api_key_env`` must name an environment variable (checked when a recipe loads)."""
     if api_key_env is not None and not _ENV_NAME.match(api_key_env):
@@ -59,6 +101,7 @@ def request_json(url: str, body: Mapping[str, Any] | None = None, *, method: str
     if api_key:
         headers["Authorization"] = f"Bearer {api_key}"
     data = json.dumps(body).encode() if body is not None else None
+    shown = safe_url(url)  # never print credentials a URL carries
     for attempt in range(max_retries + 1):
         request = urllib.request.Request(url, data=data, headers=headers, method=method)
         try:
@@ -66,19 +109,23 @@ def request_json(url: str, body: Mapping[str, Any] | None = None, *, method: str
                 raw = response.read().decode(errors="replace")
             try:
                 return json.loads(raw)
-            except json.JSONDecodeError:
-                raise ServerError(f"{url}: answer is not JSON: {raw[:200]!r}") from None
+            except (json.JSONDecodeError, RecursionError):
+                raise ServerError(f"{shown}: answer is not JSON: {raw[:200]!r}") from None
         except urllib.error.HTTPError as error:
             detail = " ".join(error.read().decode(errors="replace")[:300].split())
             if error.code in (401, 403):
                 hint = ("the API key sent was refused" if api_key else "no API key was sent") + (
                     f": set ${DEFAULT_API_KEY_ENV}, or name the variable that holds the key with api_key_env")
-                raise ServerError(f"{url}: HTTP {error.code}: {detail}; {hint}") from None
-            if error.code < 500 or attempt == max_retries:
-                raise ServerError(f"{url}: HTTP {error.code}: {detail}") from None
+                raise ServerError(f"{shown}: HTTP {error.code}: {detail}; {hint}") from None
+            busy = error.code in (408, 429)  # a shared server that is busy: asked again, later
+            if not busy and error.code < 500:
+                raise RequestRefused(f"{shown}: HTTP {error.code}: {detail}", error.code, detail) from None
+            if attempt == max_retries:
+                raise ServerError(f"{shown}: HTTP {error.code} after {attempt + 1} tries: {detail}") from None
         except (urllib.error.URLError, TimeoutError, ConnectionError) as error:
             if attempt == max_retries:
                 reason = getattr(error, "reason", error)
-                raise ServerError(f"{url}: request failed after {attempt + 1} tries: {reason}") from None
-        time.sleep(0.5 * 2**attempt)
+                raise ServerError(f"{shown}: request failed after {attempt + 1} tries (timeout {timeout_s:g} s "
+                                  f"each): {reason}") from None
+        time.sleep(min(60.0, 0.5 * 2**attempt))
     raise AssertionError("unreachable")

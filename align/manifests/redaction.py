@@ -8,6 +8,8 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
+from align.io.http import safe_url
+
 # of SECRET_WORDS, when two of its words in a row are one of SECRET_PAIRS, or when it is
 # ``token`` / ``auth`` itself. ``eos_token``, ``pad_token`` or ``max_tokens`` are settings,
 # not secrets; ``api_key_env`` names a variable (and is neutral).
@@ -16,10 +18,13 @@ SECRET_WORDS = frozenset({"password", "passwd", "secret", "credential", "credent
 SECRET_PAIRS = frozenset({("api", "key"), ("access", "key"), ("private", "key"), ("secret", "key"),
                           ("hub", "token"), ("access", "token"), ("auth", "token"), ("api", "token"),
                           ("bearer", "token"), ("refresh", "token"), ("id", "token"), ("session", "token")})
-_URL_USERINFO = re.compile(r"(?P<scheme>[a-zA-Z][a-zA-Z0-9+.-]*://)[^/@\s]*@")
-_URL_SECRET_QUERY = re.compile(
-    r"(?P<name>[?&][^=&#]*(?:token|key|password|secret|auth|sig|signature|credential)[^=&#]*=)[^&#]*",
-    re.IGNORECASE)
+
+
+# Words before "token" that name a kind of vocabulary token (a setting), not a credential.
+TOKEN_KINDS = frozenset({"eos", "bos", "pad", "unk", "sep", "cls", "mask", "special", "max", "min", "num", "stop",
+                         "start", "end", "image", "video", "audio", "vision", "additional", "extra", "new", "first",
+                         "last", "default", "decoder", "padding", "chat", "tool", "think", "thinking", "system",
+                         "user", "assistant", "boi", "eoi", "placeholder", "generation"})
 
 
 def _words(name: str) -> list[str]:
@@ -35,6 +40,8 @@ def is_secret_key(name: str) -> bool:
         return False  # api_key_env: the name of a variable
     if words in (["token"], ["auth"], ["key"]):
         return True
+    if len(words) >= 2 and words[-1] == "token" and words[-2] not in TOKEN_KINDS:
+        return True  # hf_token, wandb_token, github_token: a credential, unlike eos_token or pad_token
     return any(w in SECRET_WORDS for w in words) or any(pair in SECRET_PAIRS for pair in itertools.pairwise(words))
 
 
@@ -45,6 +52,5 @@ def redact(value: Any) -> Any:
     if isinstance(value, (list, tuple)):
         return [redact(v) for v in value]
     if isinstance(value, str):
-        value = _URL_USERINFO.sub(r"\g<scheme>", value)
-        return _URL_SECRET_QUERY.sub(r"\g<name>", value)
+        return safe_url(value)
     return value

@@ -244,6 +244,9 @@ class Sampler(abc.ABC):
     #: model name or path, recorded in each completion's ``source``
     model_name: str
     encoder: PromptEncoder
+    #: after ``sample``: conversation index -> why the backend refused it (a server that found the prompt
+    #: too long); those conversations get no completions and are recorded as skipped
+    refusals: dict[int, str] = {}
 
     @property
     @abc.abstractmethod

@@ -46,6 +46,11 @@ class SamplerConfig:
         api_key_env: the environment variable holding the server's API key (default:
             $OPENAI_API_KEY, sent when set). The key itself never goes in a recipe.
         concurrency: requests in flight at once.
+        timeout_s / max_retries: per request, sized for a server many array tasks share (30
+            minutes, 5 retries with backoff on connection errors, 5xx, 408 and 429 answers). A
+            prompt the server refuses for its length is a recorded skip of that prompt.
+        The context length is the smaller of the server's (asked from ``/models``) and the
+        recipe's (``max_model_len`` or ``engine_kwargs.max_model_len``).
     """
 
     backend: Literal["vllm", "transformers", "openai"] = "vllm"
@@ -65,6 +70,8 @@ class SamplerConfig:
     base_url: str | None = None
     api_key_env: str | None = None
     concurrency: int = 16
+    timeout_s: float = 1800.0
+    max_retries: int = 5
 
     def __post_init__(self) -> None:
         if self.backend not in ("vllm", "transformers", "openai"):
@@ -83,6 +90,17 @@ class SamplerConfig:
             raise ConfigError(f"gpu_memory_utilization: must be in (0, 1], got {self.gpu_memory_utilization}")
         if self.max_model_len is not None and self.max_model_len < 2:
             raise ConfigError(f"max_model_len: must be >= 2, got {self.max_model_len}")
+        if not self.timeout_s > 0:
+            raise ConfigError(f"timeout_s: must be > 0, got {self.timeout_s}")
+        if self.max_retries < 0:
+            raise ConfigError(f"max_retries: must be >= 0, got {self.max_retries}")
+        if self.concurrency < 1:
+            raise ConfigError(f"concurrency: must be >= 1, got {self.concurrency}")
+
+    @property
+    def context_limit(self) -> int | None:
+        """The recipe's context length: ``max_model_len``, else ``engine_kwargs.max_model_len``."""
+        return self.max_model_len or self.engine_kwargs.get("max_model_len")
 
 
 def build_sampler(config: SamplerConfig) -> Sampler:
@@ -108,8 +126,9 @@ def build_sampler(config: SamplerConfig) -> Sampler:
 
         return OpenAISampler(
             config.base_url, config.model, config.tokenizer or config.model, chat_format=config.chat_format,
-            chat_date=config.chat_date, enable_thinking=config.enable_thinking, max_model_len=config.max_model_len,
-            api_key_env=config.api_key_env, concurrency=config.concurrency,
+            chat_date=config.chat_date, enable_thinking=config.enable_thinking, max_model_len=config.context_limit,
+            api_key_env=config.api_key_env, concurrency=config.concurrency, timeout_s=config.timeout_s,
+            max_retries=config.max_retries,
         )
     from align.sampling.vllm_backend import VLLMSampler
 

@@ -20,7 +20,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from align.errors import ServiceError, loading
-from align.io.http import api_key_from_env, request_json
+from align.io.http import api_key_from_env, join_url, refused_for_length, request_json, safe_url
 from align.sampling.base import (
     Completion,
     Conversation,
@@ -42,10 +42,12 @@ class OpenAISampler(Sampler):
         chat_format / chat_date / enable_thinking / stop_tokens: as for `VLLMSampler`.
         api_key: sent as a bearer token (``vllm serve --api-key``); default from the
             environment: the variable ``api_key_env`` names, else ``$OPENAI_API_KEY``.
-        max_model_len: context length (default: asked from the server's ``/models``).
+        max_model_len: the recipe's context length; the one used is the smaller of it and the
+            server's (asked from ``/models``), so a prompt the server would refuse is skipped here.
         concurrency: requests in flight at once.
-        timeout_s / max_retries: per request; connection errors and 5xx answers are
-            retried with a short backoff, other errors raise at once.
+        timeout_s / max_retries: per request; connection errors, 5xx, 408 and 429 answers are
+            retried with backoff; a prompt refused for its length is recorded in ``refusals``
+            (no completions), any other refusal raises.
     """
 
     backend = "openai"
@@ -64,8 +66,8 @@ class OpenAISampler(Sampler):
         api_key_env: str | None = None,
         max_model_len: int | None = None,
         concurrency: int = 16,
-        timeout_s: float = 600.0,
-        max_retries: int = 2,
+        timeout_s: float = 1800.0,
+        max_retries: int = 5,
         model_name: str | None = None,
     ):
         if isinstance(tokenizer, str):
@@ -74,6 +76,7 @@ class OpenAISampler(Sampler):
             with loading("tokenizer", tokenizer):
                 tokenizer = AutoTokenizer.from_pretrained(tokenizer)
         self.base_url = base_url.rstrip("/")
+        self.refusals = {}
         self.model, self.api_key = model, api_key if api_key is not None else api_key_from_env(api_key_env)
         self.model_name = model_name or model
         self.tokenizer = tokenizer
@@ -81,20 +84,29 @@ class OpenAISampler(Sampler):
                                      stop_tokens=stop_tokens)
         self.concurrency, self.timeout_s, self.max_retries = max(1, concurrency), timeout_s, max_retries
         self._max_model_len = max_model_len
+        self._context: int | None = None
 
     @property
     def max_model_len(self) -> int:
-        if self._max_model_len is None:
-            models = self._request("GET", "/models").get("data") or []
-            served = next((m for m in models if m.get("id") == self.model), None)
-            if served is None:
-                names = [m.get("id") for m in models]
-                raise ServiceError(f"{self.base_url}: model {self.model!r} is not served here (served: {names})")
-            if not isinstance(served.get("max_model_len"), int):
-                raise ServiceError(f"{self.base_url}/models does not say the context length of {self.model!r}: "
-                                   "pass max_model_len=")
-            self._max_model_len = served["max_model_len"]
-        return self._max_model_len
+        """The smaller of the recipe's context length and the server's (a prompt over either is skipped)."""
+        if self._context is None:
+            served = self._served_length()
+            limits = [n for n in (self._max_model_len, served) if n is not None]
+            if not limits:
+                raise ServiceError(f"{safe_url(self.base_url)}/models does not say the context length of "
+                                   f"{self.model!r}: set max_model_len")
+            self._context = min(limits)
+        return self._context
+
+    def _served_length(self) -> int | None:
+        """The server's ``max_model_len`` for this model (None when it does not say)."""
+        models = self._request("GET", "/models").get("data") or []
+        served = next((m for m in models if isinstance(m, dict) and m.get("id") == self.model), None)
+        if served is None:
+            names = [m.get("id") for m in models if isinstance(m, dict)]
+            raise ServiceError(f"{safe_url(self.base_url)}: model {self.model!r} is not served here (served: {names})")
+        length = served.get("max_model_len")
+        return length if isinstance(length, int) and not isinstance(length, bool) and length > 1 else None
 
     def sample(
         self,
@@ -114,26 +126,40 @@ class OpenAISampler(Sampler):
             for ids, s, budget in zip(prompts, seeds, budgets)
         ]
         with ThreadPoolExecutor(max_workers=min(self.concurrency, max(1, len(bodies)))) as pool:
-            replies = list(pool.map(lambda body: self._request("POST", "/completions", body), bodies))
+            replies = list(pool.map(self._complete, bodies))
+        self.refusals = {i: reply for i, reply in enumerate(replies) if isinstance(reply, str)}
         results = []
         for reply, conv_seed in zip(replies, seeds):
+            if isinstance(reply, str):  # refused for its length: no completions, recorded as a skip
+                results.append([])
+                continue
             record_params = self.params(temperature, top_p, max_tokens, conv_seed)
             choices = reply.get("choices")
             if not isinstance(choices, list) or len(choices) != n:
-                raise ServiceError(f"{self.base_url}/completions: expected {n} choices, got {choices!r:.200}")
+                raise ServiceError(f"{safe_url(self.base_url)}/completions: expected {n} choices, got {choices!r:.200}")
             results.append([self._completion(choice, record_params)
                             for choice in sorted(choices, key=lambda c: c.get("index", 0))])
         return results
 
+    def _complete(self, body: dict[str, Any]) -> dict[str, Any] | str:
+        """The server's answer, or the reason it refused this prompt for its length."""
+        try:
+            return self._request("POST", "/completions", body)
+        except ServiceError as error:
+            reason = refused_for_length(error)
+            if reason is None:
+                raise
+            return f"the server refused the prompt ({len(body['prompt'])} tokens) as too long: {reason}"
+
     def _completion(self, choice: dict[str, Any], params: dict[str, Any]) -> Completion:
         ids = choice.get("token_ids")
         if not isinstance(ids, list):
-            raise ServiceError(f"{self.base_url}/completions: a choice has no token_ids (a vLLM server with "
+            raise ServiceError(f"{safe_url(self.base_url)}/completions: a choice has no token_ids (a vLLM server with "
                                "`return_token_ids` support is needed)")
         return engine_completion(self.encoder, ids, choice.get("finish_reason"), self.model_name, params,
                                  engine="the server")
 
     def _request(self, method: str, path: str, body: dict[str, Any] | None = None) -> dict[str, Any]:
         """One JSON request, retrying connection errors and 5xx answers."""
-        return request_json(self.base_url + path, body, method=method, api_key=self.api_key,
+        return request_json(join_url(self.base_url, path), body, method=method, api_key=self.api_key,
                             timeout_s=self.timeout_s, max_retries=self.max_retries)

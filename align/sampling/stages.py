@@ -111,6 +111,8 @@ def sample_references(
             tools=[r.get("tools") for r in todo],
         ) if todo else []
         by_id = dict(zip((r["id"] for r in todo), drawn))
+        for index, reason in (sampler.refusals if todo else {}).items():  # a server refused it: skipped
+            skips[todo[index]["id"]] = reason
         out = []
         for record in batch:
             row = {**record, "completions": _existing_completions(record), "num_overlong": 0,
@@ -247,6 +249,9 @@ def sample_offline(
             max_tokens=max_tokens, seed=[derive_seed(seed, r["id"], tag) for r, tag, _ in jobs],
             tools=[r.get("tools") for r, _, _ in jobs],
         ) if jobs else []
+        for index, reason in (sampler.refusals if jobs else {}).items():  # a server refused it: skipped
+            record, tag, _ = jobs[index]
+            skips.setdefault(record["id"], f"{tag}: {reason}")
         new: dict[str, list[dict]] = {r["id"]: [] for r in batch}
         overlong_counts = {r["id"]: 0 for r in batch}
         for (record, tag, _), completions in zip(jobs, drawn):

@@ -40,6 +40,9 @@ class JudgeBackend(ABC):
     """
 
     name: str = "backend"
+    #: after ``label_logprobs``: prompt index -> why the backend could not ask it (a server that refused the
+    #: prompt for its length); its answer is empty and the judge records a skip with that reason
+    refusals: dict[int, str] = {}
 
     def __init__(self, tokenizer: Any, chat_template_kwargs: Mapping[str, Any] | None = None,
                  max_model_len: int | None = None):

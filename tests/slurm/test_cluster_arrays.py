@@ -1,16 +1,15 @@
 """recipes/slurm/annotate_array.sbatch submitted as a real job array, and a cancelled task resubmitted.
 
 The array's task ids must reach the shard index (task i writes exactly the records whose id
-hashes to shard i), and a task cancelled mid-shard must be resumable by resubmitting that one
-task with the command `align status` prints: SLURM tells a one-task array
-SLURM_ARRAY_TASK_COUNT=1, so the shard count travels as NUM_SHARDS. Either way the
+hashes to shard i), and a task cancelled mid-shard must be resumable by `align submit`, which
+submits that one task: SLURM tells a one-task array SLURM_ARRAY_TASK_COUNT=1, so the shard
+count travels in the job's command (num_shards=N). Either way the
 output equals one process's annotation of the same records, no row lost or doubled.
 """
 
 from __future__ import annotations
 
 import json
-import re
 import sys
 from pathlib import Path
 
@@ -18,7 +17,6 @@ import pytest
 import yaml
 from slurm_helpers import (
     NO_GPU,
-    REPO,
     SLURM_SCRIPTS,
     assert_states,
     run,
@@ -117,25 +115,22 @@ def test_a_task_cancelled_mid_shard_is_resubmitted_from_status(tmp_path, job_env
 
     status = run([sys.executable, "-m", "align", "status", path], job_env, cwd=tmp_path).stdout
     assert "annotate       partial" in status and f"3 of {SHARDS} shards done; shards 2 are missing" in status
-    command = re.search(r"NUM_SHARDS=(\d+) STAGE=(\w+) sbatch --array=(\S+) (\S+) RECIPE", status)
-    assert command, status
-    num_shards, stage, array, script = command.groups()
-    assert (num_shards, stage, array, script) == (str(SHARDS), "annotate", "2", "recipes/slurm/annotate_array.sbatch")
-    # align submit plans the same: an array of the missing shard, of the output's shard count
-    printed = run([sys.executable, "-m", "align", "submit", path, "dry_run=true", f"slurm.log_dir={tmp_path / 'plan'}",
-                   f"slurm.scripts_dir={SLURM_SCRIPTS}"], job_env, cwd=tmp_path).stdout
+    assert "align submit" in status  # one route: align submit resubmits what is missing
+    # align submit plans an array of the missing shard, of the output's shard count, and submits it
+    cluster = ["slurm.gpus_per_task=0", "slurm.cpus_per_task=1", "slurm.mem=500M", f"slurm.log_dir={logs}",
+               f"slurm.scripts_dir={SLURM_SCRIPTS}"]
+    printed = run([sys.executable, "-m", "align", "submit", path, "dry_run=true", *cluster], job_env,
+                  cwd=tmp_path).stdout
     assert f"annotate (partial: shards 2 of {SHARDS} missing)" in printed
-    planned = (tmp_path / "plan" / "4-annotate.sbatch").read_text()
-    assert "#SBATCH --array=2\n" in planned and f"export STAGE=annotate NUM_SHARDS={SHARDS}\n" in planned
-
-    # the printed command, as a user runs it from the repository root (plus this cluster's resources)
-    env = {**job_env, "NUM_SHARDS": num_shards, "STAGE": stage}
-    again = sbatch([f"--array={array}", *NO_GPU, f"--chdir={tmp_path}", f"--output={logs}/%A_%a.out", script, path],
-                   env, cwd=REPO)
+    planned = (logs / "1-annotate.sbatch").read_text()
+    assert "#SBATCH --array=2\n" in planned and f" annotate num_shards={SHARDS}\n" in planned
+    printed = run([sys.executable, "-m", "align", "submit", path, *cluster], job_env, cwd=tmp_path).stdout
+    again = json.loads((logs / "jobs.json").read_text())["annotate"]["job_id"]
+    assert f"annotate: job {again}, array 2 of {SHARDS} shards" in printed
     wait_for([again], job_env, logs=logs)
     assert_states(again, {"2": "COMPLETED"}, job_env, logs)
-    log = (logs / f"{again}_2.out").read_text()
-    assert f"task 2 (min 2) of 1, shards {SHARDS}" in log and f"[align annotate] wrote {out}" in log
+    log = (logs / f"annotate-{again}_2.out").read_text()
+    assert f"task 2 of {SHARDS} shards" in log and f"[align annotate] wrote {out}" in log
 
     ids = shard_ids(out, 2)  # resumed: the held batch kept, the rest appended, nothing twice
     assert len(ids) == len(set(ids)) and set(ids) == {rid for rid in one_process if shard_of(rid, SHARDS) == 2}
