@@ -158,7 +158,11 @@ def _graph_steps(settings: PipelineSettings, base: Path, config_class: ConfigCla
         return _with_needs(steps)
     once, repeated = graph_rounds(settings, raw, _once_outputs(settings, raw, order), order)
     for name in once:
-        steps.append(_graph_step(settings, name, raw[name], outputs))
+        tokens_here = None
+        if references_in(raw[name]) & {"initial", "reference"}:  # π₀ (and, under reference: initial, π_ref)
+            initial = resolve_references(settings.initial_policy, outputs, "initial_policy")
+            tokens_here = {"initial": initial, **({"reference": initial} if settings.reference == "initial" else {})}
+        steps.append(_graph_step(settings, name, raw[name], outputs, tokens_here))
     for k, name, keys in repeated:
         steps.append(Step(f"round-{k}.{name}", raw[name]["stage"], keys, k, (), f"round {k}", base=name))
     return _with_needs(steps)
@@ -169,11 +173,12 @@ def _once_outputs(settings: PipelineSettings, raw: Mapping[str, dict[str, Any]],
     return {name: str(raw[name].get("output_dir") or Path(settings.output_dir or "") / name) for name in order}
 
 
-def _graph_step(settings: PipelineSettings, name: str, keys: dict[str, Any], outputs: dict[str, str | None]) -> Step:
+def _graph_step(settings: PipelineSettings, name: str, keys: dict[str, Any], outputs: dict[str, str | None],
+                tokens: dict[str, str] | None = None) -> Step:
     """One step of a graph without rounds (or one that runs once, before them)."""
     stage = keys["stage"]
     values = {k: v for k, v in keys.items() if k != "stage"}
-    values = resolve_references(values, outputs, f"step {name!r}")
+    values = resolve_references(values, outputs, f"step {name!r}", tokens)
     if "output_dir" not in values:
         if not settings.output_dir:
             raise ConfigError(f"step {name!r}: set its output_dir, or the recipe's output_dir (step NAME then writes "

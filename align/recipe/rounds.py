@@ -192,6 +192,9 @@ def graph_rounds(settings: PipelineSettings, raw: dict[str, dict[str, Any]], out
                           "output is the next round's policy")
     if policy_step not in repeated:
         raise ConfigError(f"policy_step: {policy_step!r} is not a step that runs every round ({sorted(repeated)})")
+    if raw[policy_step].get("stage") not in ("train", "sft"):
+        raise ConfigError(f"policy_step: {policy_step!r} is a {raw[policy_step].get('stage')} step; the next round's "
+                          "policy is the model a train or sft step makes")
     for name in repeated:
         if "output_dir" in raw[name]:
             raise ConfigError(f"step {name!r}: runs every round, so its output_dir is output_dir/round-k/{name}; "

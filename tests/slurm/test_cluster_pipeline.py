@@ -131,7 +131,7 @@ def test_each_stage_starts_only_after_the_one_before_succeeded(pipeline):
         line = re.search(rf"^\[align submit\] {stage}: job \d+.*$", printed, re.MULTILINE)
         assert line, printed
         waits = re.search(r", after job\(s\) ([\d, ]+)", line.group(0))
-        return waits.group(1).split(", ") if waits else []
+        return [w.strip() for w in waits.group(1).split(",")] if waits else []
 
     first, second = pipeline.first_ids, pipeline.second_ids
     for earlier, later in pairwise(STAGES):  # as submitted: each held by the step it reads (and sft's model)

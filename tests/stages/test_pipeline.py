@@ -41,10 +41,21 @@ def out_dir(workspace: Path, stage: str) -> Path:
 @pytest.fixture(scope="module")
 def uninterrupted(tmp_path_factory):
     """The whole pipeline, in-process, as `align pipeline recipes/tiny/pipeline.yaml`."""
+    from align.recipe import config_builds
+
     workspace = make_workspace(tmp_path_factory.mktemp("pipeline"))
+    before = len(config_builds())
     with contextlib.chdir(workspace):
         printed = run_cli(COMMAND)
+    uninterrupted_builds.extend(config_builds()[before:])
     return workspace, printed
+
+
+uninterrupted_builds: list[str] = []  # the step configs the uninterrupted run built, in order
+
+
+def test_a_pipeline_run_builds_each_step_config_once(uninterrupted):
+    assert uninterrupted_builds == list(STAGES)
 
 
 def test_pipeline_runs_every_stage_in_order(uninterrupted):

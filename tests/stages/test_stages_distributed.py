@@ -33,9 +33,16 @@ def test_accelerate_launch_of_the_train_stage_runs_two_deepspeed_ranks(tmp_path,
         "num_ref_rewards=4", "max_steps=2", "logging_steps=1", "save_steps=1000",  # the tiny data has n = 4
         "attn_implementation=sdpa", "global_batch_size=null",  # no FlashAttention on CPU; accumulation set above
     ]
+    hashes = tmp_path / "hashed.log"  # every file hashed in full, with the rank that hashed it
     done = subprocess.run(command, capture_output=True, text=True, cwd=REPO, timeout=600,
-                          env={**subprocess_env(), "DS_ACCELERATOR": "cpu"})
+                          env={**subprocess_env(), "DS_ACCELERATOR": "cpu", "ALIGN_HASH_LOG": str(hashes)})
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    # rank 0 alone fingerprints the inputs, and the weights once: for the manifest, and the trainer's check of
+    # the reference the pass scored with reuses that digest; rank 1 receives rank 0's decision and fingerprint
+    hashed = [line.split(" ", 1) for line in hashes.read_text().splitlines()]
+    assert {rank for rank, _ in hashed} == {"0"}, hashed
+    weights = [path for _, path in hashed if path.endswith(".safetensors")]
+    assert weights == [str(sft_run[0] / "model.safetensors")], hashed
     assert done.stdout.count(f"[align train] wrote {out}") == 1  # rank 0 alone marks and reports
     summary = json.loads((out / "_COMPLETE.json").read_text())["summary"]
     assert summary["world_size"] == 2 and summary["deepspeed"] is True
