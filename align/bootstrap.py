@@ -26,6 +26,10 @@ from align.errors import ConfigError
 
 DEFAULT_RESAMPLES = 2000
 DEFAULT_CONFIDENCE = 0.95
+# Fewer resamples give percentile intervals too coarse to read (with 1, the interval is one
+# replicate, which need not even hold the estimate); fewer than 2 units have no spread to resample.
+MIN_RESAMPLES = 200
+MIN_UNITS = 2
 
 
 @dataclass(frozen=True)
@@ -41,6 +45,11 @@ class Interval:
     def excludes(self, value: float) -> bool:
         """Whether ``value`` lies outside the interval (the change is then significant)."""
         return value < self.low or value > self.high
+
+    @property
+    def readable(self) -> bool:
+        """An interval that can be read: from at least ``MIN_UNITS`` units, and holding its own estimate."""
+        return self.n >= MIN_UNITS and self.low <= self.estimate <= self.high
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -61,8 +70,16 @@ def _as_array(values: Sequence[float] | np.ndarray, name: str) -> np.ndarray:
     return array
 
 
+def check_resamples(resamples: int, key: str = "resamples") -> None:
+    """At least ``MIN_RESAMPLES`` resamples (a setting's error names the setting)."""
+    if resamples < MIN_RESAMPLES:
+        raise ConfigError(f"{key}={resamples}: the bootstrap needs at least {MIN_RESAMPLES} resamples for a "
+                          f"percentile interval (default {DEFAULT_RESAMPLES})")
+
+
 def resample_indices(n: int, *, resamples: int = DEFAULT_RESAMPLES, seed: int = 0) -> np.ndarray:
     """(resamples, n) unit indices drawn with replacement, seeded."""
+    check_resamples(resamples)
     if n < 1:
         raise ValueError("the bootstrap needs at least one unit")
     return np.random.default_rng(seed).integers(0, n, size=(resamples, n))

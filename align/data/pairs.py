@@ -359,6 +359,10 @@ def make_pairs(
         or num_pairs_per_prompt < 1
     ):
         raise ConfigError(f"num_pairs_per_prompt must be a positive int, got {num_pairs_per_prompt!r}")
+    if num_ref_rewards is not None and (isinstance(num_ref_rewards, bool) or not isinstance(num_ref_rewards, int)
+                                        or num_ref_rewards < 1):
+        raise ConfigError(f"num_ref_rewards={num_ref_rewards!r}: the number of reference completions drawn per "
+                          "prompt must be an int >= 1 (or None: not checked)")
     if min_ref_rewards is not None and (
         isinstance(min_ref_rewards, bool)
         or not isinstance(min_ref_rewards, int)
@@ -371,6 +375,8 @@ def make_pairs(
     pair_ids: set[str] = set()
     for index, record in enumerate(records):
         validate_rewards(record, index)
+        if any(r is not None and type(r) is not float for r in record["rewards"]):  # numpy / torch scalars, ints
+            record = {**record, "rewards": [None if r is None else float(r) for r in record["rewards"]]}
         rid = record_id(record, index)
         if rid in seen:
             raise RecordError(rid, "id", f"duplicate id (rows {seen[rid]} and {index})")

@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import json
 import math
+import numbers
 from collections.abc import Iterable, Mapping
 from typing import Any
 
@@ -148,7 +149,7 @@ def validate_rewards(record: Mapping[str, Any], index: int | None = None) -> Non
             if not skips or not skips[i]:
                 raise RecordError(rid, f"rewards[{i}]", "is None without a reason in reward_skips")
             continue
-        if isinstance(reward, bool) or not isinstance(reward, (int, float)):
+        if isinstance(reward, bool) or not isinstance(reward, numbers.Real) or type(reward).__name__ == "bool_":
             raise RecordError(rid, f"rewards[{i}]", f"expected a float, got {reward!r}")
         if not math.isfinite(reward):
             raise RecordError(rid, f"rewards[{i}]", f"is {reward} (NaN/inf rewards are an error)")

@@ -30,6 +30,7 @@ from typing import Any
 
 from align.data.records import record_id, validate_prompt
 from align.errors import ConfigError, InputError, RecordError
+from align.bootstrap import check_resamples
 from align.eval import stats
 from align.eval.summary import BREAKDOWN_COLUMNS, build_report
 from align.io import job_is_complete, read_output
@@ -213,6 +214,9 @@ class EvalSettings:
         if not 0 <= self.tie_margin < 0.5:
             raise ConfigError(f"tie_margin: must be in [0, 0.5), got {self.tie_margin}")
         check_sharding(self.kl_sharding, "kl_sharding")
+        check_resamples(self.resamples)
+        if not 0 < self.confidence < 1:
+            raise ConfigError(f"confidence: must be in (0, 1), got {self.confidence}")
         if self.kl_only and not self.kl:
             raise ConfigError("kl_only=true runs only the KL step, but kl=false: set kl=true")
 

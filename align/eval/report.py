@@ -165,7 +165,8 @@ def plot_win_rates(path: Path, report: Mapping[str, Any]) -> Path:
         ax.bar(i, t, bottom=w, color="tab:gray", label="tie" if i == 0 else None)
         ax.bar(i, 1 - w - t, bottom=w + t, color="tab:red", alpha=0.7, label="loss" if i == 0 else None)
         rate = win["rate"]
-        ax.errorbar(i, rate["estimate"], yerr=[[rate["estimate"] - rate["low"]], [rate["high"] - rate["estimate"]]],
+        ax.errorbar(i, rate["estimate"], yerr=[[max(0.0, rate["estimate"] - rate["low"])],
+                                               [max(0.0, rate["high"] - rate["estimate"])]],
                     fmt="o", color="black", capsize=4, label="win rate, 95% CI" if i == 0 else None)
     ax.axhline(0.5, color="black", linewidth=0.8, linestyle="--")
     ax.set_xticks(range(len(bars)), [b[0] for b in bars], fontsize=8)

@@ -16,6 +16,7 @@ from typing import Any
 from align.bootstrap import (
     DEFAULT_CONFIDENCE,
     DEFAULT_RESAMPLES,
+    MIN_UNITS,
     Interval,
     bootstrap_mean,
     bootstrap_statistic,
@@ -120,18 +121,28 @@ def win_rate(
     return WinRate(rate, wins, ties, losses, len(values), missing)
 
 
-def verdict(name: str, interval: Interval, *, null: float, unit: str = "", scale: float = 1.0) -> str:
+def verdict(name: str, interval: Interval, *, null: float, unit: str = "", scale: float = 1.0,
+            between: bool = False) -> str:
     """A plain sentence: the figure, its interval, and whether the interval excludes ``null``.
 
     ``null`` is "no change": 0 for a difference, 0.5 for a win rate. Values are multiplied
     by ``scale`` (100 for points); a difference (``null`` 0) is printed with its sign.
+    ``between``: a comparison of two methods (neither is the baseline): "higher" or "lower",
+    not an improvement or a decline. An interval from fewer than 2 prompts, or one that does
+    not hold its own estimate, shows nothing.
     """
     sign = "+" if null == 0 else ""
     f = lambda v: f"{v * scale:{sign}.3g}{unit}"
     pct = round(interval.confidence * 100)
     text = f"{name}: {f(interval.estimate)} ({pct}% CI {f(interval.low)} to {f(interval.high)})"
+    if interval.n < MIN_UNITS:
+        return f"{name}: {f(interval.estimate)} from {interval.n} prompt: too few for an interval, nothing shown."
+    if not interval.readable:
+        return f"{text}; the interval does not hold its own estimate (too few prompts or resamples): nothing shown."
+    higher, lower = ("a real improvement", "a real decline") if not between else \
+        ("a real difference, higher", "a real difference, lower")
     if interval.low > null:
-        return f"{text}; the interval lies above {null * scale:g}{unit}: a real improvement."
+        return f"{text}; the interval lies above {null * scale:g}{unit}: {higher}."
     if interval.high < null:
-        return f"{text}; the interval lies below {null * scale:g}{unit}: a real decline."
+        return f"{text}; the interval lies below {null * scale:g}{unit}: {lower}."
     return f"{text}; the interval includes {null * scale:g}{unit}: no change shown."

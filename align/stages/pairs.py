@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
+from align.errors import ConfigError
 from align.io import write_jsonl
 from align.manifests import StageRun
 
@@ -51,6 +52,15 @@ class Config:
                   "structure tokens (e.g. <|system_end|>) is never paired (skipped.jsonl: special_token_text)"},
     )
     overwrite: bool = field(default=False, metadata={"help": "redo a finished or partial output made from other settings or inputs (removes only what this stage wrote there)"})
+
+    def __post_init__(self) -> None:
+        if self.num_ref_rewards is not None and self.num_ref_rewards < 1:
+            raise ConfigError(f"num_ref_rewards={self.num_ref_rewards}: the number of reference completions drawn "
+                              "per prompt, at least 1 (or null: not checked)")
+        if not 0 <= self.low_threshold < 1:
+            raise ConfigError(f"low_threshold={self.low_threshold}: must be in [0, 1)")
+        if self.num_pairs_per_prompt < 1:
+            raise ConfigError(f"num_pairs_per_prompt={self.num_pairs_per_prompt}: must be at least 1")
 
 
 def run(config: Config) -> dict:

@@ -36,7 +36,7 @@ class Config(SFTConfig):
 
 def run(config: Config) -> dict:
     """Fine-tune ``model_name_or_path`` on ``input``; save to ``output_dir``."""
-    from transformers.trainer_utils import get_last_checkpoint
+    from align.trainers.guards import resumable_checkpoint
 
     from align.trainers.sft_trainer import train_sft
 
@@ -53,7 +53,7 @@ def run(config: Config) -> dict:
     check_model_path(config.model_name_or_path, "sft", "model_name_or_path")
     _check_conversations(records)
     run.start()
-    last = get_last_checkpoint(config.output_dir) if _is_dir(config.output_dir) else None
+    last = resumable_checkpoint(config.output_dir, world_size=config.world_size)
     if last and config.resume_from_checkpoint is None:
         print(f"[align sft] resuming from {last}")
         config.resume_from_checkpoint = last
@@ -98,12 +98,6 @@ def _check_conversations(records: list[dict]) -> None:
         if not messages:
             raise RecordError(record_id(row, index), "messages",
                               f"expected a non-empty list of messages, got {row['messages']!r:.60}")
-
-
-def _is_dir(path: str) -> bool:
-    import os
-
-    return os.path.isdir(path)
 
 
 def _last_loss(trainer) -> float | None:

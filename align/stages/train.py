@@ -34,9 +34,7 @@ class Config(PreferenceConfig):
 
 def run(config: Config) -> dict:
     """Train ``model_name_or_path`` on the pairs in ``input``; save to ``output_dir``."""
-    import os
-
-    from transformers.trainer_utils import get_last_checkpoint
+    from align.trainers.guards import resumable_checkpoint
 
     from align.trainers.preference_trainer import train
 
@@ -50,7 +48,7 @@ def run(config: Config) -> dict:
     records = run.read("input")
     check_model_path(config.model_name_or_path, "train", "model_name_or_path")
     run.start()
-    last = get_last_checkpoint(config.output_dir) if os.path.isdir(config.output_dir) else None
+    last = resumable_checkpoint(config.output_dir, world_size=config.world_size)
     if last and config.resume_from_checkpoint is None:
         print(f"[align train] resuming from {last}")
         config.resume_from_checkpoint = last

@@ -56,8 +56,8 @@ def plot_sweeps(results: Mapping[str, Any], path: Path, *, title: str) -> Path:
                 continue
             x = [_dodge(position[format_value(p.settings[xkey])], index, len(series), log) for p in scored]
             y = [p.metrics[result.metric]["estimate"] * 100 for p in scored]
-            low = [v - p.metrics[result.metric]["low"] * 100 for v, p in zip(y, scored)]
-            high = [p.metrics[result.metric]["high"] * 100 - v for v, p in zip(y, scored)]
+            low = [max(0.0, v - p.metrics[result.metric]["low"] * 100) for v, p in zip(y, scored)]
+            high = [max(0.0, p.metrics[result.metric]["high"] * 100 - v) for v, p in zip(y, scored)]
             bars = ax.errorbar(x, y, yerr=[low, high], marker="o", markersize=4, capsize=3, label=label)
             chosen = [(xi, yi) for xi, yi, p in zip(x, y, scored)
                       if result.chosen is not None and p.name == result.chosen.name]

@@ -9,6 +9,7 @@ from transformers import TrainingArguments
 
 from align.errors import ConfigError
 from align.losses import LossType
+from align.trainers.guards import CheckpointFields, check_checkpoint_fields
 from align.trainers.common import (
     LoraFields,
     ModelFields,
@@ -28,7 +29,7 @@ def _bf16_available() -> bool:
 
 
 @dataclass
-class PreferenceConfig(ModelFields, LoraFields, OptimizerFields, TrainingArguments):
+class PreferenceConfig(ModelFields, LoraFields, OptimizerFields, CheckpointFields, TrainingArguments):
     r"""Configuration of [`PreferenceTrainer`]: QRPO or DPO on pair rows (docs/method.md, QRPO; DPO and length-normalised DPO).
 
     Only the fields below are specific to preference training; every
@@ -195,6 +196,7 @@ class PreferenceConfig(ModelFields, LoraFields, OptimizerFields, TrainingArgumen
         check_model_fields(self)
         check_lora_fields(self)
         check_optimizer_fields(self)
+        check_checkpoint_fields(self)
         with library_checks(self):
             super().__post_init__()
 

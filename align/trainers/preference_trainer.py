@@ -49,6 +49,7 @@ from align.scoring.block_attention import (
     use_block_attention,
     wants_block_attention,
 )
+from align.trainers.guards import CheckpointRecords, check_finite_loss, check_finite_weights
 from align.trainers.callbacks import bind_callbacks
 from align.trainers.common import (
     accumulation_from_global_batch,
@@ -141,8 +142,15 @@ class PreferenceTrainer(Trainer):
                               "batches: launch one process per GPU with `accelerate launch` or `torchrun`")
         self.ref_model = self._prepare_reference(ref_model) if ref_model is not None else None
         self._metric_sums: dict[str, dict[str, list[Tensor]]] = {"train": {}, "eval": {}}
+        self.add_callback(CheckpointRecords(args.save_every_minutes))
         bind_callbacks(self)
         self._log_derived_numbers()
+
+    def training_step(self, *args: Any, **kwargs: Any) -> Tensor:
+        """The trainer's step, stopped at the first loss that is not finite (``align.trainers.guards``)."""
+        loss = super().training_step(*args, **kwargs)
+        check_finite_loss(self, loss)
+        return loss
 
     # ----- construction helpers
 
@@ -360,5 +368,6 @@ def train(
                                 processing_class=tokenizer, ref_model=ref_model, peft_config=peft_config,
                                 callbacks=callbacks)
     trainer.train(resume_from_checkpoint=config.resume_from_checkpoint)
+    check_finite_weights(trainer)
     trainer.save_model()
     return trainer

@@ -15,6 +15,7 @@ from transformers import TrainingArguments
 from trl import SFTConfig as TRLSFTConfig
 
 from align.errors import ConfigError
+from align.trainers.guards import CheckpointFields, check_checkpoint_fields
 from align.trainers.common import (
     LoraFields,
     ModelFields,
@@ -84,7 +85,7 @@ def apertus_sft_defaults(size: str = "8b") -> dict[str, Any]:
 
 
 @dataclass
-class SFTConfig(ModelFields, LoraFields, OptimizerFields, TRLSFTConfig):
+class SFTConfig(ModelFields, LoraFields, OptimizerFields, CheckpointFields, TRLSFTConfig):
     """TRL's `SFTConfig` plus the Apertus chat format, loss weighting, data hygiene and the
     model, LoRA and optimizer keys shared with `PreferenceConfig` (`align.trainers.common`).
 
@@ -181,6 +182,7 @@ class SFTConfig(ModelFields, LoraFields, OptimizerFields, TRLSFTConfig):
         check_model_fields(self)
         check_lora_fields(self)
         check_optimizer_fields(self)
+        check_checkpoint_fields(self)
         if self.global_batch_size is not None and self.global_batch_size < 1:
             raise ConfigError(
                 f"global_batch_size must be a positive int, got {self.global_batch_size}"

@@ -43,6 +43,7 @@ from trl import SFTTrainer as TRLSFTTrainer
 
 from align.chat import install_format
 from align.errors import ConfigError, loading
+from align.trainers.guards import CheckpointRecords, check_finite_loss, check_finite_weights
 from align.trainers.callbacks import bind_callbacks
 from align.trainers.common import (
     accumulation_from_global_batch,
@@ -191,6 +192,7 @@ class SFTTrainer(TRLSFTTrainer):
         check_padding_free(args, getattr(self.model.config, "_attn_implementation", None))
         rebind_fused_forward(self.model)
         self.prompt_loss_weight = float(args.prompt_loss_weight)
+        self.add_callback(CheckpointRecords(args.save_every_minutes))
         bind_callbacks(self)
 
     @staticmethod
@@ -214,6 +216,12 @@ class SFTTrainer(TRLSFTTrainer):
             )
 
     # ---- loss -------------------------------------------------------------------------
+
+    def training_step(self, *args: Any, **kwargs: Any) -> torch.Tensor:
+        """TRL's step, stopped at the first loss that is not finite (``align.trainers.guards``)."""
+        loss = super().training_step(*args, **kwargs)
+        check_finite_loss(self, loss)
+        return loss
 
     def compute_loss(
         self,
@@ -361,5 +369,6 @@ def train_sft(
         callbacks=callbacks,
     )
     trainer.train(resume_from_checkpoint=config.resume_from_checkpoint)
+    check_finite_weights(trainer)
     trainer.save_model(config.output_dir)
     return trainer

@@ -58,7 +58,7 @@ class FakeClassifierServer(BaseHTTPRequestHandler):
     def do_POST(self):
         body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
         text = self.tokenizer.decode(body["prompt"])
-        number = int(re.findall(r"Is (\d+) even", text)[-1])
+        number = int(re.findall(r"Is (\d+) an even", text)[-1])
         answer = json.dumps({"reasoning": "a test", "classification": "2" if controversial(number) else "0"})
         ids = self.tokenizer.encode(answer, add_special_tokens=False) + [body["stop_token_ids"][0]]
         self._reply({"choices": [{"index": i, "token_ids": ids, "finish_reason": "stop"} for i in range(body["n"])]})
@@ -149,7 +149,14 @@ def graph(tmp_path_factory, job_env, classifier_server):
     ws = tmp_path_factory.mktemp("graph") / "work space"  # a working directory with a space
     ws.mkdir()
     (ws / "recipes").symlink_to(REPO / "recipes", target_is_directory=True)
-    save_tiny_models(ws / "runs" / "tiny_models")
+    models = save_tiny_models(ws / "runs" / "tiny_models")
+    from transformers import AutoTokenizer
+
+    from align.chat import install_format
+
+    reward = AutoTokenizer.from_pretrained(models["reward_model"])  # a reward model renders with its own template
+    install_format(reward, chat_format="apertus")
+    reward.save_pretrained(models["reward_model"])
     (ws / "charter.md").write_text("# Test charter\n\n## 1. Quality\n[1.1] Answer the question.\n[1.2] Be correct.\n")
     log, marker = ws / "second_python.log", ws / "held"
     second = ws / "second python"  # an interpreter path with a space too
@@ -240,7 +247,7 @@ def test_each_step_ran_with_the_python_its_recipe_names(graph):
     assert ran == {s for s in graph.first_ids if s.split(".")[-1] in ARRAY_STEPS}  # and nothing else
     jobs = json.loads((graph.logs / "jobs.json").read_text())
     for step, entry in jobs.items():
-        second = step.split(".")[-1] in ("sample", "sample_offline", "annotate_rm", "annotate_judge", "evaluate")
+        second = step.split(".")[-1] in ARRAY_STEPS  # the sample, annotate and evaluate steps
         assert entry["python"].endswith("second python") == second, (step, entry["python"])
 
 
