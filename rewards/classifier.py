@@ -92,6 +92,8 @@ def parse_answer(text: str) -> tuple[int, str]:
         data = json.loads(body)
     except json.JSONDecodeError as error:
         raise UnreadableAnswer(f"not valid JSON ({error.msg} at char {error.pos})") from None
+    except RecursionError:
+        raise UnreadableAnswer("JSON nested too deep to read") from None
     if not isinstance(data, Mapping):
         raise UnreadableAnswer(f"expected a JSON object, got {type(data).__name__}")
     label, reasoning = data.get("classification"), data.get("reasoning")

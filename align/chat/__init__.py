@@ -19,7 +19,7 @@ and raise when given tools, tool messages or thoughts.
 """
 
 from align.chat.encode import EncodedChat, encode, encode_completion
-from align.chat.formats import FORMATS, ChatFormat, get_format
+from align.chat.formats import FORMATS, STRUCTURE_TEXT, ChatFormat, get_format, structure_text_problem
 from align.chat.install import install_format
 from align.chat.render import render, render_segments
 from align.chat.templates import chat_template
@@ -27,6 +27,7 @@ from align.chat.tools import format_tool_calls, parse_tool_calls, tool_declarati
 
 __all__ = [
     "FORMATS",
+    "STRUCTURE_TEXT",
     "ChatFormat",
     "EncodedChat",
     "chat_template",
@@ -38,5 +39,6 @@ __all__ = [
     "parse_tool_calls",
     "render",
     "render_segments",
+    "structure_text_problem",
     "tool_declarations",
 ]

@@ -8,6 +8,7 @@ is read from here, so the three never drift apart.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 from align.errors import ConfigError
 
@@ -116,3 +117,32 @@ def get_format(name: str) -> ChatFormat:
     except (KeyError, TypeError):
         known = ", ".join(sorted(FORMATS))
         raise ConfigError(f"unknown chat format {name!r}; known formats: {known}") from None
+
+
+STRUCTURE_TEXT = "special_token_text"  # the skip reason of a row whose text a format reads as structure
+
+
+def structure_text_problem(value: Any, chat_format: str) -> str | None:
+    """Why a row's text cannot be rendered in ``chat_format`` (a message, a system prompt, a tool
+    declaration or call holding a token string the format reads as structure: a turn delimiter,
+    the BOS, as ``<s>`` in HTML), or None. Every stage applies this one rule before it starts
+    writing: such a prompt or conversation is a recorded skip with this reason, never an error
+    mid-run (docs/bad-inputs.md, "Format tokens in text"). Formats this module does not define
+    (a tokenizer's own template) are not checked here.
+    """
+    if chat_format not in FORMATS:
+        return None
+    fmt = FORMATS[chat_format]
+    todo = [value]
+    while todo:
+        item = todo.pop()
+        if isinstance(item, str):
+            for token in fmt.forbidden_in_text:
+                if token in item:
+                    return (f"{STRUCTURE_TEXT}: the text holds {token!r}, which the {fmt.name} format reads as "
+                            "structure (a turn delimiter or BOS); the row is skipped, never rendered")
+        elif isinstance(item, dict):
+            todo.extend(item.values())
+        elif isinstance(item, (list, tuple)):
+            todo.extend(item)
+    return None

@@ -83,7 +83,7 @@ def make_call(name: Any, arguments: Any, where: str) -> ToolCall:
     if isinstance(arguments, str):
         try:
             parsed = json.loads(arguments)
-        except json.JSONDecodeError as err:
+        except (json.JSONDecodeError, RecursionError) as err:
             raise InputError(
                 f"{where}: arguments of the call to {name!r} are not valid JSON ({err}): "
                 f"{arguments!r}"

@@ -245,7 +245,7 @@ def _require_tools(chat_format: str) -> None:
 def _parse_block(body: str, at: int) -> list[dict[str, Any]]:
     try:
         items = json.loads(body)
-    except json.JSONDecodeError as err:
+    except (json.JSONDecodeError, RecursionError) as err:
         raise InputError(f"tool call block at char {at} is not valid JSON ({err}): {body!r}") \
             from None
     if not isinstance(items, list) or not items:

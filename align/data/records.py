@@ -86,6 +86,8 @@ def list_field(record: Mapping[str, Any], field: str, rid: Any) -> list[Any] | N
         except json.JSONDecodeError as err:
             raise RecordError(rid, field, f"JSON text that does not parse ({err.msg} at character {err.pos})") \
                 from None
+        except RecursionError:
+            raise RecordError(rid, field, "JSON text nested too deep to read") from None
     if not isinstance(value, list):
         raise RecordError(rid, field, f"expected a list, got {type(value).__name__}")
     return value

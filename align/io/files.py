@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import tempfile
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from pathlib import Path
@@ -21,6 +22,78 @@ from align.errors import InputError
 
 def _file_line(path: Path, line: int) -> str:
     return f"{path}:{line}"
+
+
+MAX_DEPTH = 64  # JSON nesting a row may have: conversations and tool calls need a handful of levels
+_SURROGATE_ESCAPE = re.compile(r"\\u[dD][89abAB][0-9a-fA-F]{2}")
+
+
+class _DuplicateKey(ValueError):
+    pass
+
+
+def _no_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for key, value in pairs:
+        if key in out:
+            raise _DuplicateKey(key)
+        out[key] = value
+    return out
+
+
+def _depth(value: Any) -> int:
+    """How deep a parsed JSON value nests (iteratively: a deep value must not exhaust the stack here)."""
+    deepest, todo = 0, [(value, 1)]
+    while todo:
+        item, level = todo.pop()
+        if isinstance(item, dict):
+            items = item.values()
+        elif isinstance(item, list):
+            items = item
+        else:
+            continue
+        deepest = max(deepest, level)
+        if deepest > MAX_DEPTH:
+            return deepest
+        todo.extend((child, level + 1) for child in items)
+    return deepest
+
+
+def _lone_surrogate(value: Any) -> str | None:
+    """The first string holding half of a UTF-16 surrogate pair (not text: it cannot be encoded), else None."""
+    todo = [value]
+    while todo:
+        item = todo.pop()
+        if isinstance(item, str):
+            if any("\ud800" <= ch <= "\udfff" for ch in item):
+                return item
+        elif isinstance(item, dict):
+            todo.extend(item.keys())
+            todo.extend(item.values())
+        elif isinstance(item, list):
+            todo.extend(item)
+    return None
+
+
+def parse_json(text: str, where: str) -> Any:
+    """One JSON document as the library's readers accept it: no key twice in an object, at most
+    ``MAX_DEPTH`` levels, no lone surrogate (``\\ud800`` alone is not text); anything else is an
+    ``InputError`` naming ``where`` (``file:line``)."""
+    try:
+        value = json.loads(text, object_pairs_hook=_no_duplicates)
+    except _DuplicateKey as exc:
+        raise InputError(f"{where}: the key {str(exc)!r} is given twice in one object (JSON would keep the last "
+                         "silently); give each key once") from None
+    except RecursionError:
+        raise InputError(f"{where}: nested deeper than {MAX_DEPTH} levels (a row holds messages, tools and "
+                         "tool calls a few levels deep)") from None
+    if _depth(value) > MAX_DEPTH:
+        raise InputError(f"{where}: nested deeper than {MAX_DEPTH} levels (a row holds messages, tools and tool "
+                         "calls a few levels deep)")
+    if _SURROGATE_ESCAPE.search(text) and (bad := _lone_surrogate(value)) is not None:
+        raise InputError(f"{where}: holds a lone UTF-16 surrogate escape (in {bad[:40]!r}): half of a character, "
+                         "which cannot be encoded; fix the text that produced it")
+    return value
 
 
 def iter_jsonl(path: str | Path, *, torn_tail: bool = False,
@@ -42,13 +115,13 @@ def iter_jsonl(path: str | Path, *, torn_tail: bool = False,
                 if torn_tail:
                     break  # a trailing half-written line from a killed writer is not a record
                 try:
-                    record = json.loads(line)
+                    record = parse_json(line, where(path, number))
                 except json.JSONDecodeError as exc:
                     raise InputError(f"{where(path, number)}: truncated last line (not valid JSON, no newline: "
                                      f"{exc.msg}); the file was cut short") from exc
             else:
                 try:
-                    record = json.loads(line)
+                    record = parse_json(line, where(path, number))
                 except json.JSONDecodeError as exc:
                     raise InputError(f"{where(path, number)}: not valid JSON ({exc.msg})") from exc
             if not isinstance(record, dict):

@@ -46,10 +46,18 @@ def stage_completion_info(output_dir: str | Path) -> dict[str, Any] | None:
     if not marker.is_file():
         return None
     try:
-        return json.loads(marker.read_text(encoding="utf-8"))
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        info = json.loads(marker.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError, RecursionError) as exc:
         raise InputError(f"{marker}: not a completion marker (not valid JSON: {exc}); remove it to run the "
                          "stage that wrote it again") from None
+    shapes = {"stage": str, "manifest": dict, "manifest_fingerprint": str, "output_id": str, "files": dict,
+              "summary": dict}
+    wrong = [k for k, kind in shapes.items() if isinstance(info, dict) and info.get(k) is not None
+             and not isinstance(info[k], kind)]
+    if not isinstance(info, dict) or wrong:
+        raise InputError(f"{marker}: not a completion marker ({'not a JSON object' if not isinstance(info, dict) else f'{wrong} of the wrong type'}); "
+                         "remove it to run the stage that wrote it again")
+    return info
 
 
 # --------------------------------------------------------------------------- job (shard) markers

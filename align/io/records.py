@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from align.errors import InputError, MissingInputError, RecordError
-from align.io.files import iter_jsonl
+from align.io.files import iter_jsonl, parse_json
 from align.io.shards import is_job_shard
 
 DATA_SUFFIXES = (".jsonl", ".json", ".parquet")
@@ -127,7 +127,7 @@ def _read_located(source: str | Path, split: str) -> tuple[list[dict[str, Any]],
         return [record for _, record in located], [f"{path.name}:{number}" for number, _ in located]
     if suffix == ".json":
         try:
-            data = json.loads(path.read_text(encoding="utf-8"))
+            data = parse_json(path.read_text(encoding="utf-8"), str(path))
         except json.JSONDecodeError as exc:
             raise InputError(f"{path}:{exc.lineno}: not valid JSON ({exc.msg})") from exc
         except UnicodeDecodeError as exc:

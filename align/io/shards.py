@@ -179,11 +179,22 @@ class ShardWriter:
         self.close()
 
 
+def _same_paths(settings: dict[str, Any]) -> dict[str, Any]:
+    """A job's settings with each value that names a local path spelled one way (its real path): a killed
+    job resumes whether its model was given as ``runs/sft`` or ``./runs/sft/``."""
+    out = {}
+    for key, value in settings.items():
+        if isinstance(value, str) and value and len(value) < 4096 and "\n" not in value and os.path.exists(value):
+            value = os.path.realpath(value)
+        out[key] = value
+    return out
+
+
 def check_fingerprint(output_dir: Path, fingerprint: Mapping[str, Any]) -> None:
     """Record the job's settings on first run; refuse to resume with different ones."""
     output_dir.mkdir(parents=True, exist_ok=True)
     path = output_dir / JOB_FILE
-    wanted = json.loads(json.dumps(fingerprint, sort_keys=True, default=_to_json))
+    wanted = _same_paths(json.loads(json.dumps(fingerprint, sort_keys=True, default=_to_json)))
     note(path)
     tmp = output_dir / f".{JOB_FILE}.{os.getpid()}.tmp"
     tmp.write_text(json.dumps(wanted, indent=2, sort_keys=True))
@@ -198,6 +209,7 @@ def check_fingerprint(output_dir: Path, fingerprint: Mapping[str, Any]) -> None:
         found = json.loads(path.read_text(encoding="utf-8"))
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
         raise InputError(f"{path}: not a job fingerprint (not valid JSON: {exc}); use a new output_dir") from None
+    found = _same_paths(found) if isinstance(found, dict) else found
     if found != wanted:
         diff = sorted(k for k in set(found) | set(wanted) if found.get(k) != wanted.get(k))
         raise InputError(

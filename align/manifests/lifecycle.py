@@ -100,7 +100,9 @@ def check_stage_input(path: str | Path, stage: str, key: str) -> None:
     changed = changed_outputs(directory, info.get("files"))
     if changed:
         raise InputError(f"{stage}: {key}={str(path)!r}: the {info.get('stage')} stage's output changed since it "
-                         f"was made ({'; '.join(changed[:5])}); rerun that stage (overwrite=true redoes it)")
+                         f"was made ({'; '.join(changed[:5])}); rerun that stage (overwrite=true redoes it), or, to "
+                         "read edited rows as data of your own, copy the data files (not the _*.json markers) to a "
+                         "directory of their own and read that")
     if path.is_dir() and info.get("stage") in DATA_FILES:
         wanted = path / DATA_FILES[info["stage"]]
         raise InputError(

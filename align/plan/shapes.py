@@ -79,7 +79,23 @@ def _require(config: Any, where: str, *names: str) -> int:
         raise ConfigError(f"{where}: the model config has no {' / '.join(names)}; give model_config=PATH "
                           "(a config.json with hidden_size, num_hidden_layers, num_attention_heads, "
                           "intermediate_size, vocab_size)")
+    return _positive(value, where, names[0])
+
+
+def _positive(value: Any, where: str, name: str) -> int:
+    """A model dimension: a positive whole number (a string, NaN, 0 or 2.5 is a config that cannot be planned)."""
+    import math
+
+    ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) \
+        and float(value).is_integer() and value >= 1
+    if not ok:
+        raise ConfigError(f"{where}: the model config's {name} is {value!r}, not a positive whole number; fix the "
+                          "config.json, or give model_config=PATH")
     return int(value)
+
+
+DIMENSIONS = (("hidden_size", "n_embd", "d_model"), ("num_attention_heads", "n_head"),
+              ("num_hidden_layers", "n_layer", "num_layers"), ("intermediate_size", "ffn_dim"), ("vocab_size",))
 
 
 def text_config(config: Any) -> Any:
@@ -173,6 +189,11 @@ def count_on_meta(model: Any) -> dict[str, int]:
 
 def model_shape(config: Any, where: str = "model") -> ModelShape:
     """The shape of the model a config describes; counts from the meta model when possible."""
+    for names in DIMENSIONS:  # before anything computes with them
+        _require(text_config(config), where, *names)
+    for name in ("num_key_value_heads", "head_dim"):
+        if (value := _get(text_config(config), name)) is not None:
+            _positive(value, where, name)
     counts = count_params(config, where)
     counted_by = "formula"
     model = build_on_meta(config)

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import dataclasses
+import os
+import re
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -25,6 +27,31 @@ from align.recipe.rounds import ROUND_SECTIONS, graph_rounds, section_rounds
 from align.recipe.settings import EXTRA_SECTIONS, SECTIONS, PipelineSettings
 
 PIPELINE_KEYS = frozenset(f.name for f in dataclasses.fields(PipelineSettings))
+# Keys whose value is a path: $VAR and ${VAR} in them are the environment's ($SCRATCH/runs/x)
+_PATH_LEAVES = frozenset({"input", "prompts", "model", "model_name_or_path", "ref_model_name_or_path", "tokenizer",
+                          "completions", "output_dir", "cache_dir", "log_dir", "scripts_dir", "accelerate_config",
+                          "python", "charter", "personas_file", "deepspeed", "initial_policy", "from",
+                          "validation_prompts", "kl_reference_model", "resume_from_checkpoint", "logging_dir",
+                          "path"})
+_VARIABLE = re.compile(r"\$(\w+|\{\w+\})")
+
+
+def expand_paths(value: Any, where: str = "", key: str = "") -> Any:
+    """``$VAR`` / ``${VAR}`` in path values replaced by the environment's value; an unset one is an error
+    naming the key (a directory literally named ``$SCRATCH`` is never made)."""
+    if isinstance(value, Mapping):
+        return {k: expand_paths(v, f"{where}{k}.", str(k)) for k, v in value.items()}
+    if isinstance(value, list):
+        return [expand_paths(v, where, key) for v in value]
+    leaf = key.rsplit(".", 1)[-1]
+    if isinstance(value, str) and "$" in value and (leaf in _PATH_LEAVES or leaf.endswith(("_path", "_dir", "_file"))):
+        names = [m.strip("{}") for m in _VARIABLE.findall(value)]
+        unset = [n for n in names if n not in os.environ]
+        if unset:
+            raise ConfigError(f"{where.rstrip('.')}={value!r}: ${unset[0]} is not set in this environment (a path "
+                              "with $VAR takes the variable's value; set it, or write the path out)")
+        return _VARIABLE.sub(lambda m: os.environ[m.group(1).strip("{}")], value)
+    return value
 
 
 def config_builds() -> list[str]:
@@ -50,6 +77,7 @@ def read_recipe(source: str | Path | Mapping[str, Any], overrides: Sequence[str]
     where = str(source) if isinstance(source, (str, Path)) else None
     data = read_yaml(source) if isinstance(source, (str, Path)) else dict(source or {})
     extra = parse_overrides(overrides) if not isinstance(overrides, Mapping) else dict(overrides)
+    data, extra = expand_paths(data), expand_paths(extra)
     base = Path(where).parent if where else Path(".")
     if not is_pipeline(data) and not is_pipeline(extra):
         if stage is None:
@@ -131,7 +159,7 @@ def _step_keys(name: str, keys: Any, base: Path, stages: Sequence[str]) -> dict[
         included = read_yaml(path)
         if is_pipeline(included):
             raise ConfigError(f"steps.{name}.from: {keys['from']} is a pipeline recipe; name a stage file")
-        out = merge(included, out)
+        out = merge(expand_paths(included), out)
     return out
 
 

@@ -55,6 +55,26 @@ def _existing_completions(record: Mapping[str, Any]) -> list:
     return list(existing)
 
 
+def preflight(records: Sequence[Mapping[str, Any]] | Any, sampler: Sampler, variants: Any, shard_index: int,
+              num_shards: int) -> dict[tuple[str, str], str]:
+    """Every prompt of this shard rendered once before the job writes anything: (id, variant) -> why it is
+    skipped (its text holds a token the format reads as structure, or it fills the context); a prompt the
+    format cannot render at all is an error now, naming the record, never mid-run."""
+    from align.chat import structure_text_problem
+    from align.jobs.sharding import shard_of
+
+    reasons: dict[tuple[str, str], str] = {}
+    for record in records:
+        if shard_of(record["id"], num_shards) != shard_index:
+            continue
+        for tag, conversation in variants(record):
+            reason = structure_text_problem([conversation, record.get("tools")], sampler.encoder.chat_format) \
+                or _fits(sampler, record, conversation)
+            if reason is not None:
+                reasons[(record["id"], tag)] = reason
+    return reasons
+
+
 def _fits(sampler: Sampler, record: Mapping[str, Any], conversation: Sequence[Mapping[str, Any]]) -> str | None:
     """None when the prompt leaves room to generate, else the reason to skip it.
 
@@ -101,9 +121,10 @@ def sample_references(
     """
     _check_overlong(overlong)
     validate_all(prompts, validate_prompt)
+    skipped = preflight(prompts, sampler, lambda r: [("", r["messages"])], shard_index, num_shards)
 
     def process(batch: list[dict]) -> list[dict]:
-        skips = {r["id"]: _fits(sampler, r, r["messages"]) for r in batch}
+        skips = {r["id"]: skipped.get((r["id"], "")) for r in batch}
         todo = [r for r in batch if skips[r["id"]] is None]
         drawn = sampler.sample(
             [r["messages"] for r in todo], n, temperature=temperature, top_p=top_p,
@@ -233,13 +254,14 @@ def sample_offline(
                "on_unclassified": on_unclassified}
     for record in prompts:  # bad flags fail now, not hours into the job
         _controversial(record, controversial_field, on_unclassified)
+    skipped = preflight(prompts, sampler, lambda r: offline_variants(r, **options), shard_index, num_shards)
 
     def process(batch: list[dict]) -> list[dict]:
         jobs = []  # (record id, tag, conversation)
         skips: dict[str, str] = {}
         for record in batch:
             for tag, conversation in offline_variants(record, **options):
-                reason = _fits(sampler, record, conversation)
+                reason = skipped.get((record["id"], tag))
                 if reason is not None:
                     skips.setdefault(record["id"], f"{tag}: {reason}")
                     continue

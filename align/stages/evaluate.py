@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from align.config import from_dict, merge, to_dict
-from align.errors import ConfigError, MissingInputError
+from align.errors import ConfigError, InputError, MissingInputError
 from align.eval.evaluate import EvalSettings
 from align.manifests import StageRun
 from align.manifests.lifecycle import check_stage_input
@@ -172,6 +172,23 @@ def _model_exists(model: str | None) -> bool:
     return not (model.startswith((".", "/", "~")) or model.count("/") > 1)
 
 
+def _without_structure_text(prompts: list[dict], chat_format: str) -> tuple[list[dict], list[dict]]:
+    """The prompts the policies' format can render, and {id, reason} for each left out (its text holds a
+    token the format reads as structure: a recorded skip, as in every stage)."""
+    from align.chat import structure_text_problem
+
+    kept, left_out = [], []
+    for row in prompts:
+        reason = structure_text_problem([row.get("messages"), row.get("tools")], chat_format)
+        (left_out.append({"id": row.get("id"), "reason": reason}) if reason else kept.append(row))
+    if left_out:
+        print(f"[align evaluate] {len(left_out)} of {len(prompts)} prompts left out: {left_out[0]['reason']} "
+              f"(e.g. {left_out[0]['id']!r})")
+    if not kept:
+        raise InputError("evaluate: every prompt holds text the chat format reads as structure; nothing to evaluate")
+    return kept, left_out
+
+
 def run(config: Config) -> dict:
     """Evaluate this shard; the task that completes the last shard writes the report."""
     from align.eval.evaluate import check_policies, evaluate
@@ -186,9 +203,16 @@ def run(config: Config) -> dict:
     if run.skip:
         return {}
     prompts = run.read("prompts")
+    prompts, left_out = _without_structure_text(prompts, config.sampler.chat_format)
     for i, spec in enumerate(config.policies):  # every input is checked before an overwrite removes anything
         if spec.completions is not None:
+            if not Path(spec.completions).exists():
+                raise MissingInputError(f"policies[{i}] ({spec.name!r}): completions={spec.completions!r} does not "
+                                        "exist")
             check_stage_input(spec.completions, "evaluate", f"policies[{i}].completions")
+        elif not _model_exists(spec.model):
+            raise MissingInputError(f"policies[{i}] ({spec.name!r}): model={spec.model!r} does not exist (a "
+                                    "directory with config.json, or a model name)")
     run.start()
     index, count = _kl_launch_shard(config) or resolve_shard(config.shard_index, config.num_shards)
     settings = config.eval_settings(index, count)
@@ -205,6 +229,7 @@ def run(config: Config) -> dict:
         run.close()
         return report
     summary = {"prompts": report["prompts"], "report": str(Path(config.output_dir) / "report.md"),
+               **({"skipped_prompts": len(left_out), "skipped": left_out[:20]} if left_out else {}),
                "verdicts": [v for c in report["overall"]["comparisons"].values() for v in c["verdicts"]]}
     for verdict in summary["verdicts"]:
         print(f"[align evaluate] {verdict}")

@@ -42,8 +42,19 @@ class Config:
                                                      "settings or inputs (removes only what this stage wrote there)"})
 
 
+def _check_ids(rows: Sequence[Mapping[str, Any]], key: str) -> None:
+    """Every row is joined by its id: a non-empty string, or an error naming the row."""
+    for index, row in enumerate(rows):
+        rid = row.get("id")
+        if not isinstance(rid, str) or not rid:
+            raise RecordError(f"<{key} row {index}>", "id", f"expected a non-empty string id (rows are joined by "
+                              f"it), got {rid!r}")
+
+
 def _ids_agree(references: Sequence[Mapping[str, Any]], candidates: Sequence[Mapping[str, Any]]) -> None:
     """The same prompt ids on both sides, or an error naming the first few that differ."""
+    _check_ids(references, "input")
+    _check_ids(candidates, "completions")
     ref_ids, cand_ids = [r["id"] for r in references], {r["id"] for r in candidates}
     missing = [i for i in ref_ids if i not in cand_ids]
     extra = sorted(cand_ids - set(ref_ids))

@@ -15,7 +15,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from align.errors import ConfigError
+from pathlib import Path
+
+from align.errors import ConfigError, InputError
+from align.io import write_jsonl
 from align.manifests import StageRun
 from align.manifests.lifecycle import check_model_path
 from align.stages.common import keep_hub_token_out_of_outputs, launch_devices
@@ -52,7 +55,10 @@ def run(config: Config) -> dict:
     records = run.read("input")
     check_model_path(config.model_name_or_path, "sft", "model_name_or_path")
     _check_conversations(records)
+    records, left_out = _without_structure_text(records, config.chat_format)
     run.start()
+    if left_out:
+        write_jsonl(Path(config.output_dir) / "skipped_rows.jsonl", left_out)
     last = resumable_checkpoint(config.output_dir, world_size=config.world_size)
     if last and config.resume_from_checkpoint is None:
         print(f"[align sft] resuming from {last}")
@@ -61,7 +67,8 @@ def run(config: Config) -> dict:
     if not trainer.is_world_process_zero():
         run.close()
         return {}
-    summary = {"steps": trainer.state.global_step, "train_loss": _last_loss(trainer)}
+    summary = {"steps": trainer.state.global_step, "train_loss": _last_loss(trainer),
+               **({"special_token_text": len(left_out), "skipped_rows": "skipped_rows.jsonl"} if left_out else {})}
     hygiene = dict(getattr(trainer, "data_summary", {}) or {})
     summary.update(hygiene)  # identity_dropped, boxed_stripped: what identity_filter / strip_boxed did
     if hygiene.get("identity_dropped"):
@@ -77,6 +84,27 @@ def run(config: Config) -> dict:
             print(f"[align sft] dropped {cleaned - used} of {cleaned} rows: no assistant token "
                   f"within max_length={config.max_length} (raise max_length, or shorten those conversations)")
     return run.finish(summary)
+
+
+def _without_structure_text(records: list[dict], chat_format: str) -> tuple[list[dict], list[dict]]:
+    """The conversations the chat format can render, and {row, id, reason} for each left out: its text holds
+    a token the format reads as structure (``<s>`` in HTML, a turn delimiter), which would teach the model
+    a turn boundary that is not one. A recorded skip (``skipped_rows.jsonl``), as in every stage."""
+    from align.chat import structure_text_problem
+
+    kept, left_out = [], []
+    for index, row in enumerate(records):
+        reason = structure_text_problem([row.get("messages"), row.get("tools")], chat_format)
+        if reason:
+            left_out.append({"row": index, "id": row.get("id"), "reason": reason})
+        else:
+            kept.append(row)
+    if left_out:
+        print(f"[align sft] {len(left_out)} of {len(records)} conversations left out: {left_out[0]['reason']} "
+              f"(row {left_out[0]['row']}; all in skipped_rows.jsonl)")
+    if not kept:
+        raise InputError("sft: every conversation holds text the chat format reads as structure; nothing to train on")
+    return kept, left_out
 
 
 def _rows_used(trainer, config: Config) -> int | None:
