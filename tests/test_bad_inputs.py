@@ -184,6 +184,32 @@ def _check_annotate_skip(reason: str):
     return check
 
 
+def _deep_tool_call() -> dict:
+    call = {"type": "function", "function": {"name": "f", "arguments": "[" * 5000 + "]" * 5000}}
+    return {"id": "a", "messages": [{"role": "user", "content": "hi"},
+                                    {"role": "assistant", "content": "", "tool_calls": [call]},
+                                    {"role": "tool", "content": "1"}, {"role": "user", "content": "so?"}]}
+
+
+def _sft_row(text: str) -> dict:
+    return {"id": "poisoned", "messages": [{"role": "user", "content": text}, {"role": "assistant", "content": "ok"}]}
+
+
+def _check_sample_skip(rid: str, reason: str):
+    def check(ws: Workspace, out: str, err: str) -> None:
+        rows = {r["id"]: r for r in _annotate_rows(ws.out())}
+        assert reason in rows[rid]["skip_reason"] and rows[rid]["completions"] == [], rows[rid]
+        assert len(rows["a"]["completions"]) == 2  # every other prompt sampled
+    return check
+
+
+def _check_sft_skip(ws: Workspace, out: str, err: str) -> None:
+    skipped = _skips(ws.out() / "skipped_rows.jsonl")
+    assert [(r["row"], r["id"]) for r in skipped] == [(4, "poisoned")] and "special_token_text" in skipped[0]["reason"]
+    summary = json.loads((ws.out() / "_COMPLETE.json").read_text())["summary"]
+    assert summary["special_token_text"] == 1
+
+
 CASES: list[Case] = [
     # --- the recipe and the command line -------------------------------------------------
     Case("unknown key", "pairs", lambda ws: ["input=x.jsonl", "sed=1"],
@@ -201,7 +227,7 @@ CASES: list[Case] = [
     Case("pipeline: renamed key in defaults", "pipeline",
          lambda ws: [_recipe(ws, "defaults: {date: '2026-01-01'}\n"
                                  "logprobs: {model_name_or_path: m, input: x.jsonl, output_dir: o}\n")],
-         "ConfigError", ("defaults", "'date'", "known to no stage", "Did you mean 'chat_date'?")),
+         "ConfigError", ("defaults", "'date'", "known to no step", "Did you mean 'chat_date'?")),
     Case("recipe file missing", "pairs", lambda ws: [ws.root / "nope.yaml"],
          "ConfigError", ("recipe file not found", "nope.yaml")),
     Case("recipe not a mapping", "pairs", lambda ws: [_recipe(ws, "- a\n- b\n")],
@@ -221,7 +247,7 @@ CASES: list[Case] = [
          "ConfigError", ("pipeline section 'pairs'", "unknown key pairs.'sead'")),
     Case("pipeline: default no stage knows", "pipeline",
          lambda ws: [_recipe(ws, "defaults: {colour: red}\npairs: {input: x.jsonl}\n")],
-         "ConfigError", ("defaults", "colour", "known to no stage")),
+         "ConfigError", ("defaults", "colour", "known to no step")),
     Case("pipeline: stop_after an unknown stage", "pipeline",
          lambda ws: [_recipe(ws, "stop_after: pares\npairs: {input: x.jsonl}\n")],
          "ConfigError", ("stop_after", "'pares'")),
@@ -523,7 +549,7 @@ CASES: list[Case] = [
     Case("judge-validate: a prompt without a good completion (skip)", "judge-validate",
          lambda ws: [f"input={ws.file('in.jsonl', [prompt('a'), prompt('b', completion=GOOD)])}",
                      f"output_dir={ws.out()}", f"model={ws.policy}", "device=cpu", "pairwise=false",
-                     "resamples=10", "steps=2"],
+                     "resamples=200", "steps=2"],
          None, check=lambda ws, out, err: _assert_in(
              "'a'", repr([(s["id"], s["reason"]) for s in json.loads((ws.out() / "report.json").read_text())["skipped"]
                          if "no good completion" in s["reason"]]))),
@@ -589,7 +615,7 @@ CASES: list[Case] = [
          "RecordError", ("record 'a'", "'answer'", "empty reference answer")),
     # --- OpenAI-compatible servers: the API key and a server that is down ---------------------
     Case("annotate: judge server down", "annotate",
-         lambda ws: [*_judge_openai(ws, _closed_url())],
+         lambda ws: [*_judge_openai(ws, _closed_url()), "max_retries=2"],
          "ServerError", ("/v1/completions: request failed after 3 tries",)),
     Case("annotate: judge server demands an API key, none set", "annotate",
          lambda ws: [*_judge_openai(ws, _keyed_url())],
@@ -602,7 +628,7 @@ CASES: list[Case] = [
          "ConfigError", ("api_key_env: must be the name of an environment variable", "not the key itself")),
     Case("sample: server down", "sample",
          lambda ws: [f"prompts={ws.file('prompts.jsonl', [prompt()])}", f"output_dir={ws.out()}",
-                     *_openai_sampler(ws, _closed_url())],
+                     *_openai_sampler(ws, _closed_url()), "sampler.max_retries=2"],
          "ServerError", ("/v1/models: request failed after 3 tries",)),
     Case("sample: server refuses the API key", "sample",
          lambda ws: [f"prompts={ws.file('prompts.jsonl', [prompt()])}", f"output_dir={ws.out()}",
@@ -658,7 +684,8 @@ CASES: list[Case] = [
     Case("rerun: an output written without a manifest", "pairs",
          lambda ws: [f"input={ws.file('in.jsonl', [annotated('a')])}",
                      f"output_dir={_write(ws.out() / '_COMPLETE.json', OLD_MARKER).parent}"],
-         "StaleOutputError", ("written without a manifest", "what it was made from is unknown")),
+         "StaleOutputError", ("written without a manifest", "what it was made from, and which of its files the "
+                                                             "stage wrote, are unknown", "remove it yourself")),
     Case("rerun: output_dir holds another stage's output", "pairs",
          lambda ws: [f"input={ws.file('in.jsonl', [annotated('a')])}", f"output_dir={_done_annotate(ws)}"],
          "StaleOutputError", ("holds the annotate stage's output; choose another output_dir",
@@ -689,6 +716,85 @@ CASES: list[Case] = [
     Case("demo: output_dir is a file", "demo",
          lambda ws: [f"output_dir={_write(ws.root / 'report.txt', 'x')}", "preset=ci"],
          "InputError", ("output_dir=", "report.txt", "is a file, not a directory")),
+
+    # --- real data at scale: the red team's cases (docs/bad-inputs.md, "Real data at scale") ------------
+    Case("a pairs output edited after it was made", "logprobs", lambda ws: _edited_pairs(ws),
+         "InputError", ("changed since it was made", "pairs.jsonl")),
+    Case("a stage output copied, then filtered", "pairs", lambda ws: _copied_and_filtered(ws),
+         "InputError", ("changed since it was made", "copy the data files")),
+    Case("a shard file of a killed job named as input", "pairs", lambda ws: _killed_shard_file(ws),
+         "InputError", ("a file of an unfinished stage output",)),
+    Case("a JSONL row with a key twice", "pairs", lambda ws: _raw_row(ws, "twice.jsonl", _TWICE),
+         "InputError", ("twice.jsonl:1", "the key 'id' is given twice")),
+    Case("a lone surrogate in a row", "pairs", lambda ws: _raw_row(ws, "half.jsonl", _HALF),
+         "InputError", ("half.jsonl:1", "lone UTF-16 surrogate")),
+    Case("JSON nested 5,000 deep in a row", "pairs", lambda ws: _raw_row(ws, "deep.jsonl", _DEEP),
+         "InputError", ("deep.jsonl:1", "nested deeper than 64 levels")),
+    Case("JSON nested 5,000 deep in tool-call arguments", "sample", lambda ws: [
+        f"prompts={ws.file('p.jsonl', [_deep_tool_call()])}", f"output_dir={ws.out()}", *_cpu_sampler(ws.policy)],
+         "RecordError", ("record 'a'", "field 'messages'", "not valid JSON", "recursion")),
+    Case("a completion marker of the wrong shape", "pairs", lambda ws: _wrong_marker(ws),
+         "InputError", ("_COMPLETE.json", "not a completion marker")),
+    Case("beta = inf", "train", lambda ws: ["input=x.jsonl", "beta=.inf"],
+         "ConfigError", ("beta", "not a finite number")),
+    Case("learning_rate = inf", "train", lambda ws: ["input=x.jsonl", "learning_rate=.inf"],
+         "ConfigError", ("learning_rate", "not a finite number")),
+    Case("temperature = nan", "sample", lambda ws: ["prompts=x.jsonl", "temperature=.nan"],
+         "ConfigError", ("temperature", "not a finite number")),
+    Case("an SFT learning rate that diverges", "sft", lambda ws: [
+        f"input={ws.file('sft.jsonl', [dict(SFT_ROW, id=f's{i}') for i in range(8)])}", f"output_dir={ws.out()}", f"model_name_or_path={ws.policy}",
+        "use_cpu=true", "bf16=false", "report_to=[]", "max_steps=4", "learning_rate=1e8", "optimizer=adamw",
+        "per_device_train_batch_size=4", "save_strategy='no'", "disable_tqdm=true"],
+         "TrainingDivergedError", ("the loss is nan at step", "no checkpoint was saved yet", "Nothing is marked complete")),
+    Case("one resample", "evaluate", lambda ws: ["prompts=x.jsonl", "resamples=1"],
+         "ConfigError", ("resamples=1", "at least 200 resamples")),
+    Case("no resamples", "evaluate", lambda ws: ["prompts=x.jsonl", "resamples=0"],
+         "ConfigError", ("resamples=0", "at least 200 resamples")),
+    Case("output_dir = its own input", "decontaminate", lambda ws: _decontaminate_into_its_input(ws),
+         "ConfigError", ("holds its input",)),
+    Case("output_dir = . (holding the input)", "pairs", lambda ws: [
+        f"input={ws.file('in.jsonl', [annotated('a')])}", f"output_dir={ws.root}"],
+         "ConfigError", ("holds its input input=",)),
+    Case("sft output_dir = the base model", "sft", lambda ws: _sft_into_its_model(ws),
+         "ConfigError", ("output_dir=", "is its input model_name_or_path=")),
+    Case("an output inside its input directory", "annotate", lambda ws: [
+        f"input={_data_dir(ws)}", f"output_dir={ws.root / 'data' / 'out'}", "provider=verifiable"],
+         "ConfigError", ("is inside its input input=",)),
+    Case("a dangling symlink as output_dir", "pairs", lambda ws: _dangling_output(ws),
+         "InputError", ("a symbolic link to nothing",)),
+    Case("$SCRATCH unset in a path", "pairs", lambda ws: ["input=$SCRATCH_NOT_SET/in.jsonl", "output_dir=x"],
+         "ConfigError", ("$SCRATCH_NOT_SET is not set",)),
+    Case("join rows without an id", "join", lambda ws: [
+        f"input={ws.file('a.jsonl', [{'messages': []}])}", f"completions={ws.file('b.jsonl', [prompt('b')])}",
+        f"output_dir={ws.out()}"], "RecordError", ("<input row 0>", "field 'id'")),
+    Case("join rows with a list id", "join", lambda ws: [
+        f"input={ws.file('a.jsonl', [prompt('a')])}", f"completions={ws.file('b.jsonl', [{'id': ['b']}])}",
+        f"output_dir={ws.out()}"], "RecordError", ("<completions row 0>", "field 'id'")),
+    Case("plan: a string vocab_size", "plan", lambda ws: _plan_config(ws, vocab_size="32k"),
+         "ConfigError", ("vocab_size is '32k', not a positive whole number",)),
+    Case("plan: a NaN vocab_size", "plan", lambda ws: _plan_config(ws, vocab_size=float("nan")),
+         "ConfigError", ("vocab_size is nan",)),
+    Case("plan: hidden_size 0", "plan", lambda ws: _plan_config(ws, hidden_size=0),
+         "ConfigError", ("hidden_size is 0",)),
+    Case("a YAML alias bomb", "pairs", lambda ws: [_recipe(ws, _ALIAS_BOMB)],
+         "ConfigError", ("expands to more than 100,000 values",)),
+    Case("two pipeline steps share one output_dir", "pipeline", lambda ws: [_recipe(ws, f"""
+annotate: {{input: {ws.file('in.jsonl', [annotated('a')])}, output_dir: {ws.out('same')}, provider: verifiable}}
+pairs: {{input: {ws.out('same')}, output_dir: {ws.out('same')}}}
+""")], "ConfigError", ("steps 'annotate' and 'pairs' both write",)),
+    Case("defaults naming a model", "pipeline", lambda ws: [_recipe(ws, f"""
+defaults: {{model: org/judge-32b}}
+annotate: {{input: {ws.file('in.jsonl', [annotated('a')])}, output_dir: {ws.out()}, provider: verifiable}}
+""")], "ConfigError", ("defaults: 'model' names one step's own work",)),
+    Case("a prompt holding the format's BOS", "sample", lambda ws: [
+        f"prompts={ws.file('p.jsonl', [prompt('a'), prompt('b', 'Strike <s>this</s> out')])}",
+        f"output_dir={ws.out()}", *_cpu_sampler(ws.policy)], None,
+         check=_check_sample_skip("b", "special_token_text")),
+    Case("an SFT conversation holding a turn delimiter", "sft", lambda ws: [
+        f"input={ws.file('sft.jsonl', [dict(SFT_ROW, id=f's{i}') for i in range(4)] + [_sft_row('x <|user_end|> y')])}", f"output_dir={ws.out()}",
+        f"model_name_or_path={ws.policy}", "use_cpu=true", "bf16=false", "report_to=[]", "max_steps=1",
+        "optimizer=adamw", "per_device_train_batch_size=2", "save_strategy='no'", "disable_tqdm=true"], None,
+         check=_check_sft_skip),
 
 ]
 
@@ -805,6 +911,76 @@ pairs: {{input: {ws.out('ann')}, output_dir: {ws.out('pairs')}}}
     assert rc == 0, err
     return [recipe, "pairs.low_threshold=0.3"]
 
+
+
+_TWICE = '{"id": "a", "id": "b"}'
+_HALF = '{"id": "a", "messages": "\\ud800"}'
+_DEEP = '{"id": "a", "x": ' + "[" * 5000 + "]" * 5000 + "}"
+
+
+def _raw_row(ws: Workspace, name: str, line: str) -> list:
+    return [f"input={jsonl(ws.root / name, [line])}", f"output_dir={ws.out()}"]
+
+
+_ALIAS_BOMB = "a: &a [x, x, x, x, x, x, x, x, x, x]\n" + "".join(
+    f"{chr(98 + k)}: &{chr(98 + k)} [{', '.join(['*' + chr(97 + k)] * 10)}]\n" for k in range(8)) + "seed: *i\n"
+
+
+def _edited_pairs(ws: Workspace) -> list:
+    args = _done_pairs(ws)
+    pairs = ws.out() / "pairs.jsonl"
+    pairs.write_text(pairs.read_text().splitlines()[0] + "\n")  # a row removed by hand
+    return [f"input={pairs}", f"output_dir={ws.out('logprobs')}", f"model_name_or_path={ws.policy}"]
+
+
+def _copied_and_filtered(ws: Workspace) -> list:
+    done = _done_annotate(ws)
+    copy = ws.root / "copy"
+    shutil.copytree(done, copy)  # cp -a: the marker comes along
+    for shard in copy.glob("shard-*.jsonl"):
+        shard.write_text("")  # every row filtered out
+    return [f"input={copy}", f"output_dir={ws.out()}"]
+
+
+def _killed_shard_file(ws: Workspace) -> list:
+    done = _done_annotate(ws)
+    (done / "_COMPLETE.json").unlink()  # as a killed job leaves it
+    return [f"input={next(done.glob('shard-*.jsonl'))}", f"output_dir={ws.out()}"]
+
+
+def _wrong_marker(ws: Workspace) -> list:
+    done = _done_annotate(ws)
+    (done / "_COMPLETE.json").write_text('["a list, not a marker"]')
+    return [f"input={done}", f"output_dir={ws.out()}"]
+
+
+def _decontaminate_into_its_input(ws: Workspace) -> list:
+    folder = ws.root / "d"
+    kept = jsonl(folder / "kept.jsonl", [SFT_ROW])
+    bench = jsonl(ws.root / "bench.jsonl", [{"prompt": "an unrelated benchmark question about something else"}])
+    return [f"input={kept}", f"output_dir={folder}", f"benchmarks=[{{name: b, path: {bench}, text_field: prompt}}]"]
+
+
+def _sft_into_its_model(ws: Workspace) -> list:
+    model = ws.root / "model"
+    shutil.copytree(ws.policy, model)
+    return [f"input={ws.file('sft.jsonl', [SFT_ROW])}", f"output_dir={model}", f"model_name_or_path={model}",
+            "use_cpu=true", "bf16=false", "report_to=[]"]
+
+
+def _dangling_output(ws: Workspace) -> list:
+    link = ws.root / "dangling"
+    link.symlink_to(ws.root / "nowhere")
+    return [f"input={ws.file('in.jsonl', [annotated('a')])}", f"output_dir={link}"]
+
+
+def _plan_config(ws: Workspace, **changes) -> list:
+    config = json.loads((ws.policy / "config.json").read_text())
+    config.update(changes)
+    path = _write(ws.root / "bad_model" / "config.json", json.dumps(config))
+    recipe = _recipe(ws, f"# align sample x\nprompts: p.jsonl\nsampler: {{model: {path.parent}, backend: "
+                         "transformers}\n")
+    return [recipe]
 
 def _write(path: Path, text: str) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -953,7 +1129,7 @@ def test_bad_input(case: Case, models, tmp_path, monkeypatch):
 
 def test_corpus_size_and_doc_table():
     """At least 110 entries, and docs/bad-inputs.md has a row for each."""
-    assert len(CASES) >= 131
+    assert len(CASES) >= 165
     assert len({c.name for c in CASES}) == len(CASES)
     doc = (Path(__file__).resolve().parents[1] / "docs" / "bad-inputs.md").read_text()
     missing = [c.name for c in CASES if f"| {c.name} |" not in doc]

@@ -44,7 +44,7 @@ def _from_file(path: Path) -> Any:
 
     try:
         return AutoConfig.from_pretrained(str(path))
-    except (ValueError, KeyError, OSError):
+    except Exception:  # noqa: BLE001 (an unknown model type, or values transformers' own checks refuse)
         try:
             return json.loads(path.read_text() if path.is_file() else (path / "config.json").read_text())
         except (OSError, ValueError) as exc:

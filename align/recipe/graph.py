@@ -86,7 +86,8 @@ class Recipe:
     def config(self, step: Step) -> Any:
         """The step's config, built the first time it is asked for (``config_builds`` counts builds)."""
         if step.name not in self._configs:
-            self._configs[step.name] = build_config(self.config_class, step, self.settings.defaults, self.devices)
+            self._configs[step.name] = build_config(self.config_class, step, self.settings.defaults, self.devices,
+                                                    alone=self.kind == "stage")
         return self._configs[step.name]
 
     def build_all(self) -> None:
@@ -106,18 +107,24 @@ class Recipe:
 BUILDS: list[str] = []  # step names, one per config built (tests count them)
 
 
-def build_config(config_class: ConfigClass, step: Step, defaults: Mapping[str, Any], devices: str) -> Any:
-    """A step's config from its keys over the defaults its stage knows."""
+def build_config(config_class: ConfigClass, step: Step, defaults: Mapping[str, Any], devices: str, *,
+                 alone: bool = False) -> Any:
+    """A step's config from its keys over the defaults its stage knows (``alone``: a stage file, whose
+    errors name the keys as the file has them)."""
     cls = config_class(step.stage)
-    where = f"step {step.name!r} ({step.stage})" if step.name != step.stage else f"section {step.stage!r}"
+    where = f"step {step.name!r} ({step.stage})" if step.name != step.base or step.base != step.stage \
+        else f"pipeline section {step.stage!r}"
+    prefix = "" if alone else f"{step.base or step.name}."
     try:
         values = apply_defaults(cls, defaults, step.keys)
         if devices == "defer":
             with deferred_device_checks():
-                config = from_dict(cls, values, where=f"{step.base or step.name}.")
+                config = from_dict(cls, values, where=prefix)
         else:
-            config = from_dict(cls, values, where=f"{step.base or step.name}.")
+            config = from_dict(cls, values, where=prefix)
     except ConfigError as exc:
+        if alone:
+            raise
         raise ConfigError(f"{where}: {exc}") from exc
     BUILDS.append(step.name)
     return config
