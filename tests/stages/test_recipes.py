@@ -257,3 +257,30 @@ def test_the_apertus_pipeline_is_its_stage_files(size):
     assert needs["evaluate"] == {"sft", "qrpo", "dpo"}
     phases = [s.name for s in pipeline if s.phase]
     assert phases == (["evaluate.kl", "evaluate.report"] if size == "apertus-70b" else [])
+
+
+def training_steps(path) -> list[tuple[str, object]]:
+    """(name, config) of every training step (sft, train) a shipped recipe runs."""
+    recipe = as_read_on_a_login_node(path)
+    return [(step.name, recipe.config(step)) for step in recipe if step.stage in ("sft", "train")]
+
+
+GPU_RECIPES = sorted(p for p in RECIPE_FILES if "apertus" in p.parts[-2])
+
+
+@pytest.mark.parametrize("path", GPU_RECIPES, ids=lambda p: str(p.relative_to(RECIPES)))
+def test_a_checkpoint_falls_due_within_the_first_tenth_of_every_run(path):
+    """Read against the data size each training recipe states (`# data: rows=N`): the first checkpoint
+    comes before 10% of the optimizer steps, so a failure on day 3 of a 70B run loses less than a tenth."""
+    import math
+    import re
+
+    for name, config in training_steps(path):
+        source = path if path.name != "pipeline.yaml" else RECIPES / path.parts[-2] / f"{name}.yaml"
+        rows = int(re.search(r"^# data: rows=(\d+)", source.read_text(), re.MULTILINE).group(1))
+        total = config.max_steps if config.max_steps and config.max_steps > 0 else \
+            math.ceil(rows * config.num_train_epochs / config.global_batch_size)
+        first = math.ceil(total * config.save_steps) if config.save_steps < 1 else int(config.save_steps)
+        assert config.save_strategy in ("steps", "SaveStrategy.STEPS") or str(config.save_strategy).endswith("steps")
+        assert first <= 0.1 * total, (path.name, name, first, total)
+        assert total >= 20, (name, total)  # a run long enough for the rule to mean something
