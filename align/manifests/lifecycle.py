@@ -301,6 +301,23 @@ class StageRun:
                   .encode(), 0)
         self._lock_fd = _HELD[key] = fd
 
+    def check(self, key: str, value: str | None = None) -> str:
+        """An input the stage streams itself (too large to hold as rows): it exists, is finished and unchanged."""
+        value = getattr(self.config, key) if value is None else value
+        if not value:
+            raise ConfigError(f"{self.stage}: set {key}")
+        check_input_exists(value, self.stage, key)
+        check_stage_input(value, self.stage, key)
+        return str(value)
+
+    def input_fingerprint(self, key: str) -> str:
+        """The content fingerprint the manifest recorded for input ``key`` (rank 0's, on every rank)."""
+        def compute() -> str:
+            entry = (self.begun.manifest.inputs.get(key) if self.begun and self.begun.manifest else None) or {}
+            return json_digest({k: v for k, v in entry.items() if k not in ("path", "files")})
+
+        return on_rank_zero(compute)
+
     def read(self, key: str, value: str | Sequence[str] | None = None) -> list[dict[str, Any]]:
         """The rows of input ``key`` (default: the config's value): it exists, is finished and unchanged, and
         holds rows; several paths are read as one input (an id on two rows is an error naming both)."""

@@ -40,7 +40,7 @@ class Config(SFTConfig):
 def run(config: Config) -> dict:
     """Fine-tune ``model_name_or_path`` on ``input``; save to ``output_dir``."""
     from align.trainers.guards import resumable_checkpoint
-
+    from align.trainers.sft_data import load_sft_dataset
     from align.trainers.sft_trainer import train_sft
 
     if not config.input:
@@ -52,21 +52,24 @@ def run(config: Config) -> dict:
     run = StageRun.begin("sft", config)
     if run.skip:
         return {}
-    records = run.read("input")
+    source = run.check("input")
     check_model_path(config.model_name_or_path, "sft", "model_name_or_path")
-    _check_conversations(records)
-    records, left_out = _without_structure_text(records, config.chat_format)
+    rows = _normalized(run, config, source)  # read once, by the main process; the others map its file
     run.start()
-    if left_out:
-        write_jsonl(Path(config.output_dir) / "skipped_rows.jsonl", left_out)
+    if rows.skipped and run.begun is not None and run.begun.manifest is not None:
+        write_jsonl(Path(config.output_dir) / "skipped_rows.jsonl", rows.skipped)
     last = resumable_checkpoint(config.output_dir, world_size=config.world_size)
     if last and config.resume_from_checkpoint is None:
         print(f"[align sft] resuming from {last}")
         config.resume_from_checkpoint = last
-    trainer = train_sft(config, records)
+    with config.main_process_first(desc="SFT rows from their file"):
+        dataset = load_sft_dataset(rows.path)
+    trainer = train_sft(config, dataset)
     if not trainer.is_world_process_zero():
         run.close()
         return {}
+    left_out = rows.skipped
+    records = range(rows.kept)  # the rows trained on, for the counts below
     summary = {"steps": trainer.state.global_step, "train_loss": _last_loss(trainer),
                **({"special_token_text": len(left_out), "skipped_rows": "skipped_rows.jsonl"} if left_out else {})}
     hygiene = dict(getattr(trainer, "data_summary", {}) or {})
@@ -86,25 +89,32 @@ def run(config: Config) -> dict:
     return run.finish(summary)
 
 
-def _without_structure_text(records: list[dict], chat_format: str) -> tuple[list[dict], list[dict]]:
-    """The conversations the chat format can render, and {row, id, reason} for each left out: its text holds
-    a token the format reads as structure (``<s>`` in HTML, a turn delimiter), which would teach the model
-    a turn boundary that is not one. A recorded skip (``skipped_rows.jsonl``), as in every stage."""
-    from align.chat import structure_text_problem
+NORMALIZED_VERSION = 1  # what the normalized rows file holds; a change here makes every one anew
 
-    kept, left_out = [], []
-    for index, row in enumerate(records):
-        reason = structure_text_problem([row.get("messages"), row.get("tools")], chat_format)
-        if reason:
-            left_out.append({"row": index, "id": row.get("id"), "reason": reason})
-        else:
-            kept.append(row)
-    if left_out:
-        print(f"[align sft] {len(left_out)} of {len(records)} conversations left out: {left_out[0]['reason']} "
-              f"(row {left_out[0]['row']}; all in skipped_rows.jsonl)")
-    if not kept:
-        raise InputError("sft: every conversation holds text the chat format reads as structure; nothing to train on")
-    return kept, left_out
+
+def _normalized(run: StageRun, config: Config, source: str):
+    """The input read once, by the main process, into the JSON-encoded rows SFT trains on; the other ranks
+    (and a requeued job) find the file made. A conversation whose text holds a token the chat format reads
+    as structure (``<s>`` in HTML, a turn delimiter) is left out with its reason: it would teach the model a
+    turn boundary that is not one (a recorded skip, ``skipped_rows.jsonl``, as in every stage)."""
+    from align.chat import structure_text_problem
+    from align.io.fingerprint import json_digest
+    from align.trainers.sft_data import normalize_sft_input
+    from align.trainers.sft_trainer import sft_rows_cache_dir
+
+    key = json_digest([run.input_fingerprint("input"), config.chat_format, NORMALIZED_VERSION])
+    with config.main_process_first(desc="SFT input read once"):
+        rows = normalize_sft_input(source, sft_rows_cache_dir(), chat_format=config.chat_format, key=key,
+                                   skip=lambda messages, tools: structure_text_problem([messages, tools],
+                                                                                       config.chat_format))
+    if rows.skipped:
+        first = rows.skipped[0]
+        print(f"[align sft] {len(rows.skipped)} of {rows.rows} conversations left out: {first['reason']} (row "
+              f"{first['row']}; all in skipped_rows.jsonl)")
+    if rows.kept == 0:
+        raise InputError("sft: no conversation left to train on (every row holds text the chat format reads as "
+                         "structure)")
+    return rows
 
 
 def _rows_used(trainer, config: Config) -> int | None:
@@ -113,19 +123,6 @@ def _rows_used(trainer, config: Config) -> int | None:
     if getattr(config, "packing", False) or dataset is None or not hasattr(dataset, "__len__"):
         return None
     return len(dataset)
-
-
-def _check_conversations(records: list[dict]) -> None:
-    """``messages`` (where a row has them) must be a list, or JSON text of one (Parquet)."""
-    from align.data.records import RecordError, list_field, record_id
-
-    for index, row in enumerate(records):
-        if "messages" not in row:
-            continue  # pre-tokenized rows (input_ids + labels) are checked by the trainer
-        messages = list_field(row, "messages", record_id(row, index))
-        if not messages:
-            raise RecordError(record_id(row, index), "messages",
-                              f"expected a non-empty list of messages, got {row['messages']!r:.60}")
 
 
 def _last_loss(trainer) -> float | None:

@@ -23,7 +23,8 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -42,6 +43,7 @@ __all__ = [
     "encode_sft_row",
     "labels_from_mask",
     "load_sft_dataset",
+    "normalize_sft_input",
     "sft_json_rows",
     "sft_rows_file",
     "prepare_sft_dataset",
@@ -294,18 +296,143 @@ def sft_json_rows(rows: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
     return out
 
 
-def sft_rows_file(rows: Sequence[Mapping[str, Any]], cache_dir: str | Path) -> Path:
-    """The JSON-encoded rows (``sft_json_rows``) as a JSONL file under ``cache_dir``, named by
-    their content: written once (atomically), found again by every rank and after a requeue."""
-    from align.io import write_jsonl
-    from align.io.fingerprint import json_digest
+def sft_json_row(row: Mapping[str, Any]) -> dict[str, Any]:
+    """One conversation row as ``sft_json_rows`` writes it."""
+    return sft_json_rows([row])[0]
 
-    encoded = sft_json_rows(rows)
-    path = Path(cache_dir) / f"sft-rows-{json_digest(encoded)[:32]}.jsonl"
-    if not path.exists():
-        path.parent.mkdir(parents=True, exist_ok=True)
-        write_jsonl(path, encoded)
+
+def sft_rows_file(rows: Sequence[Mapping[str, Any]] | Any, cache_dir: str | Path) -> Path:
+    """The JSON-encoded rows (``sft_json_rows``) as a JSONL file under ``cache_dir``, named by
+    their content: written once (atomically, a line at a time: the rows are never held as one
+    string), found again by every rank and after a requeue."""
+    import os
+    import tempfile
+
+    import xxhash
+
+    cache_dir = Path(cache_dir)
+    cache_dir.mkdir(parents=True, exist_ok=True)
+    digest = xxhash.xxh3_128()
+    fd, tmp = tempfile.mkstemp(dir=cache_dir, prefix=".sft-rows-", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as handle:
+            for row in rows:
+                line = json.dumps(sft_json_row(row), ensure_ascii=False) + "\n"
+                digest.update(line.encode())
+                handle.write(line)
+        path = cache_dir / f"sft-rows-{digest.hexdigest()}.jsonl"
+        if path.exists():
+            os.unlink(tmp)
+        else:
+            os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
     return path
+
+
+@dataclass
+class NormalizedRows:
+    """What ``normalize_sft_input`` wrote: the file of rows to train on, and what it left out."""
+
+    path: Path
+    rows: int  # rows read
+    kept: int
+    skipped: list[dict[str, Any]] = field(default_factory=list)  # {row, id, reason}, each row left out
+
+
+def iter_input_rows(source: str | Path) -> Iterator[tuple[int, dict[str, Any]]]:
+    """(index, row) of an SFT input, streamed: a JSONL file, a directory of data files, a Parquet file (in
+    record batches), a JSON list, or a ``datasets`` name. Nothing holds the whole input as Python objects."""
+    from align.io import iter_jsonl
+    from align.io.records import data_files, data_suffix, looks_local
+
+    path = Path(source).expanduser()
+    files = data_files(path) if path.is_dir() else [path]
+    index = 0
+    if not path.exists() and not looks_local(str(source)):
+        from datasets import load_dataset
+
+        with loading("input", str(source)):
+            dataset = load_dataset(str(source), split="train")
+        for row in dataset:
+            yield index, dict(row)
+            index += 1
+        return
+    for file in files:
+        suffix = data_suffix(file)
+        if suffix == ".jsonl":
+            for _, row in iter_jsonl(file):
+                yield index, row
+                index += 1
+        elif suffix == ".parquet":
+            import pyarrow.parquet as pq
+
+            for batch in pq.ParquetFile(file).iter_batches(batch_size=1024):
+                for row in batch.to_pylist():
+                    yield index, row
+                    index += 1
+        else:
+            from align.io import read_records
+
+            for row in read_records(file):
+                yield index, row
+                index += 1
+
+
+def normalize_sft_input(source: str | Path, cache_dir: str | Path, *, chat_format: str, key: str,
+                        skip: Any = None) -> NormalizedRows:
+    """Stream an SFT input once into the JSON-encoded rows SFT trains on (``sft_json_row``), under
+    ``cache_dir``, named by ``key`` (the input's content fingerprint and the settings that decide the
+    file): a rerun, every rank and a requeued job find it made. Each row is checked as it passes
+    (``messages`` a non-empty list, an id once); ``skip(messages, tools) -> reason | None`` leaves a
+    row out with its reason (recorded, never silent). Peak memory is one row and the ids seen,
+    not the input: a 20 GB mixture is read by one rank, a line at a time (bench/sft_memory.py)."""
+    import os
+    import tempfile
+
+    cache_dir = Path(cache_dir)
+    path = cache_dir / f"sft-input-{key[:32]}.jsonl"
+    record = cache_dir / f"sft-input-{key[:32]}.json"
+    if path.exists() and record.exists():
+        done = json.loads(record.read_text())
+        return NormalizedRows(path, done["rows"], done["kept"], done["skipped"])
+    cache_dir.mkdir(parents=True, exist_ok=True)
+    seen: set[str] = set()
+    rows = kept = 0
+    skipped: list[dict[str, Any]] = []
+    fd, tmp = tempfile.mkstemp(dir=cache_dir, prefix=".sft-input-", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as handle:
+            for index, row in iter_input_rows(source):
+                rows += 1
+                rid = record_id(row, index)
+                if isinstance(row.get("id"), str) and row["id"]:
+                    if row["id"] in seen:
+                        raise RecordError(rid, "id", f"duplicate id (row {index} and an earlier one)")
+                    seen.add(row["id"])
+                if "messages" in row:
+                    messages = list_field(row, "messages", rid)
+                    if not messages:
+                        raise RecordError(rid, "messages", f"expected a non-empty list of messages, got "
+                                          f"{row['messages']!r:.60}")
+                    reason = skip(messages, list_field(row, "tools", rid)) if skip is not None else None
+                    if reason:
+                        skipped.append({"row": index, "id": row.get("id"), "reason": reason})
+                        continue
+                handle.write(json.dumps(sft_json_row(row) if "messages" in row else dict(row),
+                                        ensure_ascii=False) + "\n")
+                kept += 1
+        if rows == 0:
+            raise InputError(f"sft: input={str(source)!r} holds no rows")
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    tmp_record = record.with_suffix(".json.tmp")
+    tmp_record.write_text(json.dumps({"rows": rows, "kept": kept, "skipped": skipped}))
+    os.replace(tmp_record, record)
+    return NormalizedRows(path, rows, kept, skipped)
 
 
 def load_sft_dataset(
@@ -332,10 +459,16 @@ def load_sft_dataset(
         kind = "parquet" if source.endswith(".parquet") else "json"
         with loading("input", source):
             return load_dataset(kind, data_files=source, split=split)
+    if isinstance(source, Path):
+        source = str(source)
+        from datasets import load_dataset
+
+        with loading("input", source):
+            return load_dataset("json", data_files=source, split=split)
     if isinstance(source, Sequence):
-        rows = [dict(row) for row in source]
+        rows = source
         if not any("messages" in row for row in rows):  # pre-tokenized rows (input_ids + labels)
-            return rows_to_dataset(rows)
+            return rows_to_dataset([dict(row) for row in rows])
         if cache_dir is None:
             return rows_to_dataset(sft_json_rows(rows))
         from datasets import load_dataset

@@ -2,9 +2,9 @@
 structured blocks (thinking, tool calls) in others, with tools in some rows only.
 
 Handed to the trainer as in-memory structs, Arrow cannot give such a column one type
-("cannot mix struct and non-struct"). The rows now travel as JSON text, written once to a
-content-named file that the ranks (and a requeued run) load and tokenize through the
-`datasets` cache, main process first.
+("cannot mix struct and non-struct"). The rows travel as JSON text: the main process streams
+the input once into a file named by the input's content (`normalize_sft_input`), which the
+ranks (and a requeued run) load and tokenize through the `datasets` cache.
 """
 
 from __future__ import annotations
@@ -44,7 +44,7 @@ def test_mixed_message_types_train_through_align_sft(tmp_path, stage_models):
     # the rows were written once, named by their content, and loaded from there
     from align.trainers.sft_trainer import sft_rows_cache_dir
 
-    files = sorted(sft_rows_cache_dir().glob("sft-rows-*.jsonl"))
+    files = sorted(sft_rows_cache_dir().glob("sft-input-*.jsonl"))
     written = [f for f in files if "Weather in Bern?" in f.read_text()]
     assert len(written) == 1
     first_mtime = written[0].stat().st_mtime_ns
@@ -55,7 +55,7 @@ def test_mixed_message_types_train_through_align_sft(tmp_path, stage_models):
 
     # a second run on the same rows (a requeue) finds the same file, untouched
     run_cli([*args, f"output_dir={tmp_path / 'sft2'}"])
-    again = [f for f in sorted(sft_rows_cache_dir().glob("sft-rows-*.jsonl")) if "Weather in Bern?" in f.read_text()]
+    again = [f for f in sorted(sft_rows_cache_dir().glob("sft-input-*.jsonl")) if "Weather in Bern?" in f.read_text()]
     assert again == written and written[0].stat().st_mtime_ns == first_mtime
 
 

@@ -235,3 +235,27 @@ def test_submit_chains_the_rounds(tmp_path, monkeypatch):
         in chain
     scripts = sorted(p.name for p in (ws / "runs" / "r").glob("*.sbatch"))
     assert "7-round-1.evaluate.sbatch" in scripts and "13-round-2.evaluate.sbatch" in scripts
+
+
+def test_one_poisoned_prompt_among_a_thousand_costs_only_itself(tmp_path, sft_run):
+    """`align sample` as an array of 4 over 1,000 prompts, one of them holding the format's BOS in its text:
+    every task finishes, the one prompt is a recorded skip with its reason, every other is sampled once."""
+    import json
+
+    from align.io import read_records, stage_completion_info
+
+    prompts = [{"id": f"q{i}", "messages": [{"role": "user", "content": f"Is {i} even? Answer yes or no."}]}
+               for i in range(1000)]
+    prompts[617]["messages"][0]["content"] = "Is <s>617</s> even? Answer yes or no."  # HTML strikethrough
+    path = tmp_path / "prompts.jsonl"
+    path.write_text("".join(json.dumps(p) + "\n" for p in prompts))
+    out = tmp_path / "sample"
+    for task in range(4):
+        printed = run_cli(["sample", TINY_RECIPE, f"prompts={path}", f"output_dir={out}",
+                           f"sampler.model={sft_run[0]}", "n=1", "max_tokens=2", "batch_size=100",
+                           "sampler.batch_size=100", "num_shards=4", f"shard_index={task}"])
+        assert ("wrote" in printed) == (task == 3), printed  # the last task marks it complete
+    rows = {r["id"]: r for r in read_records(out)}
+    assert len(rows) == 1000 and stage_completion_info(out) is not None
+    assert "special_token_text" in rows["q617"]["skip_reason"] and rows["q617"]["completions"] == []
+    assert all(len(r["completions"]) == 1 and "skip_reason" not in r for rid, r in rows.items() if rid != "q617")
