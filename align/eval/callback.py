@@ -151,10 +151,10 @@ class GenerationEvalCallback(TrainerCallback):
         """Mean reward, win rate against the first completions, and mean length."""
         scored = [v for v, _ in results.values() if v is not None]
         outcomes = [[stats.outcome(value, self.reference.get(rid))] for rid, (value, _) in results.items()]
-        win = stats.win_rate(outcomes, resamples=1)
+        win = stats.pooled_win_rate(outcomes)
         metrics = {"length": sum(length for _, length in results.values()) / len(results)}
         if scored:
             metrics["reward"] = sum(scored) / len(scored)
         if win is not None:
-            metrics["win_rate"] = win.rate.estimate
+            metrics["win_rate"] = win
         return metrics

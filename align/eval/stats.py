@@ -9,7 +9,7 @@ here; this module adds win rates (ties count half) and verdict sentences.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -86,6 +86,17 @@ class WinRate:
     def to_dict(self) -> dict[str, Any]:
         return {"rate": self.rate.to_dict(), "wins": self.wins, "ties": self.ties, "losses": self.losses,
                 "comparisons": self.comparisons, "prompts": self.prompts, "missing": self.missing}
+
+
+def pooled_win_rate(outcomes_per_prompt: Iterable[Sequence[float | None]]) -> float | None:
+    """The win rate alone (ties half), without an interval: for progress logs during training.
+
+    None when nothing was decided.
+    """
+    decided = [o for outcomes in outcomes_per_prompt for o in outcomes if o is not None]
+    if any(o not in (0.0, 0.5, 1.0) for o in decided):
+        raise ValueError(f"an outcome is 1, 0.5 or 0, got {sorted(set(decided) - {0.0, 0.5, 1.0})}")
+    return sum(decided) / len(decided) if decided else None
 
 
 def win_rate(

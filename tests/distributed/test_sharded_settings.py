@@ -52,7 +52,7 @@ def test_zero3_outside_a_launch_says_how_to_launch(tiny_dirs, monkeypatch):
 
 def evaluate_args(tiny_dirs, other, out) -> list:
     return ["evaluate", TINY / "pipeline.yaml", f"prompts={TINY / 'data' / 'held_out.jsonl'}", "plots=false",
-            "resamples=100", "baseline=base", "batch_size=8", "kl_batch_size=5", f"output_dir={out}",
+            "resamples=200", "baseline=base", "batch_size=8", "kl_batch_size=5", f"output_dir={out}",
             f"policies=[{{name: base, model: {tiny_dirs['policy']}}}, {{name: other, model: {other}}}]"]
 
 

@@ -150,7 +150,7 @@ def test_each_job_batch_is_one_generate_call_holding_greedy_and_samples(fake_vll
     rows = prompts(6)
     sampler, other = vllm_sampler("sft"), vllm_sampler("qrpo")
     settings = EvalSettings(n=N, max_tokens=MAX_TOKENS, temperature=0.8, top_p=0.95, seed=7, batch_size=4,
-                            kl=False, plots=False, resamples=50)
+                            kl=False, plots=False, resamples=200)
     evaluate(rows, [EvalPolicy("sft", sampler=sampler), EvalPolicy("qrpo", sampler=other)], ParityReward(),
              tmp_path, baseline="sft", settings=settings)
 
@@ -193,7 +193,7 @@ def test_transformers_completions_are_those_of_a_greedy_and_a_sampled_call(tmp_p
     samplers = {name: TransformersSampler(build_causal_lm(tokenizer, seed=seed), tokenizer, chat_date=DATE,
                                           batch_size=3, model_name=name) for name, seed in (("sft", 0), ("qrpo", 1))}
     rows = prompts(6)
-    settings = EvalSettings(n=2, max_tokens=MAX_TOKENS, seed=3, batch_size=4, kl=False, plots=False, resamples=50)
+    settings = EvalSettings(n=2, max_tokens=MAX_TOKENS, seed=3, batch_size=4, kl=False, plots=False, resamples=200)
     evaluate(rows, [EvalPolicy(name, sampler=s) for name, s in samplers.items()], ParityReward(), tmp_path,
              baseline="sft", settings=settings)
     eval_rows = {row["id"]: row for row in map(json.loads, (tmp_path / "eval.jsonl").read_text().splitlines())}

@@ -106,7 +106,7 @@ def test_non_finite_values_are_refused_naming_the_unit():
 def test_bootstrap_statistic_resamples_columns_together():
     xs = [1.0, 2.0, 3.0, 4.0]
     interval = stats.bootstrap_statistic({"x": xs, "y": [2 * x for x in xs]},
-                                         lambda c: float(np.sum(c["y"]) / np.sum(c["x"])), resamples=100)
+                                         lambda c: float(np.sum(c["y"]) / np.sum(c["x"])), resamples=200)
     assert (interval.low, interval.estimate, interval.high) == pytest.approx((2.0, 2.0, 2.0))
 
 

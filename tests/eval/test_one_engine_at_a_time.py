@@ -104,7 +104,7 @@ def test_each_engine_starts_alone(fakes, tmp_path):
         sampler=SamplerConfig(backend="vllm", tensor_parallel_size=1, gpu_memory_utilization=0.85),
         reward=RewardProviderConfig(provider="judge", backend="vllm", model="org/judge",
                                     engine_kwargs={"tensor_parallel_size": 2, "gpu_memory_utilization": 0.9}),
-        n=2, kl=False, plots=False, resamples=50, batch_size=2,
+        n=2, kl=False, plots=False, resamples=200, batch_size=2,
     )
     evaluate_stage.run(config)
 
@@ -127,7 +127,7 @@ def test_a_provider_given_ready_is_used_as_is(tmp_path):
     prompts = [{"id": f"p{i}", "messages": [{"role": "user", "content": f"q{i}"}]} for i in range(2)]
     policies = [EvalPolicy(name, sampler=lambda m=name: FakeEngineSampler(m)) for name in ("a", "b")]
     report = evaluate(prompts, policies, judge, tmp_path / "eval", baseline="a",
-                      settings=evaluate_stage.EvalSettings(n=1, kl=False, plots=False, resamples=50))
+                      settings=evaluate_stage.EvalSettings(n=1, kl=False, plots=False, resamples=200))
     assert report["prompts"] == 2
     assert [label for label, _ in BUILDS] == ["judge", "sampler:a", "sampler:b"]
     assert list(ALIVE.values()) == ["judge"]  # the caller's

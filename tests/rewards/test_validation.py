@@ -174,7 +174,7 @@ def test_reports_are_written_atomically(chat_tokenizer, short_charter, tmp_path,
     ladders, _ = build_ladders([(r["id"], r["messages"], r["completion"], r["language"]) for r in recs],
                                RuleDegrader(), steps=2, seed=0)
     judge = ConstitutionalJudge(ScriptedBackend(chat_tokenizer, _oracle(ladders)), short_charter)
-    validate_judge(recs, judge, ladders=ladders, output_dir=tmp_path, resamples=50)
+    validate_judge(recs, judge, ladders=ladders, output_dir=tmp_path, resamples=200)
     before = {p.name: p.read_bytes() for p in tmp_path.iterdir()}
     assert set(before) == {"report.json", "report.md", "ladders.jsonl", "score_by_step.png"}
     real, calls = report_module.ladder_row, []
@@ -187,7 +187,7 @@ def test_reports_are_written_atomically(chat_tokenizer, short_charter, tmp_path,
 
     monkeypatch.setattr(report_module, "ladder_row", dies_on_the_second_row)
     with pytest.raises(KeyboardInterrupt):
-        validate_judge(recs, judge, ladders=ladders, output_dir=tmp_path, resamples=60)
+        validate_judge(recs, judge, ladders=ladders, output_dir=tmp_path, resamples=260)
     assert {p.name: p.read_bytes() for p in tmp_path.iterdir()} | {"report.json": before["report.json"]} == before
-    assert json.loads((tmp_path / "report.json").read_text())["settings"]["resamples"] == 60  # written before
+    assert json.loads((tmp_path / "report.json").read_text())["settings"]["resamples"] == 260  # written before
     assert len((tmp_path / "ladders.jsonl").read_text().splitlines()) == 3  # the whole previous file

@@ -71,7 +71,7 @@ def test_judge_validate_with_an_llm_degrader(judge_dir, tmp_path):
     torch.manual_seed(0)  # sampled rewrites (greedy ones from a random model are all end-of-turn)
     run_cli(["judge-validate", f"input={data}", f"output_dir={out}", f"model={judge_dir}", "degrader=llm",
              f"generator.model={judge_dir}", "generator.max_tokens=12", "generator.temperature=1.0", "generator.device=cpu", "steps=2", "kinds=[factual_accuracy,faulty_reasoning]",
-             "pairwise=false", "resamples=100", "device=cpu", "require_significant=false"])
+             "pairwise=false", "resamples=200", "device=cpu", "require_significant=false"])
     report = json.loads((out / "report.json").read_text())
     assert report["degrader"]["degrader"] == "llm" and report["degrader"]["model"] == str(judge_dir)
     assert report["ladders"] + len(report["skipped"]) == 3

@@ -1,4 +1,5 @@
-"""The SLURM scripts: syntax, the job array's sharding for real, the multi-node launch line.
+"""The SLURM scripts: syntax, the job array's sharding for real, the multi-node launch line; `align submit`
+dry runs from a login node.
 
 No SLURM here: the array script runs as SLURM would run each task (plain bash with the
 SLURM_ARRAY_* variables set), and the multi-node script runs against stand-ins for
@@ -7,15 +8,17 @@ SLURM_ARRAY_* variables set), and the multi-node script runs against stand-ins f
 
 from __future__ import annotations
 
-import os
-import stat
 import contextlib
 import io
+import json
+import os
+import stat
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+import yaml
 from stage_helpers import RECIPES, TINY_RECIPE, make_workspace, run_cli, subprocess_env
 
 from align.io import STAGE_COMPLETE_MARKER, read_records, stage_completion_info
@@ -181,9 +184,9 @@ def test_submit_dry_run_writes_one_script_per_stage_and_the_chain(tmp_path, monk
     assert sample["array"] == "0-1" and annotate["array"] == "0-2"  # the recipe's 2 shards; annotate's own 3
     assert sample["chdir"] == str(ws.resolve()) and sample["output"] == f"{logs.resolve()}/sample-%A_%a.out"
     assert sample["time"] == "00:30:00" and sample["cpus-per-task"] == "1" and "gpus-per-task" not in sample
-    assert sample["mem"] == "8G"  # 8G per CPU, the recipe's one CPU
+    assert sample["mem"] == "1G"  # the recipe's own figure (the default: 8G per CPU)
     assert train["nodes"] == "1" and train["ntasks-per-node"] == "1" and "gpus-per-node" not in train
-    assert "exclusive" in train and train["mem"] == "0" and train["export"] == "ALL"  # a launch holds its node
+    assert "exclusive" in train and train["mem"] == "1G" and train["export"] == "ALL"  # a launch holds its node
     assert "exclusive" not in sample and sample["constraint"] == "cpu" == train["constraint"]
     recipe = next(logs.glob("recipe-*.yaml")).resolve()
     body = (logs / "3-annotate.sbatch").read_text()
@@ -259,3 +262,53 @@ def test_one_poisoned_prompt_among_a_thousand_costs_only_itself(tmp_path, sft_ru
     assert len(rows) == 1000 and stage_completion_info(out) is not None
     assert "special_token_text" in rows["q617"]["skip_reason"] and rows["q617"]["completions"] == []
     assert all(len(r["completions"]) == 1 and "skip_reason" not in r for rid, r in rows.items() if rid != "q617")
+
+
+@pytest.mark.parametrize("size", ["apertus-8b", "apertus-70b"])
+def test_status_plan_and_submit_run_on_the_apertus_pipelines_from_a_login_node(size, tmp_path, monkeypatch):
+    """No GPU, no vLLM needed: the recipes' bf16 and vLLM settings are for the jobs' nodes."""
+    import importlib.util
+
+    ws = make_workspace(tmp_path / "ws")
+    monkeypatch.chdir(ws)
+    recipe = f"recipes/{size}/pipeline.yaml"
+    status = run_cli(["status", recipe])
+    assert "sft" in status and "not started" in status
+    assert "jobs fit" in run_cli(["plan", recipe])
+    printed = run_cli(["submit", recipe, "dry_run=true"])
+    assert "dry run: nothing submitted" in printed and "a real submission would refuse" in printed
+    scripts = sorted((ws / "runs" / size / "slurm").glob("*.sbatch"))
+    assert len(scripts) == (11 if size == "apertus-8b" else 13)
+    vllm_steps = {"classify", "sample", "sample_offline", "annotate_judge", "evaluate"}
+    for script in scripts:
+        step = script.stem.split("-", 1)[1]
+        text = script.read_text()
+        python = ".venv-vllm/bin/python" if step in vllm_steps or step == "evaluate.report" else ".venv/bin/python"
+        assert f"export ALIGN_PYTHON={ws.resolve() / python}\n" in text, (step, text)
+    if importlib.util.find_spec("vllm") is None:  # and the whole of it ran without vllm installed
+        assert "vllm" not in sys.modules
+
+
+def test_a_stale_recipe_names_every_stale_step_in_one_refusal(tmp_path, monkeypatch):
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    monkeypatch.chdir(ws)
+    rows = [{"id": f"a{i}", "messages": [{"role": "user", "content": "Is 4 even?"}], "answer": "yes",
+             "completions": [{"text": t, "num_tokens": 1, "finish_reason": "stop", "is_reference": True,
+                              "source": "p"} for t in ("yes", "no", "yes", "no")]} for i in range(4)]
+    (ws / "in.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    recipe = {"output_dir": "runs", "steps": {
+        "annotate": {"stage": "annotate", "input": "in.jsonl", "provider": "verifiable"},
+        "pairs": {"stage": "pairs", "input": "@annotate"},
+        "other": {"stage": "pairs", "input": "@annotate", "seed": 3}}}
+    (ws / "r.yaml").write_text(yaml.safe_dump(recipe, sort_keys=False))
+    run_cli(["pipeline", "r.yaml"])
+    from align.stages import stage_module
+
+    module = stage_module("submit")
+    with pytest.raises(ValueError) as info:  # two steps changed, and one that reads nothing changed stays
+        module.run(module.config_from_args(["r.yaml", "pairs.seed=1", "other.low_threshold=0.3", "dry_run=true"]))
+    message = str(info.value)
+    assert message.startswith("2 step(s) hold outputs made from other settings or inputs")
+    assert "pairs (runs/pairs): pairs.seed: 0 → 1" in message and "other (runs/other): pairs.low_threshold" in message
+    assert "annotate" not in message and "overwrite=true" in message
