@@ -37,7 +37,9 @@ def stage_help(name: str) -> str:
 
     module = stage_module(name)
     doc = (module.__doc__ or "").strip()
-    return f"usage: align {name} [RECIPE.yaml] [key=value ...]\n\n{doc}\n\nRecipe keys:\n{describe(module.Config)}"
+    usage = getattr(module, "USAGE", f"align {name} [RECIPE.yaml] [key=value ...]")
+    keys = getattr(module, "KEYS_TITLE", "Recipe keys")
+    return f"usage: {usage}\n\n{doc}\n\n{keys}:\n{describe(module.Config)}"
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -795,7 +795,9 @@ annotate: {{input: {ws.file('in.jsonl', [annotated('a')])}, output_dir: {ws.out(
         f"model_name_or_path={ws.policy}", "use_cpu=true", "bf16=false", "report_to=[]", "max_steps=1",
         "optimizer=adamw", "per_device_train_batch_size=2", "save_strategy='no'", "disable_tqdm=true"], None,
          check=_check_sft_skip),
-
+    Case("step: a name the recipe does not hold", "step", lambda ws: [_recipe(ws, f"""
+annotate: {{input: {ws.file('in.jsonl', [annotated('a')])}, output_dir: {ws.out()}, provider: verifiable}}
+"""), "anotate"], "ConfigError", ("no step 'anotate' in", "steps: ['annotate']")),
 ]
 
 

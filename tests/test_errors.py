@@ -239,7 +239,7 @@ INTERNAL = {
     "align/bootstrap.py": (
         {"_as_array", "resample_indices", "bootstrap_mean", "bootstrap_statistic", "paired_difference"},
         "per-unit statistics that evaluation and judge validation compute themselves"),
-    "align/eval/stats.py": ({"win_rate"}, "comparison outcomes (1, 0.5, 0) that the evaluation computes"),
+    "align/eval/stats.py": ({"win_rate", "pooled_win_rate"}, "comparison outcomes (1, 0.5, 0) that the evaluation computes"),
     "align/eval/kl.py": ({"sequence_logps"}, "the evaluation's own generations, each with its end-of-turn token"),
     "rewards/validation/ranks.py": ({"kendall_tau", "spearman_rho"}, "score lists judge validation pairs up itself"),
     "align/scoring/collators.py": (

@@ -55,7 +55,7 @@ MEANINGS = [
 
 # stages that read rows, and the key they read them under
 GENERATES_FOR_PROMPTS = {"sample", "evaluate"}
-NO_ROW_INPUT = {"plan", "pipeline", "status", "submit", "demo"}  # sections of other stages; the demo makes its own data
+NO_ROW_INPUT = {"plan", "pipeline", "status", "submit", "demo", "step"}  # sections of other stages; the demo makes its own data
 
 
 # --------------------------------------------------------------------------- collecting names
@@ -239,7 +239,8 @@ def test_prompts_and_input_are_paths_wherever_they_are_keys():
         hints = typing.get_type_hints(cls)
         for key in ("prompts", "input"):
             if key in hints:
-                assert hints[key] in (str, str | None), (stage, key, hints[key])
+                # a path, or several read as one input (pairs: the annotate outputs of a `where:` split)
+                assert hints[key] in (str, str | None, str | list[str]), (stage, key, hints[key])
 
 
 def test_a_stage_key_and_its_hint_for_the_other_input_name():

@@ -16,7 +16,8 @@ owns all of it, so a rule about reruns lives in one place::
 The rules (each also in docs/bad-inputs.md):
 
 * **one decision per launch**: under a distributed launch with a process group, rank 0
-  alone fingerprints the inputs and decides; the other ranks receive its decision. Within
+  alone fingerprints the inputs, verifies the files of the stage outputs it reads, and
+  decides; the other ranks receive its decision. Within
   a run a file is hashed once (``align.io.fingerprint.remembered``), so the manifest and the
   log-prob pass's cache key share the weights' digests;
 * **apart from its inputs**: ``output_dir`` may not be, hold, or sit inside an input or a
@@ -74,7 +75,7 @@ def check_input_exists(path: str | Path, stage: str, key: str) -> None:
         raise MissingInputError(f"{stage}: {key}={str(path)!r} does not exist")
 
 
-def check_stage_input(path: str | Path, stage: str, key: str) -> None:
+def check_stage_input(path: str | Path, stage: str, key: str, *, verify: bool = True) -> None:
     """Refuse a stage output directory that is unfinished, changed since it was made, or that must be
     read by file.
 
@@ -82,7 +83,8 @@ def check_stage_input(path: str | Path, stage: str, key: str) -> None:
     still running, killed, or a SLURM array with tasks left: reading it would silently use
     a subset of the records. A finished ``pairs`` or ``decontaminate`` output holds two kinds
     of rows: the file to read must be named. A finished output whose files were edited since
-    is not read.
+    is not read. ``verify=False``: the files' digests are left to the process that verified
+    them (rank 0 of a launch checks them once for every rank).
     """
     path = Path(path).expanduser()
     directory = path if path.is_dir() else path.parent
@@ -97,7 +99,7 @@ def check_stage_input(path: str | Path, stage: str, key: str) -> None:
             raise InputError(f"{stage}: {key}={str(path)!r} is a file of an unfinished stage output ({directory}): "
                              "finish the stage that writes it first")
         return
-    changed = changed_outputs(directory, info.get("files"))
+    changed = changed_outputs(directory, info.get("files")) if verify else []
     if changed:
         raise InputError(f"{stage}: {key}={str(path)!r}: the {info.get('stage')} stage's output changed since it "
                          f"was made ({'; '.join(changed[:5])}); rerun that stage (overwrite=true redoes it), or, to "
@@ -307,7 +309,7 @@ class StageRun:
         if not value:
             raise ConfigError(f"{self.stage}: set {key}")
         check_input_exists(value, self.stage, key)
-        check_stage_input(value, self.stage, key)
+        check_stage_input(value, self.stage, key, verify=launch_group() is None or is_writer())
         return str(value)
 
     def input_fingerprint(self, key: str) -> str:
@@ -327,9 +329,10 @@ class StageRun:
             raise ConfigError(f"{self.stage}: set {key}")
         rows: list[dict[str, Any]] = []
         seen: dict[str, str] = {}
+        verify = launch_group() is None or is_writer()
         for path in paths:
             check_input_exists(path, self.stage, key)
-            check_stage_input(path, self.stage, key)
+            check_stage_input(path, self.stage, key, verify=verify)
             part = read_records(path)
             if not part and len(paths) == 1:
                 raise InputError(f"{self.stage}: {key}={str(path)!r} holds no rows")

@@ -19,6 +19,10 @@ from align.config import merge, parse_overrides
 from align.errors import ConfigError
 from align.stages import load_recipe, stage_module
 
+USAGE = "align step RECIPE.yaml NAME [key=value ...]   (the key=value overrides are the step's own keys: " \
+        "`align STAGE --help` lists them)"
+KEYS_TITLE = "Arguments"
+
 
 @dataclass
 class Config:
@@ -41,7 +45,7 @@ def config_from_args(args: Sequence[str]) -> StepRun:
     words = [a for a in args if "=" not in a]
     overrides = [a for a in args if "=" in a]
     if len(words) != 2:
-        raise ConfigError("usage: align step RECIPE NAME [key=value ...] (the step's keys)")
+        raise ConfigError(f"usage: {USAGE}")
     recipe = load_recipe(words[0])
     step = recipe.step(words[1])
     step.keys = merge(step.keys, parse_overrides(overrides))

@@ -22,9 +22,9 @@ the whole run.
 from __future__ import annotations
 
 import contextlib
-import logging
 import copy
 import dataclasses
+import logging
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -39,13 +39,13 @@ __all__ = [
     "LoraFields",
     "ModelFields",
     "OptimizerFields",
+    "accumulation_from_global_batch",
+    "arm_partitioned_loading",
     "check_lora_fields",
     "check_model_fields",
     "check_optimizer_fields",
-    "accumulation_from_global_batch",
-    "arm_partitioned_loading",
-    "check_partitioned",
     "check_optimizer_offload",
+    "check_partitioned",
     "create_optimizer",
     "deepspeed_reference",
     "is_peft_model",

@@ -9,7 +9,6 @@ from transformers import TrainingArguments
 
 from align.errors import ConfigError
 from align.losses import LossType
-from align.trainers.guards import CheckpointFields, check_checkpoint_fields
 from align.trainers.common import (
     LoraFields,
     ModelFields,
@@ -19,6 +18,7 @@ from align.trainers.common import (
     check_optimizer_fields,
     library_checks,
 )
+from align.trainers.guards import CheckpointFields, check_checkpoint_fields
 
 REFERENCE_MODES = ("precomputed", "model", "adapter")
 

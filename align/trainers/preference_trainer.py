@@ -15,11 +15,9 @@ Stages, each a small function:
    reference log-probs come from the dataset (default), a frozen model, or the policy
    with its PEFT adapter disabled; ``align.losses`` gives per-sample losses.
 
-Loss scaling is exact per-sample mean over the whole optimizer step: the trainer counts
-the samples of all accumulated micro-batches on all processes (``num_items_in_batch``)
-and every micro-batch contributes Σ losses / count. So per-device batch 8 × accumulation
-1 equals batch 1 × accumulation 8, and the last short accumulation window is right too.
-A QRPO sample is one completion (2 per pair, Apertus report E.2: trained on independently); a DPO
+Loss scaling is an exact per-sample mean over the whole optimizer step
+(``align.trainers.loss_scale``): the trainer counts the samples of all accumulated
+micro-batches on all processes (``num_items_in_batch``). A QRPO sample is one completion (2 per pair, Apertus report E.2: trained on independently); a DPO
 sample is one pair.
 """
 
@@ -49,7 +47,6 @@ from align.scoring.block_attention import (
     use_block_attention,
     wants_block_attention,
 )
-from align.trainers.guards import CheckpointRecords, check_finite_loss, check_finite_weights
 from align.trainers.callbacks import bind_callbacks
 from align.trainers.common import (
     accumulation_from_global_batch,
@@ -59,6 +56,8 @@ from align.trainers.common import (
     load_causal_lm,
     lora_config,
 )
+from align.trainers.guards import CheckpointRecords, check_finite_loss, check_finite_weights
+from align.trainers.loss_scale import local_step_samples, samples_per_pair, step_loss
 from align.trainers.preference_config import PreferenceConfig
 from align.trainers.preference_data import PREPARED_COLUMNS, prepare_dataset
 
@@ -196,7 +195,7 @@ class PreferenceTrainer(Trainer):
     def _log_derived_numbers(self) -> None:
         args = self.args
         pairs = args.per_device_train_batch_size * args.gradient_accumulation_steps * args.world_size
-        per_pair = 2 if args.loss.uses_quantile_rewards else 1
+        per_pair = samples_per_pair(args.loss.uses_quantile_rewards)
         logger.info("preference training: loss=%s beta=%s reference=%s padding_free=%s prefix_sharing=%s; %d pairs "
                     "(%d loss samples) per optimizer step", args.loss_type, args.beta, args.reference,
                     args.padding_free, self.data_collator.prefix_sharing, pairs, pairs * per_pair)
@@ -213,9 +212,8 @@ class PreferenceTrainer(Trainer):
 
     def _get_num_items_in_batch(self, batch_samples: list, device: torch.device) -> Tensor:
         """Loss samples in this optimizer step, over all micro-batches and all processes."""
-        per_pair = 2 if self.args.loss.uses_quantile_rewards else 1
-        count = sum(batch["lengths"].numel() // 2 * per_pair for batch in batch_samples)
-        count = torch.tensor([count], device=device, dtype=torch.long)
+        per_pair = samples_per_pair(self.args.loss.uses_quantile_rewards)
+        count = torch.tensor([local_step_samples(batch_samples, per_pair)], device=device, dtype=torch.long)
         if self.accelerator.num_processes > 1:
             count = self.accelerator.gather(count).sum()
         return count.sum()
@@ -235,10 +233,7 @@ class PreferenceTrainer(Trainer):
     def compute_loss(self, model, inputs, return_outputs: bool = False, num_items_in_batch=None):
         """Σ per-sample losses / samples in the optimizer step (× processes: DDP averages gradients)."""
         losses, metrics = self.batch_losses(model, inputs)
-        if num_items_in_batch is None:
-            loss = losses.mean()
-        else:
-            loss = losses.sum() / num_items_in_batch * self.accelerator.num_processes
+        loss = step_loss(losses, num_items_in_batch, self.accelerator.num_processes)
         self._accumulate_metrics("train" if model.training else "eval", metrics)
         loss = loss.float()
         return (loss, metrics) if return_outputs else loss

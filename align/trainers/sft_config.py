@@ -15,7 +15,6 @@ from transformers import TrainingArguments
 from trl import SFTConfig as TRLSFTConfig
 
 from align.errors import ConfigError
-from align.trainers.guards import CheckpointFields, check_checkpoint_fields
 from align.trainers.common import (
     LoraFields,
     ModelFields,
@@ -25,6 +24,7 @@ from align.trainers.common import (
     check_optimizer_fields,
     library_checks,
 )
+from align.trainers.guards import CheckpointFields, check_checkpoint_fields
 
 __all__ = ["APERTUS_SFT_SIZES", "SFTConfig", "apertus_sft_defaults", "checkpointing_field"]
 

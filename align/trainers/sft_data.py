@@ -44,9 +44,9 @@ __all__ = [
     "labels_from_mask",
     "load_sft_dataset",
     "normalize_sft_input",
+    "prepare_sft_dataset",
     "sft_json_rows",
     "sft_rows_file",
-    "prepare_sft_dataset",
     "tokenize_sft_dataset",
     "truncate_sft_dataset",
 ]

@@ -43,7 +43,6 @@ from trl import SFTTrainer as TRLSFTTrainer
 
 from align.chat import install_format
 from align.errors import ConfigError, loading
-from align.trainers.guards import CheckpointRecords, check_finite_loss, check_finite_weights
 from align.trainers.callbacks import bind_callbacks
 from align.trainers.common import (
     accumulation_from_global_batch,
@@ -53,6 +52,8 @@ from align.trainers.common import (
     lora_config,
     preparation_order,
 )
+from align.trainers.guards import CheckpointRecords, check_finite_loss, check_finite_weights
+from align.trainers.loss_scale import token_loss
 from align.trainers.sft_config import SFTConfig
 from align.trainers.sft_data import IGNORE_INDEX, load_sft_dataset, prepare_sft_dataset
 
@@ -255,10 +256,8 @@ class SFTTrainer(TRLSFTTrainer):
         outputs = model(**{**inputs, "labels": targets, "use_cache": False}, fused_lm_head=True)
         shifted = weights[:, 1:].to(outputs.log_probs.dtype)
         total = shifted.sum() if num_items_in_batch is None else num_items_in_batch
-        loss = -(outputs.log_probs * shifted).sum() / torch.as_tensor(total).clamp(min=1e-8)
-        if self.args.average_tokens_across_devices and num_items_in_batch is not None:
-            # Σ w counts every rank's tokens while DDP/DeepSpeed average gradients over ranks.
-            loss = loss * self.accelerator.num_processes
+        every_process = bool(self.args.average_tokens_across_devices and num_items_in_batch is not None)
+        loss = token_loss(-(outputs.log_probs * shifted).sum(), total, self.accelerator.num_processes, every_process)
         self._log_token_metrics(outputs, inputs["labels"][:, 1:] != IGNORE_INDEX, inputs)
         return loss
 

@@ -141,7 +141,10 @@ def test_a_changed_input_row_stops_the_rerun_naming_the_file_and_the_rows(ws, st
     changed = _changed_copy(ws / source, tmp_path / "changed.jsonl", change)
     rc, _, err = cli([stage, RECIPE, f"{key}={changed}"])
     assert rc == 2
-    assert f"{stage}.{key} ({changed}): content changed (1 row differs, 1 added)" in err
+    if stage == "sft":  # SFT streams its mixture (millions of rows are never held): the file is named, not rows
+        assert f"{stage}.{key} ({changed}): content changed. " in err
+    else:
+        assert f"{stage}.{key} ({changed}): content changed (1 row differs, 1 added)" in err
 
 
 @pytest.mark.parametrize("stage,key", [("annotate", "input"), ("pairs", "input"), ("logprobs", "input"),

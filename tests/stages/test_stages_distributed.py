@@ -40,7 +40,7 @@ def test_accelerate_launch_of_the_train_stage_runs_two_deepspeed_ranks(tmp_path,
     # rank 0 alone fingerprints the inputs, and the weights once: for the manifest, and the trainer's check of
     # the reference the pass scored with reuses that digest; rank 1 receives rank 0's decision and fingerprint
     hashed = [line.split(" ", 1) for line in hashes.read_text().splitlines()]
-    assert {rank for rank, _ in hashed} == {"0"}, hashed
+    assert {rank for rank, _ in hashed} == {"0"}, [h for h in hashed if h[0] != "0"]
     weights = [path for _, path in hashed if path.endswith(".safetensors")]
     assert weights == [str(sft_run[0] / "model.safetensors")], hashed
     assert done.stdout.count(f"[align train] wrote {out}") == 1  # rank 0 alone marks and reports

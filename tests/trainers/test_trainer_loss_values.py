@@ -21,6 +21,7 @@ import random
 
 import pytest
 import torch
+from tolerances import assert_float_close, float_tolerance
 
 from align.logprobs import compute_ref_logprobs, load_ref_logprobs
 from align.losses import qrpo_loss
@@ -152,8 +153,14 @@ def test_trainer_qrpo_loss_equals_qrpo_loss_on_the_same_batch(case, policy, data
                               dtype=torch.float64)
     torch.testing.assert_close(expected, by_formula, rtol=1e-9, atol=1e-12)  # the library function, checked too
     assert losses.shape == (2 * PAIRS,)
-    torch.testing.assert_close(losses, expected, rtol=1e-5, atol=1e-7)
-    assert loss == pytest.approx(expected.mean().item(), rel=1e-5, abs=1e-7)
+    # the trainer runs in float32: each log-prob is a float32 sum over the completion's tokens
+    lengths = inputs["length"]
+    per_sample = lambda p, r, q: qrpo_loss(p, r, q, lengths, **options)
+    sources, terms = (inputs["policy"], inputs["ref"], inputs["quantile"]), (lengths, lengths, 1.0)
+    assert_float_close(losses, expected, float_tolerance(per_sample, sources, terms))
+    mean = lambda *xs: per_sample(*xs).mean().reshape(1)
+    assert_float_close(torch.tensor([loss]), expected.mean().reshape(1),
+                       float_tolerance(mean, sources, terms, output_terms=len(losses)))
     # the options matter on this batch: the loss without them is visibly different
     plain = qrpo_loss(inputs["policy"], inputs["ref"], inputs["quantile"], inputs["length"], beta=options["beta"],
                       length_normalize=options["length_normalize"])
@@ -173,15 +180,22 @@ def test_trainer_length_normalised_dpo_equals_the_float64_formula(policy, data, 
     trainer, losses, loss = trainer_losses(copy.deepcopy(policy), data, tiny_tokenizer, tmp_path, loss_type="dpo",
                                            length_normalize=True, beta=beta)
     assert trainer.args.length_normalize and trainer.args.beta == beta
-    expected, unnormalised = [], []
+    expected, unnormalised, columns = [], [], []
     for row in data:
         (pc, lc), (pr, lr) = (plain_logps(policy, tiny_tokenizer, row, n) for n in ("chosen", "rejected"))
         rc, rr = row["ref_chosen_logps"], row["ref_rejected_logps"]
         expected.append(dpo_formula(pc, pr, rc, rr, lc, lr, beta))
         unnormalised.append(dpo_formula(pc, pr, rc, rr, 1, 1, beta))
+        columns.append((pc, pr, rc, rr, lc, lr))
     expected = torch.tensor(expected, dtype=torch.float64)
     assert losses.shape == (PAIRS,)
-    torch.testing.assert_close(losses, expected, rtol=1e-5, atol=1e-7)
-    assert loss == pytest.approx(expected.mean().item(), rel=1e-5, abs=1e-7)
+    pc, pr, rc, rr, lc, lr = torch.tensor(columns, dtype=torch.float64).T
+    per_pair = lambda pc, pr, rc, rr: torch.nn.functional.softplus(
+        -beta * ((pc - rc) / lc - (pr - rr) / lr))
+    terms = (lc, lr, lc, lr)  # float32 sums over each completion's tokens
+    assert_float_close(losses, expected, float_tolerance(per_pair, (pc, pr, rc, rr), terms))
+    mean = lambda *xs: per_pair(*xs).mean().reshape(1)
+    assert_float_close(torch.tensor([loss]), expected.mean().reshape(1),
+                       float_tolerance(mean, (pc, pr, rc, rr), terms, output_terms=len(losses)))
     # the lengths matter on this batch: without dividing by them the losses are visibly different
     assert (torch.tensor(unnormalised, dtype=torch.float64) - expected).abs().max() > 1e-2
