@@ -24,7 +24,15 @@ os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
 
 # --------------------------------------------------------------------------- caches out of $HOME
 
-CACHE_ROOT = Path(tempfile.mkdtemp(prefix="align-tests-caches-"))
+# Under mutation testing (tests/mutation/check.py) one process runs many pytest sessions: they share
+# the first session's cache directory (the libraries read its paths once), removed when the process ends.
+_SHARED = os.environ.get("ALIGN_TEST_CACHE_ROOT") if "MUTANT_UNDER_TEST" in os.environ else None
+CACHE_ROOT = Path(_SHARED) if _SHARED and Path(_SHARED).is_dir() else Path(tempfile.mkdtemp(prefix="align-tests-caches-"))
+if "MUTANT_UNDER_TEST" in os.environ and not _SHARED:
+    import atexit
+
+    os.environ["ALIGN_TEST_CACHE_ROOT"] = str(CACHE_ROOT)
+    atexit.register(shutil.rmtree, CACHE_ROOT, ignore_errors=True)
 CACHE_DIRS = {
     "HF_HOME": "huggingface",
     "HF_DATASETS_CACHE": "huggingface/datasets",
@@ -48,12 +56,13 @@ for _name, _sub in CACHE_DIRS.items():
 os.environ.setdefault("TORCH_EXTENSIONS_DIR", str(CACHE_ROOT / "torch_extensions"))
 
 _EARLY = sorted(m for m in ("datasets", "transformers", "matplotlib") if m in sys.modules)
-if _EARLY:  # a plugin imported them before this file: they read their cache paths already
+if _EARLY and not _SHARED:  # a plugin imported them before this file: they read their cache paths already
     raise pytest.UsageError(f"{_EARLY} were imported before tests/conftest.py set the cache directories")
 
 
 def pytest_unconfigure(config):
-    shutil.rmtree(CACHE_ROOT, ignore_errors=True)
+    if "MUTANT_UNDER_TEST" not in os.environ:
+        shutil.rmtree(CACHE_ROOT, ignore_errors=True)
 
 
 # --------------------------------------------------------------------------- torch threads

@@ -115,3 +115,81 @@ def test_bfloat16_tensors_are_hashed_by_their_bits():
 def test_a_hub_name_is_fingerprinted_by_name():
     assert weights_fingerprint("org/model") != weights_fingerprint("org/other")
     assert weights_fingerprint("org/model") == weights_fingerprint("org/model")
+
+
+# --------------------------------------------------------------------------- digests a release keeps
+
+
+def test_settings_digests_are_sha256_of_sorted_json_so_an_upgrade_keeps_outputs_current():
+    """A manifest written by one run is compared with the next run's: the digest of the same settings must
+    not depend on key order, and values JSON cannot hold (paths) are written as text."""
+    from pathlib import Path
+
+    from align.io.fingerprint import json_digest
+
+    expected = hashlib.sha256(b'{"a": 2, "b": {"c": "runs/x", "d": [1, 2]}}').hexdigest()
+    assert json_digest({"b": {"d": [1, 2], "c": Path("runs/x")}, "a": 2}) == expected
+    assert weights_fingerprint("org/model") == hashlib.sha256(b'{"path": "org/model"}').hexdigest()
+
+
+def test_a_checkpoint_fingerprint_is_each_weight_file_by_name_size_and_every_byte(checkpoint):
+    from align.io.fingerprint import json_digest
+
+    weights = checkpoint / "model.safetensors"
+    by_hand = xxhash.xxh3_128(weights.read_bytes()).hexdigest()
+    assert weights_fingerprint(checkpoint) == json_digest([["model.safetensors", weights.stat().st_size, by_hand]])
+
+
+def test_a_wrapped_model_is_fingerprinted_by_the_model_it_wraps():
+    """DDP and DeepSpeed engines hold the model as ``.module``: the same weights, the same fingerprint."""
+    model = torch.nn.Linear(8, 4)
+
+    class Engine(torch.nn.Module):
+        def __init__(self, inner):
+            super().__init__()
+            self.module = inner
+
+    assert weights_fingerprint(Engine(Engine(model))) == weights_fingerprint(model)
+    plain = torch.nn.Linear(8, 4)
+    assert weights_fingerprint(Engine(plain)) != weights_fingerprint(model)
+
+
+# --------------------------------------------------------------------------- hashed once within a run
+
+
+def test_within_a_run_a_file_is_hashed_once_until_it_changes(tmp_path):
+    import os
+
+    from align.io.fingerprint import HASHED, remembered
+
+    path = tmp_path / "w.bin"
+    path.write_bytes(b"a" * 1000)
+    first = xxhash.xxh3_128(b"a" * 1000).hexdigest()
+    start = len(HASHED)
+    with remembered():
+        assert file_digest(path) == first and file_digest(path) == first
+        assert HASHED[start:] == [str(path)]  # the second read was the remembered digest
+        path.write_bytes(b"b" * 1000)  # same size; its times change
+        stat = path.stat()
+        os.utime(path, ns=(stat.st_atime_ns, stat.st_mtime_ns + 10**9))
+        assert file_digest(path) == xxhash.xxh3_128(b"b" * 1000).hexdigest()
+        with remembered():  # an inner block remembers on its own and forgets at its end
+            assert file_digest(path) == xxhash.xxh3_128(b"b" * 1000).hexdigest()
+        assert file_digest(path) == xxhash.xxh3_128(b"b" * 1000).hexdigest()
+    assert HASHED[start:] == [str(path)] * 3
+    assert file_digest(path) == xxhash.xxh3_128(b"b" * 1000).hexdigest()  # outside a run: hashed every time
+    assert HASHED[start:] == [str(path)] * 4
+
+
+def test_the_hash_log_lists_every_full_hash_with_its_rank(tmp_path, monkeypatch):
+    """ALIGN_HASH_LOG: how the distributed tests see which rank hashed what (appended, one line a file)."""
+    log = tmp_path / "hashed.log"
+    log.write_text("1 earlier\n")
+    monkeypatch.setenv("ALIGN_HASH_LOG", str(log))
+    monkeypatch.setenv("RANK", "3")
+    for name in ("a.bin", "b.bin"):
+        (tmp_path / name).write_bytes(name.encode())
+        file_digest(tmp_path / name)
+    monkeypatch.delenv("RANK")
+    file_digest(tmp_path / "a.bin")
+    assert log.read_text() == f"1 earlier\n3 {tmp_path / 'a.bin'}\n3 {tmp_path / 'b.bin'}\n0 {tmp_path / 'a.bin'}\n"

@@ -1,0 +1,245 @@
+"""The mutation check: plant small bugs in the bookkeeping code, one at a time, and require a test to fail.
+
+    python tests/mutation/check.py                      # every module in pyproject's [tool.mutmut] only_mutate
+    python tests/mutation/check.py align/slurm/scripts.py align/bootstrap.py
+    python tests/mutation/check.py --changed-since origin/main
+    python tests/mutation/check.py --survivors          # list what survives, with diffs (to kill or review)
+
+mutmut (pyproject.toml, ``[tool.mutmut]``) copies the code into ``mutants/``, makes every
+mutant of every function (a flipped comparison, an operator, a number + 1, a dropped call
+argument, a value set to None, a string changed), runs the selected fast tests once to learn
+which tests reach which function, then runs each mutant against the tests that reach it.
+
+This script runs mutmut on the chosen modules, prints the score of each, and fails when a
+mutant survives that ``tests/mutation/equivalent.yaml`` does not list (a mutant that changes
+nothing a user can see, each with the reason), or when that list holds an entry that no
+longer matches a surviving mutant. docs/testing.md says how to read and close a survivor.
+
+One change to mutmut's own mutants: a string is mutated one way (``"x"`` → ``"XXxXX"``),
+not three (mutmut also tries it in lower and upper case): the two case variants of a key
+are killed by whatever kills the first, and of a message they add nothing to check.
+"""
+
+from __future__ import annotations
+
+import argparse
+import fnmatch
+import json
+import os
+import subprocess
+import sys
+import time
+import tomllib
+from collections import Counter, defaultdict
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import yaml
+
+ROOT = Path(__file__).resolve().parents[2]
+EQUIVALENT = Path(__file__).with_name("equivalent.yaml")
+KILLED = {"killed", "timeout"}  # a mutant that makes the tests hang is caught too
+
+
+def configured_modules() -> list[str]:
+    """The source files ``[tool.mutmut] only_mutate`` selects (globs expanded), relative to the root."""
+    config = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["mutmut"]
+    found = set()
+    for pattern in config["only_mutate"]:
+        for path in ROOT.glob(pattern):
+            if path.suffix == ".py" and path.name != "__init__.py":
+                found.add(str(path.relative_to(ROOT)))
+    return sorted(found)
+
+
+def module_name(path: str) -> str:
+    return path.removesuffix(".py").replace("/", ".")
+
+
+def changed_modules(since: str, modules: list[str]) -> list[str]:
+    """The modules whose source changed since ``since``; every module when a test, the equivalents or the
+    mutation settings changed (any test may be the one that kills a module's mutants)."""
+    out = subprocess.run(["git", "diff", "--name-only", since, "--"], cwd=ROOT, capture_output=True, text=True,
+                         check=True).stdout.split()
+    if any(p.startswith("tests/") or p == "pyproject.toml" for p in out):
+        return modules
+    return [m for m in modules if m in out]
+
+
+# --------------------------------------------------------------------------- running mutmut
+
+
+def run_mutmut(modules: list[str], jobs: int, log: Path) -> float:
+    """``mutmut run`` on the modules' mutants (all of them rerun), its output into ``log``."""
+    globs = [f"{module_name(m)}.*" for m in modules]
+    command = [sys.executable, __file__, "--mutmut", "run", "--max-children", str(jobs), *globs]
+    start = time.monotonic()
+    with log.open("w") as handle:
+        done = subprocess.run(command, cwd=ROOT, stdout=handle, stderr=subprocess.STDOUT,
+                              env={**os.environ, "TOKENIZERS_PARALLELISM": "false", "OMP_NUM_THREADS": "1"})
+    if done.returncode != 0:
+        tail = log.read_text(errors="replace")[-4000:]
+        sys.exit(f"[mutation] mutmut stopped (exit {done.returncode}); the end of {log}:\n{tail}")
+    return time.monotonic() - start
+
+
+def mutmut_main(args: list[str]) -> None:
+    """mutmut's command line, with strings mutated one way (see the module docstring)."""
+    import libcst as cst
+    from mutmut.mutation import mutators
+
+    def one_string_mutant(node: cst.BaseString):
+        for mutant in mutators.operator_string(node):
+            if "XX" in getattr(mutant, "value", ""):
+                yield mutant
+
+    mutators.mutation_operators[:] = [(kind, one_string_mutant if op is mutators.operator_string else op)
+                                      for kind, op in mutators.mutation_operators]
+    from mutmut.__main__ import cli
+
+    cli.main(args=args, prog_name="mutmut")
+
+
+# --------------------------------------------------------------------------- reading the results
+
+
+@dataclass
+class Mutant:
+    name: str  # align.bootstrap.x_resample_indices__mutmut_8
+    module: str  # align/bootstrap.py
+    status: str
+    was: list[str] = field(default_factory=list)
+    now: list[str] = field(default_factory=list)
+
+    @property
+    def function(self) -> str:
+        return self.name.rsplit("__mutmut_", 1)[0]
+
+    def matches(self, entry: dict) -> bool:
+        return entry["function"] == self.function and _lines(entry.get("was")) == self.was and \
+            _lines(entry.get("now")) == self.now
+
+
+def _lines(text: str | None) -> list[str]:
+    return [line.strip() for line in (text or "").strip().splitlines() if line.strip()]
+
+
+def read_results(modules: list[str]) -> list[Mutant]:
+    from mutmut.mutation.diff_apply import get_diff_for_mutant
+    from mutmut.stats import status_by_exit_code
+
+    out = []
+    for module in modules:
+        meta = ROOT / "mutants" / f"{module}.meta"
+        if not meta.exists():
+            continue
+        codes = json.loads(meta.read_text())["exit_code_by_key"]
+        for name, code in sorted(codes.items()):
+            mutant = Mutant(name, module, status_by_exit_code[code])
+            if mutant.status not in KILLED:
+                diff = get_diff_for_mutant(name, path=module).splitlines()
+                mutant.was = [d[1:].strip() for d in diff if d.startswith("-") and not d.startswith("---")]
+                mutant.now = [d[1:].strip() for d in diff if d.startswith("+") and not d.startswith("+++")]
+            out.append(mutant)
+    return out
+
+
+def load_equivalent() -> list[dict]:
+    entries = yaml.safe_load(EQUIVALENT.read_text()) or [] if EQUIVALENT.exists() else []
+    for i, entry in enumerate(entries):
+        missing = {"function", "was", "now", "why"} - set(entry)
+        if missing or not str(entry.get("why", "")).strip():
+            sys.exit(f"[mutation] {EQUIVALENT.name} entry {i} ({entry.get('function')}): needs function, was, now "
+                     f"and a reason (why); missing {sorted(missing) or ['why']}")
+    return entries
+
+
+def report(mutants: list[Mutant], modules: list[str], entries: list[dict]) -> tuple[list[Mutant], list[dict]]:
+    """Print the per-module table; return the unlisted survivors and the stale list entries."""
+    by_module: dict[str, Counter] = defaultdict(Counter)
+    unlisted, used = [], set()
+    for m in mutants:
+        listed = next((i for i, e in enumerate(entries) if i not in used and m.status not in KILLED and m.matches(e)),
+                      None)
+        if m.status in KILLED:
+            by_module[m.module]["killed"] += 1
+        elif listed is not None:
+            used.add(listed)
+            by_module[m.module]["equivalent"] += 1
+        else:
+            by_module[m.module][m.status] += 1
+            unlisted.append(m)
+    prefixes = tuple(f"{module_name(m)}." for m in modules)
+    stale = [e for i, e in enumerate(entries) if i not in used and e["function"].startswith(prefixes)]
+    print(f"{'module':42} {'mutants':>7} {'killed':>7} {'equiv.':>7} {'left':>5} {'score':>7}")
+    for module in modules:
+        c = by_module[module]
+        total = sum(c.values())
+        left = total - c["killed"] - c["equivalent"]
+        score = c["killed"] / (total - c["equivalent"]) if total - c["equivalent"] else 1.0
+        print(f"{module:42} {total:7} {c['killed']:7} {c['equivalent']:7} {left:5} {score:7.1%}")
+    return unlisted, stale
+
+
+def show(mutant: Mutant) -> str:
+    lines = [f"{mutant.name} ({mutant.status})"]
+    lines += [f"  - {line}" for line in mutant.was] + [f"  + {line}" for line in mutant.now]
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["--mutmut"]:
+        mutmut_main(argv[1:])
+        return 0
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("modules", nargs="*", help="source files (default: every configured module)")
+    parser.add_argument("--changed-since", metavar="REF", help="only the modules changed since this git ref")
+    parser.add_argument("--jobs", type=int, default=os.cpu_count() or 2)
+    parser.add_argument("--survivors", action="store_true", help="read the last run's results; run nothing")
+    parser.add_argument("--fresh", action="store_true", help="start from an empty mutants/ (CI does)")
+    parser.add_argument("--propose", metavar="WHY", help="with --survivors: print equivalent.yaml entries for the "
+                        "unlisted survivors, each with this reason (review every one before adding it)")
+    args = parser.parse_args(argv)
+
+    os.chdir(ROOT)
+    configured = configured_modules()
+    modules = args.modules or configured
+    unknown = [m for m in modules if m not in configured and not any(fnmatch.fnmatch(m, c) for c in configured)]
+    if unknown:
+        sys.exit(f"[mutation] not among pyproject's [tool.mutmut] only_mutate: {unknown}")
+    if args.changed_since:
+        modules = changed_modules(args.changed_since, modules)
+        print(f"[mutation] changed since {args.changed_since}: {modules or 'none'}")
+        if not modules:
+            return 0
+    entries = load_equivalent()
+    if not args.survivors:
+        if args.fresh:
+            subprocess.run(["rm", "-rf", "mutants"], check=True)
+        (ROOT / "mutants").mkdir(exist_ok=True)
+        seconds = run_mutmut(modules, args.jobs, ROOT / "mutants" / "run.log")
+        print(f"[mutation] mutmut ran {len(modules)} module(s) in {seconds:.0f}s with {args.jobs} worker(s)")
+    mutants = read_results(modules)
+    unlisted, stale = report(mutants, modules, entries)
+    if args.propose:
+        proposals = [{"function": m.function, "was": "\n".join(m.was), "now": "\n".join(m.now), "why": args.propose}
+                     for m in unlisted]
+        print(yaml.safe_dump(proposals, sort_keys=False, allow_unicode=True, width=120))
+        return 0
+    for m in unlisted:
+        print(show(m))
+    for e in stale:
+        print(f"[mutation] {EQUIVALENT.name}: no surviving mutant matches {e['function']}: {_lines(e['was'])} → "
+              f"{_lines(e['now'])} (the code changed or a test kills it now: remove the entry)")
+    if unlisted or stale:
+        print(f"[mutation] {len(unlisted)} surviving mutant(s) not in {EQUIVALENT.name}, {len(stale)} stale entr(ies): "
+              "kill each with a test of what a user sees, or list it with the reason it changes nothing "
+              "(docs/testing.md)")
+        return 1
+    print("[mutation] every mutant is killed or listed as equivalent")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
