@@ -118,3 +118,66 @@ def test_verdict_says_whether_the_interval_excludes_no_change():
     assert "+0.06" in stats.verdict("gain", up, null=0.0)
     assert "no change shown" in stats.verdict("gain", flat, null=0.0)
     assert "a real decline" in stats.verdict("win rate", down, null=0.5)
+
+
+# --------------------------------------------------------------------------- the sentences a report prints
+
+I = stats.Interval
+
+
+@pytest.mark.parametrize("args,kwargs,sentence", [
+    ((I(0.06, 0.03, 0.09, 500),), {"null": 0.0},
+     "reward gain: +0.06 (95% CI +0.03 to +0.09); the interval lies above 0: a real improvement."),
+    ((I(0.62, 0.55, 0.69, 300, 0.9),), {"null": 0.5, "scale": 100, "unit": " points"},
+     "reward gain: 62 points (90% CI 55 points to 69 points); the interval lies above 50 points: a real improvement."),
+    ((I(0.38, 0.31, 0.45, 300),), {"null": 0.5, "scale": 100, "unit": "%"},
+     "reward gain: 38% (95% CI 31% to 45%); the interval lies below 50%: a real decline."),
+    ((I(0.52, 0.45, 0.58, 300),), {"null": 0.5, "scale": 100, "unit": "%"},
+     "reward gain: 52% (95% CI 45% to 58%); the interval includes 50%: no change shown."),
+    ((I(-0.04, -0.07, -0.01, 40),), {"null": 0.0, "between": True},
+     "reward gain: -0.04 (95% CI -0.07 to -0.01); the interval lies below 0: a real difference, lower."),
+    ((I(0.04, 0.01, 0.07, 40),), {"null": 0.0, "between": True},
+     "reward gain: +0.04 (95% CI +0.01 to +0.07); the interval lies above 0: a real difference, higher."),
+    # an interval that touches "no change" includes it; two prompts are enough for an interval
+    ((I(0.03, 0.0, 0.05, 2),), {"null": 0.0},
+     "reward gain: +0.03 (95% CI +0 to +0.05); the interval includes 0: no change shown."),
+    ((I(0.45, 0.4, 0.5, 2),), {"null": 0.5},
+     "reward gain: 0.45 (95% CI 0.4 to 0.5); the interval includes 0.5: no change shown."),
+    ((I(0.5, 0.5, 0.5, 1),), {"null": 0.0},
+     "reward gain: +0.5 from 1 prompt: too few for an interval, nothing shown."),
+    ((I(0.5, 0.6, 0.7, 30),), {"null": 0.0},
+     "reward gain: +0.5 (95% CI +0.6 to +0.7); the interval does not hold its own estimate (too few prompts or "
+     "resamples): nothing shown."),
+])
+def test_verdict_sentences_word_for_word(args, kwargs, sentence):
+    assert stats.verdict("reward gain", *args, **kwargs) == sentence
+
+
+def test_equal_scores_and_an_even_judge_are_ties_whatever_the_margin():
+    assert stats.outcome(1.0, 1.0, tolerance=0.0) == 0.5 and stats.outcome(1.0 + 1e-12, 1.0) == 1.0
+    assert stats.preference_outcome(0.5, tie_margin=0.0) == 0.5 and stats.preference_outcome(0.5 + 1e-12) == 1.0
+    assert stats.preference_outcome(float("nan")) is None and stats.preference_outcome(float("inf")) is None
+
+
+def test_a_win_rate_counts_undecided_comparisons_of_every_prompt_and_keeps_every_setting():
+    outcomes = [[1.0, None], [0.0, None, None], [0.5, 1.0], [1.0]]
+    result = stats.win_rate(outcomes, resamples=300, seed=5, confidence=0.8)
+    assert result.missing == 3 and result.prompts == 4 and result.comparisons == 5
+    assert result.rate == stats.bootstrap_mean([1.0, 0.0, 0.75, 1.0], weights=[1, 1, 2, 1], resamples=300, seed=5,
+                                               confidence=0.8)
+    assert result.to_dict() == {"rate": result.rate.to_dict(), "wins": 3, "ties": 1, "losses": 1, "comparisons": 5,
+                                "prompts": 4, "missing": 3}
+    many = [[1.0, 0.0, 0.5][: 1 + i % 3] + [(i * 7) % 3 / 2] for i in range(15)]
+    default = stats.win_rate(many, resamples=300).rate
+    assert default == stats.win_rate(many, resamples=300, seed=0).rate != stats.win_rate(many, resamples=300, seed=1).rate
+    assert default != stats.win_rate(many).rate  # 2,000 resamples by default
+
+
+def test_the_training_log_win_rate_is_the_pooled_rate_without_an_interval():
+    outcomes = [[1.0, None], [0.0, 0.5], [1.0, 1.0, 0.0]]
+    assert stats.pooled_win_rate(outcomes) == pytest.approx(3.5 / 6)
+    assert stats.pooled_win_rate(outcomes) == pytest.approx(stats.win_rate(outcomes, resamples=200).rate.estimate)
+    assert stats.pooled_win_rate([[None], []]) is None
+    for bad in (0.7, 2.0):
+        with pytest.raises(ValueError, match="1, 0.5 or 0"):
+            stats.pooled_win_rate([[1.0, bad]])
