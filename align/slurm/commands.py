@@ -22,7 +22,11 @@ def _run(command: Sequence[str], timeout: float = 120) -> str:
     if shutil.which(command[0]) is None:
         raise ServiceError(f"{command[0]} not found on PATH: align submit needs the SLURM client commands "
                            "(run it on a cluster's login node)")
-    done = subprocess.run(list(command), capture_output=True, text=True, timeout=timeout, check=False)
+    try:
+        done = subprocess.run(list(command), capture_output=True, text=True, timeout=timeout, check=False)
+    except subprocess.TimeoutExpired:
+        raise ServiceError(f"`{' '.join(command)}` did not answer in {timeout:g} s (is the SLURM controller "
+                           "up? `sinfo` tells)") from None
     if done.returncode != 0:
         answer = (done.stderr or done.stdout).strip().replace("\n", " | ")
         raise ServiceError(f"`{' '.join(command)}` failed (exit {done.returncode}): {answer}")
@@ -46,12 +50,15 @@ def sbatch(script: Path, after: Iterable[str] = ()) -> str:
     return job_id
 
 
-def sbatch_test_only(script: Path) -> str:
+def sbatch_test_only(script: Path, timeout: float = 60) -> str:
     """``sbatch --test-only``: SLURM checks the script and says when it would start; nothing runs."""
     if shutil.which("sbatch") is None:
         raise ServiceError("sbatch not found on PATH")
-    done = subprocess.run(["sbatch", "--test-only", str(script)], capture_output=True, text=True, timeout=60,
-                          check=False)
+    try:
+        done = subprocess.run(["sbatch", "--test-only", str(script)], capture_output=True, text=True,
+                              timeout=timeout, check=False)
+    except subprocess.TimeoutExpired:
+        raise ServiceError(f"sbatch --test-only {script} did not answer in {timeout:g} s") from None
     answer = (done.stderr + done.stdout).strip()
     if done.returncode != 0:
         raise ServiceError(f"sbatch --test-only {script} refused it: {answer}")

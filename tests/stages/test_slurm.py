@@ -48,6 +48,7 @@ def _array_task(task: int, count: int, *args: str) -> subprocess.CompletedProces
                           timeout=300, check=False)
 
 
+@pytest.mark.slow
 def test_array_tasks_each_take_their_shard_and_the_last_marks_complete(tmp_path, sample_run, annotate_run):
     out = tmp_path / "annotate"
     args = (f"input={sample_run[0]}", f"output_dir={out}")
@@ -240,6 +241,7 @@ def test_submit_chains_the_rounds(tmp_path, monkeypatch):
     assert "7-round-1.evaluate.sbatch" in scripts and "13-round-2.evaluate.sbatch" in scripts
 
 
+@pytest.mark.slow
 def test_one_poisoned_prompt_among_a_thousand_costs_only_itself(tmp_path, sft_run):
     """`align sample` as an array of 4 over 1,000 prompts, one of them holding the format's BOS in its text:
     every task finishes, the one prompt is a recorded skip with its reason, every other is sampled once."""
