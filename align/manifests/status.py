@@ -80,7 +80,7 @@ def progress(output_dir: Path) -> tuple[str, tuple[int, list[int]] | None]:
 
 def step_state(stage: str, config: Any, outputs: Outputs) -> StepState:
     """A step's state; records in ``outputs`` the fingerprint its output will have (for the steps after it)."""
-    output_dir = getattr(config, "output_dir", None)
+    output_dir = config.output_dir  # every stage's config has one; None: a logprobs pass keyed under cache_dir
     if output_dir is None:
         return StepState("keyed", ["output under cache_dir, named by its cache key (checked when the step runs)"])
     output_dir = Path(output_dir)

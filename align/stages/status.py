@@ -50,17 +50,17 @@ def run(recipe: Recipe) -> dict[str, Any]:
     for step in steps:
         config = recipe.config(step)
         found = step_state(step.stage, config, outputs)
-        where = getattr(config, "output_dir", None) or getattr(config, "cache_dir", "")
-        print(f"{step.name:<{width}} {found.state:<30} {where}")
+        where = config.output_dir if config.output_dir is not None else config.cache_dir  # cache_dir: logprobs
+        print(f"{step.name:<{width}} {found.state:<30} {where}".rstrip())
         for reason in found.reasons:
             print(f"{'':<{width}}   {reason}")
         report[step.name] = {"state": found.state, "reasons": found.reasons, "output_dir": str(where),
                              "stage": step.stage, "round": step.round}
     for k in sorted({step.round for step in steps if step.round is not None}):
         state, reasons = round_state([(s.name, report[s.name]["state"]) for s in steps if s.round == k])
-        print(f"{f'round-{k}':<{width}} {state:<30} " + "; ".join(reasons))
+        print((f"{f'round-{k}':<{width}} {state:<30} " + "; ".join(reasons)).rstrip())
         report[f"round-{k}"] = {"state": state, "reasons": reasons}
-    if any(r.get("state", "").startswith("partial") or r.get("state") == "not started" for r in report.values()):
+    if any(r["state"].startswith("partial") or r["state"] == "not started" for r in report.values()):
         print(f"To run what is not done: align pipeline {recipe.source or 'RECIPE'} (here), or align submit "
               f"{recipe.source or 'RECIPE'} (on the cluster: only the missing steps and shards)")
     return report
