@@ -157,6 +157,26 @@ def test_a_wrapped_model_is_fingerprinted_by_the_model_it_wraps():
 # --------------------------------------------------------------------------- hashed once within a run
 
 
+@pytest.fixture(autouse=True)
+def _no_run_open(monkeypatch):
+    """Outside any run here: a stage an earlier test left raised keeps its block open for the process."""
+    import align.io.fingerprint as fingerprint
+
+    monkeypatch.setattr(fingerprint, "_MEMO", [])
+
+
+def test_a_block_ends_its_own_memo_even_when_one_opened_after_it_was_never_closed(tmp_path):
+    import align.io.fingerprint as fingerprint
+
+    outer = fingerprint.remembered()
+    outer.__enter__()
+    left_open = fingerprint.remembered()
+    left_open.__enter__()  # a run that raised and never ended
+    kept = fingerprint._MEMO[1]
+    outer.__exit__(None, None, None)
+    assert fingerprint._MEMO == [kept] and fingerprint._MEMO[0] is kept
+
+
 def test_within_a_run_a_file_is_hashed_once_until_it_changes(tmp_path):
     import os
 

@@ -160,6 +160,7 @@ def _prompt_means(eval_rows: list[dict], policy: str) -> float:
     return sum(means) / len(means)
 
 
+@pytest.mark.slow
 def test_every_point_is_trained_validated_and_recorded_and_the_best_is_chosen(workspace, uninterrupted):
     sweep_dir, report, printed = uninterrupted
     assert report["metric"] == "reward_sampled" and report["grid"] == {"beta": [1.0, 5.0],
@@ -189,6 +190,7 @@ def test_every_point_is_trained_validated_and_recorded_and_the_best_is_chosen(wo
     assert printed.count("[align sweep] point ") == 4
 
 
+@pytest.mark.slow
 def test_a_rerun_trains_nothing_and_a_changed_shared_setting_is_refused(workspace, uninterrupted):
     sweep_dir, report, _ = uninterrupted
     markers = {p: (sweep_dir / "points" / p / STAGE_COMPLETE_MARKER).read_bytes() for p in POINTS}
@@ -206,6 +208,7 @@ def test_a_rerun_trains_nothing_and_a_changed_shared_setting_is_refused(workspac
     assert {p: (sweep_dir / "points" / p / STAGE_COMPLETE_MARKER).read_bytes() for p in POINTS} == markers
 
 
+@pytest.mark.slow
 def test_a_directory_holding_other_files_is_refused(workspace, tmp_path):
     (tmp_path / "notes.md").write_text("keep me")
     rc, _, err = _align(workspace, ["sweep", "recipes/tiny/sweep.yaml", *GRID, f"output_dir={tmp_path}"])
@@ -215,6 +218,7 @@ def test_a_directory_holding_other_files_is_refused(workspace, tmp_path):
     assert (tmp_path / "notes.md").read_text() == "keep me"
 
 
+@pytest.mark.slow
 def test_a_killed_sweep_retrains_nothing_that_had_finished(workspace, uninterrupted, tmp_path):
     """SIGKILL once a seeded number of points is validated, then the same command again."""
     rng, seed = kill_rng(31, "align sweep")
@@ -258,6 +262,7 @@ def test_a_killed_sweep_retrains_nothing_that_had_finished(workspace, uninterrup
 # --------------------------------------------------------------------------- the Python API
 
 
+@pytest.mark.slow
 def test_run_sweep_from_a_model_in_memory(workspace, tmp_path):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 

@@ -38,11 +38,15 @@ HASHED: list[str] = []  # every file hashed in full, in order (tests count them)
 @contextlib.contextmanager
 def remembered() -> Iterator[None]:
     """Within the block, a file's digest is computed once while its size, inode and times stay."""
-    _MEMO.append({})
+    memo: dict[tuple, str] = {}
+    _MEMO.append(memo)
     try:
         yield
-    finally:
-        _MEMO.pop()
+    finally:  # its own dict, by identity: a block left open by a run that raised stays below it
+        for index in range(len(_MEMO) - 1, -1, -1):
+            if _MEMO[index] is memo:
+                del _MEMO[index]
+                break
 
 
 def json_digest(payload: Any) -> str:

@@ -74,7 +74,8 @@ def plot_sweeps(results: Mapping[str, Any], path: Path, *, title: str) -> Path:
         ax.set_ylabel(f"validation {result.metric} (x100)")
         ax.set_title((f"{name}: " if name else "") + (f"chosen {result.chosen.label}" if result.chosen else
                                                       "no point scored"), fontsize=9)
-        ax.legend(fontsize=8)
+        if ax.get_legend_handles_labels()[0]:  # nothing scored and no start figure: no legend to draw
+            ax.legend(fontsize=8)
     fig.suptitle(title)
     fig.tight_layout()
     fig.savefig(path, dpi=100)

@@ -123,7 +123,8 @@ def validate_point(point: Point, trained: Trained, output_dir: Path, prompts: Se
     figures = {k: v for k, v in to_dict(settings).items() if k not in NEUTRAL_VALIDATION_KEYS}
     spec = ValidationSpec(output_dir=str(output_dir), point=trained.output_id, start=dict(fingerprints["start"]),
                           prompts=fingerprints["validation"], provider=fingerprints["provider"], settings=figures)
-    run = StageRun.begin(VALIDATION_STAGE, spec, output_dir=output_dir, overwrite=overwrite)
+    # a point trained in this run is other weights than any validation already there: that one is redone
+    run = StageRun.begin(VALIDATION_STAGE, spec, output_dir=output_dir, overwrite=overwrite or trained.now)
     if run.skip:
         return (stage_completion_info(output_dir) or {}).get("summary") or {}
     run.start()
