@@ -213,3 +213,15 @@ def test_the_hash_log_lists_every_full_hash_with_its_rank(tmp_path, monkeypatch)
     monkeypatch.delenv("RANK")
     file_digest(tmp_path / "a.bin")
     assert log.read_text() == f"1 earlier\n3 {tmp_path / 'a.bin'}\n3 {tmp_path / 'b.bin'}\n0 {tmp_path / 'a.bin'}\n"
+
+
+@pytest.mark.parametrize("name", ["pytorch_model.bin", "model.pt", "model.pth", "model.safetensors"])
+def test_every_weight_format_is_fingerprinted(tmp_path, name):
+    """A checkpoint saved as .bin (or a .pt/.pth state dict) is weights like a .safetensors file."""
+    directory = tmp_path / "ckpt"
+    directory.mkdir()
+    (directory / "config.json").write_text("{}")
+    (directory / name).write_bytes(b"\x00" * 64)
+    before = weights_fingerprint(directory)
+    (directory / name).write_bytes(b"\x00" * 63 + b"\x01")
+    assert weights_fingerprint(directory) != before

@@ -194,3 +194,43 @@ def test_a_finished_output_records_what_the_stage_wrote_in_its_ledger(tmp_path, 
     assert cli(["pairs", f"input={rows}", f"output_dir={out}"])[0] == 0
     assert set(written(out)) == {"pairs.jsonl", "skipped.jsonl"}
     assert "README.md" in json.loads((out / "_manifest.json").read_text())["preexisting"]
+
+
+# --------------------------------------------------------------------------- a model directory as an input
+
+
+def _checkpoint_dir(root: Path) -> Path:
+    directory = root / "sft-model"
+    directory.mkdir()
+    (directory / "model.safetensors").write_bytes(b"weights " * 64)
+    (directory / "config.json").write_text('{"model_type": "llama"}')
+    (directory / "tokenizer.json").write_text('{"version": "1.0"}')
+    (directory / "chat_template.jinja").write_text("{{ messages }}")
+    (directory / ".hidden").write_text("not part of the model")
+    return directory
+
+
+@pytest.mark.parametrize("name", ["model.safetensors", "config.json", "tokenizer.json", "chat_template.jinja"])
+def test_a_checkpoint_input_changes_with_any_of_its_files_not_only_its_weights(tmp_path, name):
+    """An edited config or chat template is another model: a stage trained from it is stale."""
+    from align.manifests.inputs import fingerprint_input
+
+    directory = _checkpoint_dir(tmp_path)
+    before = fingerprint_input(str(directory), key="model_name_or_path")
+    assert before["kind"] == "model"
+    assert sorted(before["files"]) == ["chat_template.jinja", "config.json", "model.safetensors", "tokenizer.json"]
+    path = directory / name
+    path.write_bytes(path.read_bytes() + b" ")
+    after = fingerprint_input(str(directory), key="model_name_or_path")
+    assert after["fingerprint"] != before["fingerprint"]
+    assert {k for k in after["files"] if after["files"][k] != before["files"][k]} == {name}
+
+
+def test_a_checkpoint_input_ignores_hidden_files_locks_and_markers(tmp_path):
+    from align.manifests.inputs import fingerprint_input
+
+    directory = _checkpoint_dir(tmp_path)
+    before = fingerprint_input(str(directory), key="model_name_or_path")
+    (directory / ".hidden").write_text("changed")
+    (directory / "model.lock").write_text("pid 1")
+    assert fingerprint_input(str(directory), key="model_name_or_path") == before

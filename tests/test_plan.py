@@ -34,6 +34,7 @@ def _plan(recipe: Path | str, **keys):
 # --------------------------------------------------------------------------- the shipped recipes
 
 
+@pytest.mark.slow  # a whole recipe read and planned per case: outside the mutation check's fast selection
 @pytest.mark.parametrize("recipe", SHIPPED, ids=lambda p: f"{p.parent.name}/{p.name}")
 def test_every_shipped_recipe_fits_the_hardware_its_comments_state(recipe):
     plans, info = _plan(recipe)

@@ -221,10 +221,13 @@ class Launch:
     offload_params: bool = False
 
     def describe(self) -> str:
-        where = "DDP" if self.world_size > 1 else "one process"
+        ranks = max(1, self.world_size)
+        where = "DDP" if ranks > 1 else "one process"
         text = f"DeepSpeed ZeRO-{self.zero_stage}" if self.zero_stage else where
-        offload = [n for n, on in (("optimizer", self.offload_optimizer), ("parameters", self.offload_params)) if on]
-        return f"{text} over {self.world_size} rank{'s' if self.world_size != 1 else ''}" + (
+        offload = [n for n, on in (("optimizer", self.offload_optimizer and self.zero_stage >= 1),
+                                   ("parameters", self.offload_params and self.zero_stage >= 3)) if on]
+        # an offload DeepSpeed does not do at this stage is not named: the figures do not count it either
+        return f"{text} over {ranks} rank{'s' if ranks != 1 else ''}" + (
             f", {' and '.join(offload)} offloaded to CPU" if offload else "")
 
 
@@ -370,7 +373,8 @@ def vllm_memory(job: VllmJob, gpu_memory_bytes: int) -> Estimate:
     parts = [
         Part("weights", weights, f"{b}Ψ/tp (tp = {tp})"),
         Part("activations", activations,
-             f"max_num_batched_tokens·a·(h + max(attention, MLP)/tp), {job.max_num_batched_tokens:,} tokens"),
+             f"max_num_batched_tokens·a·(2h + max(2h + (2q + 2kv)/tp, 2h + g·f/tp)), g = 3 gated or 2; "
+             f"{job.max_num_batched_tokens:,} tokens"),
         Part("runtime", sampler + VLLM_RUNTIME_BYTES, "2·max_num_seqs·V·4 (sampler logits) + 1 GiB (CUDA graphs, NCCL)"),
         Part("kv_cache", kv_cache, f"u·M − the rest; {per_kv_token:,} B per token (2·L·⌈kv/tp⌉·d·a)"),
     ]

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import fnmatch
+import hashlib
 import json
 import os
 import subprocess
@@ -33,11 +34,14 @@ import tomllib
 from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import yaml
 
 ROOT = Path(__file__).resolve().parents[2]
 EQUIVALENT = Path(__file__).with_name("equivalent.yaml")
+OPEN = Path(__file__).with_name("open.yaml")  # survivors not killed yet: known, not equivalent
+VERIFIED = Path(__file__).with_name("verified.json")  # per module: the digest and figures of its last full check
 KILLED = {"killed", "timeout"}  # a mutant that makes the tests hang is caught too
 
 
@@ -144,18 +148,41 @@ def read_results(modules: list[str]) -> list[Mutant]:
     return out
 
 
-def load_equivalent() -> list[dict]:
-    entries = yaml.safe_load(EQUIVALENT.read_text()) or [] if EQUIVALENT.exists() else []
+def load_list(path: Path, kind: str) -> list[dict]:
+    """The entries of equivalent.yaml or open.yaml, each with ``kind`` set; a malformed entry stops the check."""
+    entries = (yaml.safe_load(path.read_text()) or []) if path.exists() else []
+    if not isinstance(entries, list):
+        sys.exit(f"[mutation] {path.name}: a list of entries, not {type(entries).__name__}")
     for i, entry in enumerate(entries):
+        if not isinstance(entry, dict):
+            sys.exit(f"[mutation] {path.name} entry {i}: a mapping with function, was, now and why")
         missing = {"function", "was", "now", "why"} - set(entry)
         if missing or not str(entry.get("why", "")).strip():
-            sys.exit(f"[mutation] {EQUIVALENT.name} entry {i} ({entry.get('function')}): needs function, was, now "
+            sys.exit(f"[mutation] {path.name} entry {i} ({entry.get('function')}): needs function, was, now "
                      f"and a reason (why); missing {sorted(missing) or ['why']}")
+        entry["kind"] = kind
     return entries
 
 
-def report(mutants: list[Mutant], modules: list[str], entries: list[dict]) -> tuple[list[Mutant], list[dict]]:
-    """Print the per-module table; return the unlisted survivors and the stale list entries."""
+def load_equivalent() -> list[dict]:
+    """Both lists: the equivalent mutants, then the open ones (killing one means removing its entry)."""
+    return load_list(EQUIVALENT, "equivalent") + load_list(OPEN, "open")
+
+
+def module_digest(module: str, entries: list[dict]) -> str:
+    """What a module's recorded check was made from: its source, its listed mutants, the mutation settings."""
+    config = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["mutmut"]
+    prefix = f"{module_name(module)}."
+    listed = sorted(json.dumps({k: e[k] for k in ("function", "was", "now", "kind")}, sort_keys=True)
+                    for e in entries if e["function"].startswith(prefix))
+    payload = json.dumps({"source": (ROOT / module).read_text(), "listed": listed, "config": config},
+                         sort_keys=True)
+    return hashlib.sha256(payload.encode()).hexdigest()
+
+
+def report(mutants: list[Mutant], modules: list[str], entries: list[dict]
+           ) -> tuple[list[Mutant], list[dict], dict[str, dict[str, Any]]]:
+    """Print the per-module table; return the unlisted survivors, the stale list entries, each module's figures."""
     by_module: dict[str, Counter] = defaultdict(Counter)
     unlisted, used = [], set()
     for m in mutants:
@@ -165,20 +192,32 @@ def report(mutants: list[Mutant], modules: list[str], entries: list[dict]) -> tu
             by_module[m.module]["killed"] += 1
         elif listed is not None:
             used.add(listed)
-            by_module[m.module]["equivalent"] += 1
+            by_module[m.module][entries[listed]["kind"]] += 1
         else:
             by_module[m.module][m.status] += 1
             unlisted.append(m)
     prefixes = tuple(f"{module_name(m)}." for m in modules)
     stale = [e for i, e in enumerate(entries) if i not in used and e["function"].startswith(prefixes)]
-    print(f"{'module':42} {'mutants':>7} {'killed':>7} {'equiv.':>7} {'left':>5} {'score':>7}")
-    for module in modules:
-        c = by_module[module]
-        total = sum(c.values())
-        left = total - c["killed"] - c["equivalent"]
-        score = c["killed"] / (total - c["equivalent"]) if total - c["equivalent"] else 1.0
-        print(f"{module:42} {total:7} {c['killed']:7} {c['equivalent']:7} {left:5} {score:7.1%}")
-    return unlisted, stale
+    figures = {module: module_figures(by_module[module]) for module in modules}
+    print_table(figures)
+    return unlisted, stale, figures
+
+
+def module_figures(c: Counter) -> dict[str, Any]:
+    """mutants, killed, equivalent, open (listed, not killed yet), new (unlisted survivors), score."""
+    total = sum(c.values())
+    new = total - c["killed"] - c["equivalent"] - c["open"]
+    score = c["killed"] / (total - c["equivalent"]) if total - c["equivalent"] else 1.0
+    return {"mutants": total, "killed": c["killed"], "equivalent": c["equivalent"], "open": c["open"], "new": new,
+            "score": round(score, 4)}
+
+
+def print_table(figures: dict[str, dict[str, Any]], note: dict[str, str] | None = None) -> None:
+    """The score of each module: killed / (mutants - equivalent)."""
+    print(f"{'module':40} {'mutants':>7} {'killed':>6} {'equiv.':>6} {'open':>5} {'new':>4} {'score':>7}")
+    for module, f in figures.items():
+        print(f"{module:40} {f['mutants']:7} {f['killed']:6} {f['equivalent']:6} {f['open']:5} {f['new']:4} "
+              f"{f['score']:7.1%}{'  ' + note[module] if note and module in note else ''}")
 
 
 def show(mutant: Mutant) -> str:
@@ -195,11 +234,16 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("modules", nargs="*", help="source files (default: every configured module)")
     parser.add_argument("--changed-since", metavar="REF", help="only the modules changed since this git ref")
+    parser.add_argument("--unverified", action="store_true", help="only the modules whose source or listed "
+                        "mutants differ from their record in verified.json (what CI runs); the others' recorded "
+                        "figures are printed")
+    parser.add_argument("--record", action="store_true", help="write the checked modules' figures and digests to "
+                        "verified.json when the check passes")
     parser.add_argument("--jobs", type=int, default=os.cpu_count() or 2)
     parser.add_argument("--survivors", action="store_true", help="read the last run's results; run nothing")
     parser.add_argument("--fresh", action="store_true", help="start from an empty mutants/ (CI does)")
-    parser.add_argument("--propose", metavar="WHY", help="with --survivors: print equivalent.yaml entries for the "
-                        "unlisted survivors, each with this reason (review every one before adding it)")
+    parser.add_argument("--propose", metavar="WHY", help="with --survivors: print list entries for the unlisted "
+                        "survivors, each with this reason (review every one before adding it)")
     args = parser.parse_args(argv)
 
     os.chdir(ROOT)
@@ -208,12 +252,24 @@ def main(argv: list[str] | None = None) -> int:
     unknown = [m for m in modules if m not in configured and not any(fnmatch.fnmatch(m, c) for c in configured)]
     if unknown:
         sys.exit(f"[mutation] not among pyproject's [tool.mutmut] only_mutate: {unknown}")
+    entries = load_equivalent()
     if args.changed_since:
         modules = changed_modules(args.changed_since, modules)
         print(f"[mutation] changed since {args.changed_since}: {modules or 'none'}")
-        if not modules:
-            return 0
-    entries = load_equivalent()
+    recorded = json.loads(VERIFIED.read_text()) if VERIFIED.exists() else {}
+    if args.unverified:
+        current = [m for m in modules if (recorded.get(m) or {}).get("digest") == module_digest(m, entries)]
+        never = [m for m in modules if m not in recorded]
+        modules = [m for m in modules if m not in current and m not in never]
+        print(f"[mutation] recorded in {VERIFIED.name} and unchanged since: {len(current)} module(s); changed since "
+              f"their record, to check now: {modules or 'none'}")
+        if current:
+            print_table({m: recorded[m] for m in current})
+        if never:
+            print(f"[mutation] never checked in full, so not held to the check yet ({len(never)}; run "
+                  f"`python tests/mutation/check.py MODULE --record`): {', '.join(never)}")
+    if not modules:
+        return 0
     if not args.survivors:
         if args.fresh:
             subprocess.run(["rm", "-rf", "mutants"], check=True)
@@ -221,7 +277,7 @@ def main(argv: list[str] | None = None) -> int:
         seconds = run_mutmut(modules, args.jobs, ROOT / "mutants" / "run.log")
         print(f"[mutation] mutmut ran {len(modules)} module(s) in {seconds:.0f}s with {args.jobs} worker(s)")
     mutants = read_results(modules)
-    unlisted, stale = report(mutants, modules, entries)
+    unlisted, stale, figures = report(mutants, modules, entries)
     if args.propose:
         proposals = [{"function": m.function, "was": "\n".join(m.was), "now": "\n".join(m.now), "why": args.propose}
                      for m in unlisted]
@@ -230,14 +286,25 @@ def main(argv: list[str] | None = None) -> int:
     for m in unlisted:
         print(show(m))
     for e in stale:
-        print(f"[mutation] {EQUIVALENT.name}: no surviving mutant matches {e['function']}: {_lines(e['was'])} → "
+        where = EQUIVALENT.name if e["kind"] == "equivalent" else OPEN.name
+        print(f"[mutation] {where}: no surviving mutant matches {e['function']}: {_lines(e['was'])} → "
               f"{_lines(e['now'])} (the code changed or a test kills it now: remove the entry)")
     if unlisted or stale:
-        print(f"[mutation] {len(unlisted)} surviving mutant(s) not in {EQUIVALENT.name}, {len(stale)} stale entr(ies): "
-              "kill each with a test of what a user sees, or list it with the reason it changes nothing "
-              "(docs/testing.md)")
+        print(f"[mutation] {len(unlisted)} surviving mutant(s) not listed, {len(stale)} stale entr(ies): kill each "
+              f"survivor with a test of what a user sees, or list it in {EQUIVALENT.name} with the reason it "
+              "changes nothing (docs/testing.md)")
         return 1
-    print("[mutation] every mutant is killed or listed as equivalent")
+    missing = [m for m in modules if not figures[m]["mutants"]]
+    if missing:
+        print(f"[mutation] no results for {missing}: run without --survivors first")
+        return 1
+    if args.record:
+        for module in modules:
+            recorded[module] = {"digest": module_digest(module, entries), **figures[module]}
+        VERIFIED.write_text(json.dumps(dict(sorted(recorded.items())), indent=1) + "\n")
+        print(f"[mutation] recorded {len(modules)} module(s) in {VERIFIED.relative_to(ROOT)}")
+    opened = sum(f["open"] for f in figures.values())
+    print("[mutation] every mutant is killed or listed" + (f" ({opened} listed open in {OPEN.name})" if opened else ""))
     return 0
 
 

@@ -89,6 +89,8 @@ def test_references_are_required():
     ("3/4", "0.75", 1.0, 0.0),
     ("The answer is 12345", "12345", 1.0, 1.0),  # extraction is the same in both modes
     ("12354", "12345", 0.0, 0.0),
+    ("Paris", "paris", 1.0, 0.0),       # numeric mode compares canonical text (lower case); exact, the characters
+    ("x = A", "x = a", 1.0, 0.0),
 ])
 def test_match_modes(completion, reference, numeric, exact):
     from rewards.verifiable import VerifiableReward

@@ -1,0 +1,86 @@
+"""The mutation check's reviewed lists and records are well formed (the check itself runs in CI, not here)."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+HERE = Path(__file__).parent
+ROOT = HERE.parents[1]
+
+
+def _load(name: str):
+    spec = importlib.util.spec_from_file_location(f"mutation_{name}", HERE / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+check = _load("check")
+plants = _load("plants")
+
+
+@pytest.mark.parametrize("path,kind", [(check.EQUIVALENT, "equivalent"), (check.OPEN, "open")])
+def test_every_listed_mutant_names_a_covered_function_and_gives_its_reason(path, kind):
+    entries = check.load_list(path, kind)
+    prefixes = tuple(f"{check.module_name(m)}." for m in check.configured_modules())
+    for entry in entries:
+        assert entry["function"].startswith(prefixes), entry["function"]
+        assert check._lines(entry["was"]) != check._lines(entry["now"]), entry
+        assert len(str(entry["why"]).split()) >= 4, f"{entry['function']}: say why, in words: {entry['why']!r}"
+
+
+def test_no_mutant_is_listed_twice_or_in_both_lists():
+    entries = check.load_equivalent()
+    keys = [(e["function"], tuple(check._lines(e["was"])), tuple(check._lines(e["now"]))) for e in entries]
+    repeated = {k for k in keys if keys.count(k) > 1}
+    assert not repeated
+
+
+def test_a_malformed_entry_stops_the_check_naming_it(tmp_path):
+    bad = tmp_path / "equivalent.yaml"
+    bad.write_text("- function: align.bootstrap.x_check_resamples\n  was: a\n  now: b\n")
+    with pytest.raises(SystemExit, match=r"equivalent.yaml entry 0 \(align.bootstrap.x_check_resamples\): needs "
+                                         r"function, was, now and a reason \(why\); missing \['why'\]"):
+        check.load_list(bad, "equivalent")
+
+
+def test_each_record_adds_up_and_was_a_passing_check():
+    recorded = json.loads(check.VERIFIED.read_text()) if check.VERIFIED.exists() else {}
+    configured = set(check.configured_modules())
+    for module, f in recorded.items():
+        assert module in configured, module
+        assert len(f["digest"]) == 64
+        assert f["new"] == 0, f"{module}: a record is written only for a passing check"
+        assert f["killed"] + f["equivalent"] + f["open"] + f["new"] == f["mutants"], module
+        assert f["score"] == pytest.approx(f["killed"] / (f["mutants"] - f["equivalent"]), abs=1e-4), module
+
+
+def test_a_module_digest_changes_with_its_source_and_its_listed_mutants(tmp_path, monkeypatch):
+    module = "align/bootstrap.py"
+    entries = check.load_equivalent()
+    first = check.module_digest(module, entries)
+    assert check.module_digest(module, entries) == first
+    extra = {"function": "align.bootstrap.x_resample_indices", "was": "a", "now": "b", "why": "w", "kind": "open"}
+    assert check.module_digest(module, [*entries, extra]) != first
+    other = {**extra, "function": "align.eval.stats.x_verdict"}
+    assert check.module_digest(module, [*entries, other]) == first  # another module's entry
+    copy = tmp_path / "align"
+    copy.mkdir()
+    (copy / "bootstrap.py").write_text((ROOT / module).read_text() + "\n# edited\n")
+    (tmp_path / "pyproject.toml").write_text((ROOT / "pyproject.toml").read_text())
+    monkeypatch.setattr(check, "ROOT", tmp_path)
+    assert check.module_digest(module, entries) != first
+
+
+@pytest.mark.parametrize("plant", plants.PLANTS, ids=lambda p: p.name)
+def test_every_plant_still_applies_to_the_code_as_it_is(plant):
+    source = (ROOT / plant.path).read_text(encoding="utf-8")
+    assert source.count(plant.was) == 1, f"{plant.name}: update the plant to {plant.path} as it is now"
+    for target in plant.tests:
+        assert (ROOT / target).exists(), target
