@@ -625,6 +625,7 @@ def test_estimate_sums_by_phase_and_by_name():
     # an offload DeepSpeed does not do at that stage is not named (the figures do not count it)
     (Launch(world_size=3, zero_stage=0, offload_optimizer=True), "DDP over 3 ranks"),
     (Launch(world_size=8, zero_stage=2, offload_params=True), "DeepSpeed ZeRO-2 over 8 ranks"),
+    (Launch(world_size=4, zero_stage=1, offload_optimizer=True), "DeepSpeed ZeRO-1 over 4 ranks, optimizer offloaded to CPU"),
     (Launch(world_size=0), "one process over 1 rank"),
     (Launch(world_size=1, zero_stage=3), "DeepSpeed ZeRO-3 over 1 rank"),
     (Launch(world_size=2, zero_stage=1), "DeepSpeed ZeRO-1 over 2 ranks"),

@@ -124,7 +124,9 @@ def start(begun: Begun, rows_by_key: Mapping[str, Sequence[Mapping[str, Any]]] |
             removed, kept = remove_stage_output(output_dir, found, stage_completion_info(output_dir))
             print(f"[align {manifest.stage}] overwrite=true: removed the {len(removed)} entries the stage wrote in "
                   f"{output_dir}" + (f"; kept {len(kept)} it did not write: {', '.join(kept[:5])}" if kept else ""))
-            found = {**(found or {"preexisting": []}), "fingerprint": None}
+            # what is left now was not written by the stage (a user's files, the first run's or added since):
+            # recorded as there before, so neither this run nor the next overwrite takes it for its own
+            found = None
         if found is None or found.get("fingerprint") != manifest.fingerprint:
             preexisting = list(found.get("preexisting") or []) if found else \
                 sorted(p.name for p in output_dir.iterdir() if p.name not in (LOCK_FILE, ROWS_FILE))

@@ -42,7 +42,7 @@ ROOT = Path(__file__).resolve().parents[2]
 EQUIVALENT = Path(__file__).with_name("equivalent.yaml")
 OPEN = Path(__file__).with_name("open.yaml")  # survivors not killed yet: known, not equivalent
 VERIFIED = Path(__file__).with_name("verified.json")  # per module: the digest and figures of its last full check
-KILLED = {"killed", "timeout"}  # a mutant that makes the tests hang is caught too
+KILLED = {"killed", "timeout", "segfault"}  # a mutant that makes the tests hang or crash is caught too
 
 
 def configured_modules() -> list[str]:

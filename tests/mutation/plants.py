@@ -79,17 +79,17 @@ PLANTS = (
           ("tests/test_plan_memory_figures.py",)),
     Plant("a NaN judge probability counted as a loss", "align/eval/stats.py",
           "if p_first_wins is None or not math.isfinite(p_first_wins):", "if p_first_wins is None:",
-          ("tests/eval",)),
+          ("tests/eval/test_eval_stats.py",)),
     Plant("an interval touching zero said to exclude it", "align/bootstrap.py",
           "return value < self.low or value > self.high", "return value <= self.low or value >= self.high",
           ("tests/test_bootstrap.py",)),
     Plant("weighted bootstrap replicates normalised by the full weight", "align/bootstrap.py",
           "/ np.maximum(w[idx].sum(axis=1), 1e-300)", "/ w.sum()", ("tests/test_bootstrap.py",)),
     Plant('"+5" no longer equal to "5"', "rewards/verifiable.py",
-          "(?P<sign>[+-]?)", "(?P<sign>-?)", ("tests/rewards",)),
+          "(?P<sign>[+-]?)", "(?P<sign>-?)", ("tests/rewards/test_verifiable.py", "tests/rewards/test_verifiable_edges.py")),
     Plant("exact match made case-insensitive", "rewards/verifiable.py",
           "return predicted.strip() == reference.strip()",
-          "return predicted.strip().lower() == reference.strip().lower()", ("tests/rewards",)),
+          "return predicted.strip().lower() == reference.strip().lower()", ("tests/rewards/test_verifiable.py", "tests/rewards/test_verifiable_edges.py")),
 )
 
 
