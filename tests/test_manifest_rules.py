@@ -144,7 +144,23 @@ def test_a_run_that_stopped_before_writing_anything_leaves_nothing_to_resume_or_
     other = toy(out, rows, seed=1)  # no overwrite needed
     assert decision(other) == (False, False, False, False)
     assert complete(out)["manifest"]["settings"]["seed"] == 1
+    assert sorted(complete(out)["files"]) == ["data.txt"]
     assert (out / "README.md").read_text() == "mine\n"
+
+
+def test_a_file_added_beside_a_stopped_run_survives_the_overwrite_that_follows_and_the_next(tmp_path, rows):
+    """A file that appears after a run started reads as that run's (partial); overwrite=true keeps it all the
+    same (the stage's ledger does not list it), and from then on it is recorded as there before."""
+    out = tmp_path / "out"
+    toy(out, rows, {}, finish=False)
+    (out / "later.md").write_text("added after the stopped run\n")
+    with pytest.raises(StaleOutputError, match="holds a partial output made from other settings"):
+        toy(out, rows, seed=1)
+    toy(out, rows, seed=1, overwrite=True)
+    assert sorted(complete(out)["files"]) == ["data.txt"]
+    assert "later.md" in manifest_file(out)["preexisting"]
+    toy(out, rows, seed=2, overwrite=True)
+    assert (out / "later.md").read_text() == "added after the stopped run\n"
 
 
 def test_other_settings_are_refused_word_for_word_over_a_finished_and_a_partial_output(tmp_path, rows):

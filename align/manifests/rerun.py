@@ -128,8 +128,9 @@ def start(begun: Begun, rows_by_key: Mapping[str, Sequence[Mapping[str, Any]]] |
             # recorded as there before, so neither this run nor the next overwrite takes it for its own
             found = None
         if found is None or found.get("fingerprint") != manifest.fingerprint:
-            preexisting = list(found.get("preexisting") or []) if found else \
-                sorted(p.name for p in output_dir.iterdir() if p.name not in (LOCK_FILE, ROWS_FILE))
+            # a new manifest: nothing in the directory now is this work's (a fresh start, the cleanup of an
+            # overwrite, a run of other settings that stopped before writing), so all of it is kept as there before
+            preexisting = sorted(p.name for p in output_dir.iterdir() if p.name not in (LOCK_FILE, ROWS_FILE))
             write_json(output_dir / MANIFEST_FILE, {**manifest.as_json(), "preexisting": preexisting,
                                                     "started_at": time.time()})
         wanted = {key: row_digests(rows) for key, rows in (rows_by_key or {}).items() if key in manifest.inputs}
