@@ -17,6 +17,7 @@ import pytest
 
 from align.io.fingerprint import file_digest
 from align.manifests import StageRun, StaleOutputError, begin, completion_fields, rerun, start
+from align.manifests.redaction import is_secret_key, redact
 
 STAGE = "toy"
 
@@ -495,3 +496,32 @@ def test_an_overwrite_of_an_output_whose_manifest_is_lost_keeps_what_the_complet
     assert sorted(complete(out)["files"]) == ["data.txt"]
     toy(out, rows, seed=2, overwrite=True)
     assert (out / "README.md").read_text() == "mine\n"
+
+
+# --------------------------------------------------------------------------- secrets: which names are credentials
+
+
+@pytest.mark.parametrize("name", [
+    "token", "auth", "key", "Token",                       # the bare words
+    "hf_token", "my_hf_token", "wandb-token", "hubToken",  # <anything but a vocabulary kind>_token
+    "password", "db_passwd", "client_secret", "clientSecret", "apikey", "Authorization", "passphrase",
+    "credentials", "api_key", "OPENAI_API_KEY", "access_key_id", "private.key", "refresh_token",
+])
+def test_credential_names_are_secret(name):
+    assert is_secret_key(name)
+
+
+@pytest.mark.parametrize("name", [
+    "eos_token", "pad_token", "max_tokens", "chat_token", "bos_token_id", "tokenizer", "tokens",
+    "api_key_env", "secret_env", "HF_TOKEN_ENV",  # the name of a variable, not its value
+    "keys", "monkey", "author", "max_new_tokens", "key_field", "model", "",
+])
+def test_settings_that_mention_tokens_or_keys_are_not(name):
+    assert not is_secret_key(name)
+
+
+def test_redact_drops_secret_keys_at_every_depth_and_cuts_credentials_out_of_urls():
+    value = {"model": "m", "hf_token": "hf_x", "engine_kwargs": {"password": "p", "dtype": "bf16"},
+             "servers": [{"base_url": "http://user:pw@host:8000/v1", "clientSecret": "s"}], "pad_token": "<pad>"}
+    assert redact(value) == {"model": "m", "engine_kwargs": {"dtype": "bf16"},
+                             "servers": [{"base_url": "http://host:8000/v1"}], "pad_token": "<pad>"}
