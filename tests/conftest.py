@@ -96,6 +96,22 @@ def _torch_threads_unchanged():
 # --------------------------------------------------------------------------- tiny models
 
 
+@pytest.fixture()
+def drawn(monkeypatch):
+    """The matplotlib figures saved during the test, kept open to be read (the sweep's plots)."""
+    from matplotlib.figure import Figure
+
+    figures = []
+    real = Figure.savefig
+
+    def keep(self, path, **kwargs):
+        figures.append(self)
+        return real(self, path, **kwargs)
+
+    monkeypatch.setattr(Figure, "savefig", keep)
+    return figures
+
+
 @pytest.fixture(scope="session")
 def tiny_dirs(tmp_path_factory):
     """Saved tiny policy and reward model dirs (each with the tokenizer)."""

@@ -8,7 +8,6 @@ import matplotlib
 matplotlib.use("Agg")
 
 import pytest  # noqa: E402
-from matplotlib.figure import Figure  # noqa: E402
 
 from align.sweep.plots import plot_sweeps  # noqa: E402
 from align.sweep.report import PointResult, SweepResult  # noqa: E402
@@ -23,20 +22,6 @@ def point(settings, score, metric="reward_sampled", **metric_override):
     name = "_".join(f"{k}-{v}" for k, v in settings.items())
     metrics = {} if score is None else {metric: metric_override.get("interval") or interval(score)}
     return PointResult(name, settings, score, metrics, {"reward_sampled": interval(0.3)}, 1, None, name, name)
-
-
-@pytest.fixture()
-def drawn(monkeypatch, tmp_path):
-    """The figures plot_sweeps saves, kept open to be read."""
-    figures = []
-    real = Figure.savefig
-
-    def keep(self, path, **kwargs):
-        figures.append(self)
-        return real(self, path, **kwargs)
-
-    monkeypatch.setattr(Figure, "savefig", keep)
-    return figures
 
 
 def lines_of(ax):

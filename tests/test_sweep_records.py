@@ -22,7 +22,6 @@ from typing import Any
 
 import matplotlib
 import pytest
-from matplotlib.figure import Figure
 
 from align.errors import ConfigError, InputError, RecordError
 from align.eval.evaluate import EvalSettings
@@ -121,20 +120,6 @@ def rec(monkeypatch):
     monkeypatch.setattr(evaluate_module, "evaluate", recorder.evaluate)
     monkeypatch.setattr(hf, "TransformersSampler", recorder.sampler)
     return recorder
-
-
-@pytest.fixture()
-def drawn(monkeypatch):
-    """The figures plot_sweeps saves, kept open to be read."""
-    figures = []
-    real = Figure.savefig
-
-    def keep(self, path, **kwargs):
-        figures.append(self)
-        return real(self, path, **kwargs)
-
-    monkeypatch.setattr(Figure, "savefig", keep)
-    return figures
 
 
 def base_config(out: Path, **changes):
