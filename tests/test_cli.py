@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 
@@ -38,3 +39,15 @@ def test_unknown_stage_and_unknown_key_are_errors(capsys):
 def test_python_dash_m_align_runs():
     out = subprocess.run([sys.executable, "-m", "align", "--help"], capture_output=True, text=True)
     assert out.returncode == 0 and "Stages:" in out.stdout
+
+
+def test_a_reader_that_stops_early_gets_no_traceback():
+    """`align demo --help | head -2`: the pipe closes before align has written; that is
+    the reader's choice, not an error (no BrokenPipeError traceback, exit status 0)."""
+    read_end, write_end = os.pipe()
+    os.close(read_end)  # the reader is gone before the first write
+    done = subprocess.run([sys.executable, "-m", "align", "demo", "--help"], stdout=write_end,
+                          stderr=subprocess.PIPE, text=True, check=False)
+    os.close(write_end)
+    assert "Traceback" not in done.stderr and "BrokenPipeError" not in done.stderr, done.stderr
+    assert done.returncode == 0

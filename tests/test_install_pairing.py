@@ -43,6 +43,8 @@ from packaging.specifiers import SpecifierSet
 from packaging.version import Version
 
 ROOT = Path(__file__).resolve().parents[1]
+PYTORCH_CPU_INDEX = "https://download.pytorch.org/whl/cpu"
+PYPI = "https://pypi.org/simple/"
 PIP_TIMEOUT_S = 600  # a guard against a hung download, not a timing check
 
 
@@ -148,19 +150,23 @@ def _pip_config() -> dict[str, str]:
     return {key.split(".", 1)[-1]: value for key, value in re.findall(r"^(\S+?)='(.*)'$", out, re.MULTILINE)}
 
 
-def index_unreachable() -> str | None:
-    """None when the package index answers, else why not (a HEAD request, 10 s at most)."""
-    config = _pip_config()
-    url = os.environ.get("PIP_INDEX_URL") or config.get("index-url") or "https://pypi.org/simple/"
-    url = url.split()[0]
+def url_unreachable(url: str) -> str | None:
+    """None when the index at `url` answers, else why not (a HEAD request, 10 s at most)."""
     if url.startswith("file:"):
         return None if Path(url.removeprefix("file://")).is_dir() else f"the package index {url} does not exist"
+    config = _pip_config()
     context = ssl.create_default_context(cafile=os.environ.get("PIP_CERT") or config.get("cert") or None)
     try:
         urllib.request.urlopen(urllib.request.Request(url, method="HEAD"), timeout=10, context=context).close()
     except (urllib.error.URLError, OSError) as err:
         return f"the package index {url} cannot be reached ({getattr(err, 'reason', err)})"
     return None
+
+
+def index_unreachable() -> str | None:
+    """None when the configured package index answers, else why not."""
+    url = os.environ.get("PIP_INDEX_URL") or _pip_config().get("index-url") or "https://pypi.org/simple/"
+    return url_unreachable(url.split()[0])
 
 
 def _source_copy(dest: Path) -> Path:
@@ -189,6 +195,10 @@ def resolve(args: list[str], workdir: Path) -> dict[str, str]:
     # writes its settings under RUSTUP_HOME (default ~/.rustup): keep them in the work directory
     env = {**os.environ, "PIP_DISABLE_PIP_VERSION_CHECK": "1", "PIP_NO_INPUT": "1",
            "RUSTUP_HOME": str(workdir / "rustup"), "CARGO_HOME": str(workdir / "cargo")}
+    if url_unreachable(PYTORCH_CPU_INDEX):
+        # the constraints file names PyTorch's CPU index; where it cannot be reached, pip's
+        # retries would add about 8 s to every package it looks up there
+        env["PIP_RETRIES"] = "0"
     try:
         done = subprocess.run(cmd, check=False, cwd=src, env=env, capture_output=True, text=True,
                               timeout=PIP_TIMEOUT_S)
@@ -270,3 +280,103 @@ def test_readme_install_resolves_to_the_pairing_ci_runs(resolved, command):
     train_spec = vllm_pins.extra_requirements(extra="train")["transformers"]
     problem = pairing_problem(versions, vllm_pins.ci_pins(), train_spec)
     assert problem is None, f"`{command}` resolves {problem}"
+
+
+# --------------------------------------------------------------------------- the CPU build of torch
+
+
+def constraint_lines() -> tuple[list[str], dict[str, str]]:
+    """constraints-cpu.txt: its index options and its pins ({name: version})."""
+    options, pins = [], {}
+    for line in (ROOT / "constraints-cpu.txt").read_text().splitlines():
+        line = line.split("#", 1)[0].strip()
+        if line.startswith("-"):
+            options.append(line)
+        elif line:
+            name, version = line.split("==")
+            pins[name.strip().lower()] = version.strip()
+    return options, pins
+
+
+def test_the_constraints_pin_the_cpu_build_and_name_the_index_that_serves_it():
+    """A fresh machine has no local wheel store: PyPI alone gives the CUDA build of torch, so
+    the pin carries the `+cpu` label (which no CUDA wheel has) and the file names the index
+    that serves it; pip reads index options in a constraints file."""
+    options, pins = constraint_lines()
+    assert pins["torch"].endswith("+cpu"), "constraints-cpu.txt pins a torch that PyPI serves as the CUDA build"
+    assert options == [f"--extra-index-url {PYTORCH_CPU_INDEX}"]
+
+
+def _local_cpu_torch_wheel(version: str) -> Path | None:
+    """The torch `version` wheel for this interpreter in a local wheel store (pip's find-links)."""
+    from packaging.tags import sys_tags
+    from packaging.utils import parse_wheel_filename
+
+    ours = set(sys_tags())
+    stores = (os.environ.get("PIP_FIND_LINKS") or _pip_config().get("find-links") or "").split()
+    for store in stores:
+        for wheel in sorted(Path(store.removeprefix("file://")).glob("torch-*.whl")):
+            name, found, _build, tags = parse_wheel_filename(wheel.name)
+            if str(found) == version and tags & ours:
+                return wheel
+    return None
+
+
+def _stand_in_index(base: Path, wheel: Path) -> str:
+    """A one-package simple index serving `wheel`, in place of PyTorch's CPU index (which
+    serves the same file) where that index cannot be reached."""
+    (base / "torch").mkdir(parents=True)
+    (base / "torch" / "index.html").write_text(f'<html><body><a href="{wheel.as_uri()}">{wheel.name}</a></body></html>\n')
+    return base.as_uri()
+
+
+@pytest.mark.slow
+def test_the_newcomer_install_resolves_to_cpu_torch_from_the_package_index_alone(tmp_path):
+    """The README's first command, resolved as on a fresh machine: `pip --isolated` (no pip
+    configuration, no local wheel store) against PyPI and the index the constraints file
+    names. It installs the CPU build of torch and no CUDA package. Where PyTorch's CPU index
+    cannot be reached (CI's network), a one-file index serving that index's wheel from the
+    local store stands in for it; every other package still comes from PyPI."""
+    reason = url_unreachable(PYPI)
+    if reason:
+        pytest.skip(reason)
+    (command,) = [c for c in README_COMMANDS if "dev" in extras_of(project_install_args(c))]
+    args = project_install_args(command)
+    assert "-c" in args and args[args.index("-c") + 1] == "constraints-cpu.txt", command
+    _options, pins = constraint_lines()
+    src = _source_copy(tmp_path / "src")
+    if url_unreachable(PYTORCH_CPU_INDEX):
+        wheel = _local_cpu_torch_wheel(pins["torch"])
+        if wheel is None:
+            pytest.skip(f"{PYTORCH_CPU_INDEX} cannot be reached and no local torch {pins['torch']} wheel stands in")
+        stand_in = _stand_in_index(tmp_path / "stand-in", wheel)
+        text = (src / "constraints-cpu.txt").read_text().replace(PYTORCH_CPU_INDEX, stand_in)
+        (src / "constraints-cpu.txt").write_text(text)
+    report = tmp_path / "report.json"
+    cmd = [sys.executable, "-m", "pip", "install", "--isolated", *args, "--dry-run", "--ignore-installed",
+           "--quiet", "--report", str(report)]
+    done = subprocess.run(cmd, check=False, cwd=src, capture_output=True, text=True, timeout=PIP_TIMEOUT_S,
+                          env={**os.environ, "PIP_NO_INPUT": "1"})
+    assert done.returncode == 0, done.stderr[-3000:]
+    installs = json.loads(report.read_text())["install"]
+    versions = {item["metadata"]["name"].lower(): item["metadata"]["version"] for item in installs}
+    assert versions["torch"] == pins["torch"]
+    cuda = sorted(n for n in versions if n.startswith(("nvidia-", "cuda-")) or n in ("triton", "cupy"))
+    assert not cuda, f"`{command}` installs CUDA packages on a fresh machine: {cuda}"
+    hosts = {item["download_info"]["url"].split("/")[2] for item in installs
+             if item["download_info"]["url"].startswith("http")}
+    assert hosts <= {"files.pythonhosted.org", "download.pytorch.org"}, hosts
+
+
+@pytest.mark.slow
+def test_pypi_alone_cannot_give_the_pinned_torch():
+    """Without the CPU index, pip stops at the pin instead of pulling the CUDA build."""
+    reason = url_unreachable(PYPI)
+    if reason:
+        pytest.skip(reason)
+    _options, pins = constraint_lines()
+    done = subprocess.run([sys.executable, "-m", "pip", "install", "--isolated", "--dry-run", "--ignore-installed",
+                           "--no-deps", "--index-url", PYPI, f"torch=={pins['torch']}"],
+                          check=False, capture_output=True, text=True, timeout=PIP_TIMEOUT_S)
+    assert done.returncode != 0, f"PyPI alone resolved torch=={pins['torch']}:\n{done.stdout}"
+    assert "No matching distribution" in done.stderr or "ResolutionImpossible" in done.stderr, done.stderr

@@ -33,6 +33,7 @@ STAGES: dict[str, tuple[str, str]] = {
     "status": ("align.stages.status", "each step of a recipe: done, stale (why), partial or not started"),
     "submit": ("align.stages.submit", "a recipe's steps as SLURM jobs, each after the steps it reads"),
     "demo": ("align.stages.demo", "the whole method on a tiny model on CPU, in minutes"),
+    "tiny-models": ("align.stages.tiny_models", "random-weight tiny models for the recipes in recipes/tiny/ (CPU)"),
 }
 
 

@@ -1,0 +1,51 @@
+"""Random-weight tiny models to run the recipes in `recipes/tiny/` on CPU: a Llama policy
+(hidden 64, two layers) and a one-label reward model, each saved with its tokenizer.
+
+They learn nothing worth keeping; they make every stage's wiring run in seconds. The
+weights depend only on `seed`, so a second run writes the same files. An existing
+`output_dir` is left alone (and said so) unless `overwrite=true`.
+
+Example: ``align tiny-models output_dir=runs/tiny_models`` (what `recipes/tiny/*.yaml` read).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from align.config import load_config
+from align.errors import ConfigError
+
+USAGE = "align tiny-models [output_dir=DIR] [seed=N] [overwrite=true]"
+MODELS = ("policy", "reward_model")
+
+
+@dataclass
+class Config:
+    output_dir: str = field(default="runs/tiny_models", metadata={"help": "where policy/ and reward_model/ go"})
+    seed: int = field(default=0, metadata={"help": "the policy's weights seed (the reward model takes seed + 1)"})
+    overwrite: bool = field(default=False, metadata={"help": "rebuild models that are already there"})
+
+
+def config_from_args(args: Sequence[str]) -> Config:
+    """Only key=value arguments: there is no recipe to read."""
+    stray = [a for a in args if "=" not in a]
+    if stray:
+        raise ConfigError(f"unexpected argument {stray[0]!r} ({USAGE})")
+    return load_config(Config, None, list(args))
+
+
+def run(config: Config) -> dict[str, str]:
+    """Save the models, or say where they already are."""
+    from align.testing.tiny import save_tiny_models
+
+    root = Path(config.output_dir)
+    present = [name for name in MODELS if (root / name / "config.json").is_file()]
+    if len(present) == len(MODELS) and not config.overwrite:
+        print(f"[align tiny-models] {root}: already there (overwrite=true rebuilds)")
+        return {name: str(root / name) for name in MODELS}
+    paths = save_tiny_models(root, seed=config.seed)
+    for name, path in paths.items():
+        print(f"[align tiny-models] {name}: {path}")
+    return {name: str(path) for name, path in paths.items()}
