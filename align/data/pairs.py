@@ -42,7 +42,7 @@ from typing import Any
 
 from align.chat.formats import get_format
 from align.data.quantiles import quantile_rewards
-from align.data.records import record_id, validate_rewards
+from align.data.records import record_id, validate_rewards, with_completion_defaults
 from align.errors import ConfigError, InputError, RecordError
 
 __all__ = ["TRUNCATED_POLICIES", "Pair", "Skip", "is_truncated", "make_pairs", "select_pair",
@@ -375,6 +375,7 @@ def make_pairs(
     pair_ids: set[str] = set()
     for index, record in enumerate(records):
         validate_rewards(record, index)
+        record = with_completion_defaults(record)
         if any(r is not None and type(r) is not float for r in record["rewards"]):  # numpy / torch scalars, ints
             record = {**record, "rewards": [None if r is None else float(r) for r in record["rewards"]]}
         rid = record_id(record, index)

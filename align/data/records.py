@@ -9,8 +9,9 @@ Prompt record (sampling adds ``completions``; annotation adds ``rewards``)::
     id:           str, stable across stages (jobs resume by it)
     messages:     list of {"role", "content"}: the prompt conversation, ending with a
                   user turn
-    completions:  list of {"text": str, "num_tokens": int, "finish_reason": str,
-                  "is_reference": bool, "source": str}
+    completions:  list of {"text": str, "is_reference": bool, "num_tokens": int,
+                  "finish_reason": str, "source": str}; the last three optional
+                  (COMPLETION_DEFAULTS; docs/your-data.md)
     rewards:      list of float | None, one per completion
     reward_skips: list of str | None, why a reward is None
     num_ref_dropped: int (optional), reference samples that sampling with
@@ -118,22 +119,78 @@ def validate_prompt(record: Mapping[str, Any], index: int | None = None) -> None
         raise RecordError(rid, "messages", f"prompt must end with a user turn, ends with {messages[-1]['role']!r}")
 
 
+COMPLETION_DEFAULTS: dict[str, Any] = {
+    # a completion supplied from elsewhere is taken as one that ended its turn; mark a cut
+    # one "length" (it is then never trained with an end-of-turn token)
+    "finish_reason": "stop",
+    # where it came from, for the reports; a sampler writes its backend and model
+    "source": "supplied",
+    # its length in tokens, as the sampler counted it; None: not counted (nothing reads it
+    # before evaluation, which counts its own samples)
+    "num_tokens": None,
+}
+COMPLETION_HINT = ("a completion needs text and is_reference (true: a sample of the reference policy, one of "
+                   "the quantiles' references; false: another completion to pair); num_tokens, finish_reason "
+                   "and source are optional (docs/your-data.md)")
+
+
+def completion_problems(completion: Any, i: int) -> list[tuple[str, str]]:
+    """(field, problem) for every missing or mistyped field of completion `i`."""
+    if not isinstance(completion, Mapping):
+        return [(f"completions[{i}]", f"expected a mapping, got {type(completion).__name__}")]
+    problems = []
+    for name, kind in COMPLETION_FIELDS.items():
+        if name not in completion or completion[name] is None:
+            if name not in COMPLETION_DEFAULTS:
+                problems.append((f"completions[{i}].{name}", "missing"))
+            continue
+        value = completion[name]
+        if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
+            problems.append((f"completions[{i}].{name}", f"expected {kind.__name__}, got {value!r}"))
+    return problems
+
+
 def validate_completions(record: Mapping[str, Any], index: int | None = None) -> None:
-    """Check ``completions`` has the sampler's fields with the right types."""
+    """Check ``completions`` has the sampler's fields with the right types; one error lists
+    every problem of the record (a missing field once, with the completions it is missing in)."""
     validate_prompt(record, index)
     rid = record_id(record, index)
     completions = record.get("completions")
     if not isinstance(completions, list) or not completions:
         raise RecordError(rid, "completions", "missing or empty")
-    for i, completion in enumerate(completions):
-        if not isinstance(completion, Mapping):
-            raise RecordError(rid, f"completions[{i}]", "expected a mapping")
-        for name, kind in COMPLETION_FIELDS.items():
-            value = completion.get(name)
-            if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
-                raise RecordError(
-                    rid, f"completions[{i}].{name}", f"expected {kind.__name__}, got {value!r}"
-                )
+    problems = [p for i, c in enumerate(completions) for p in completion_problems(c, i)]
+    if not problems:
+        return
+    missing: dict[str, list[int]] = {}
+    others: list[str] = []
+    for field, problem in problems:
+        if problem == "missing":
+            name = field.split(".", 1)[1]
+            missing.setdefault(name, []).append(int(field[field.index("[") + 1:field.index("]")]))
+        else:
+            others.append(f"{field}: {problem}")
+    said = [f"{name} missing in completion{'s' if len(at) > 1 else ''} {_index_ranges(at)}"
+            for name, at in missing.items()]
+    raise RecordError(rid, problems[0][0], "; ".join(said + others) + f" ({COMPLETION_HINT})")
+
+
+def _index_ranges(indices: list[int]) -> str:
+    """[0, 1, 2, 5] -> '0-2, 5'."""
+    runs: list[list[int]] = []
+    for i in indices:
+        if runs and i == runs[-1][1] + 1:
+            runs[-1][1] = i
+        else:
+            runs.append([i, i])
+    return ", ".join(str(a) if a == b else f"{a}-{b}" for a, b in runs)
+
+
+def with_completion_defaults(record: Mapping[str, Any]) -> Mapping[str, Any]:
+    """The record with each completion's absent optional fields filled in (the record itself
+    when none is absent): what a stage reads after `validate_completions`."""
+    completions = record["completions"]
+    filled = [{**c, **{k: v for k, v in COMPLETION_DEFAULTS.items() if c.get(k) is None}} for c in completions]
+    return record if filled == completions else {**record, "completions": filled}
 
 
 def validate_rewards(record: Mapping[str, Any], index: int | None = None) -> None:

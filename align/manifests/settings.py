@@ -48,7 +48,6 @@ STAGE_NEUTRAL_KEYS = {
 # spelling. A leaf key is one of these, or ends in ``_path``, ``_file`` or ``_dir``.
 PATH_KEYS = frozenset({"input", "prompts", "model", "model_name_or_path", "tokenizer", "completions", "path",
                        "personas_file", "deepspeed", "charter", "kl_reference_model", "template"})
-# A key is secret when one of its words (split at ``_``, ``-``, ``.`` and camelCase) is one
 
 
 def flatten(value: Any, prefix: str = "") -> dict[str, Any]:
