@@ -1,7 +1,8 @@
 """The SLURM tests' session: one local cluster (tests/slurm/local_cluster.py) and a workspace.
 
 The cluster starts once for the session and is always stopped at its end, failed tests
-included. Where it cannot start (not root, no apt-get), the tests that need it are skipped
+included. Where it cannot start (not root, slurm-wlm and munge not installed and
+ALIGN_INSTALL_SLURM=1 not set to let apt-get install them), the tests that need it are skipped
 with the reason; CI allows no such skip (tests/conftest.py, ALLOWED_SKIPS) and sets
 ALIGN_REQUIRE_SLURM=1, which turns the skip into a failure that shows the daemons' logs.
 
