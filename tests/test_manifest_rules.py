@@ -1,6 +1,8 @@
 """The rerun rules of a stage output, as a user meets them: what a rerun skips, resumes, refuses or redoes,
 what ``overwrite=true`` removes and what it keeps, what ``_COMPLETE.json`` records of the files a stage
-wrote, and which of them changed since (align.manifests.rerun, .state, .outputs).
+wrote, and which of them changed since (align.manifests.rerun, .state, .outputs); and which settings count
+toward a stage's manifest: path settings by the content they name, neutral ones not at all, every other by
+its value unless it is at its declared default (align.manifests.settings, .manifest).
 
 A toy stage (a small dataclass config, one input file, files written by hand) runs through ``StageRun``:
 no model, no subprocess.
@@ -8,16 +10,27 @@ no model, no subprocess.
 
 from __future__ import annotations
 
+import enum
 import json
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
 
 from align.io.fingerprint import file_digest
-from align.manifests import StageRun, StaleOutputError, begin, completion_fields, rerun, start
+from align.manifests import (
+    StageRun,
+    StaleOutputError,
+    begin,
+    build_manifest,
+    completion_fields,
+    is_path_key,
+    rerun,
+    start,
+)
 from align.manifests.redaction import is_secret_key, redact
+from align.manifests.settings import field_defaults, flatten, init_settings, looks_like_path
 
 STAGE = "toy"
 
@@ -525,3 +538,300 @@ def test_redact_drops_secret_keys_at_every_depth_and_cuts_credentials_out_of_url
              "servers": [{"base_url": "http://user:pw@host:8000/v1", "clientSecret": "s"}], "pad_token": "<pad>"}
     assert redact(value) == {"model": "m", "engine_kwargs": {"dtype": "bf16"},
                              "servers": [{"base_url": "http://host:8000/v1"}], "pad_token": "<pad>"}
+
+
+# --------------------------------------------------------------------------- which settings count, and how
+
+
+@dataclass
+class Judge:
+    model: str = ""
+
+
+@dataclass
+class Scoring:
+    judge: Judge = field(default_factory=Judge)
+
+
+@dataclass
+class Reader:
+    """A stage's config with a path setting of every spelling, a cache, and settings that never count."""
+
+    personas_file: str = ""
+    extra_file: str = ""
+    foo_dir: str = ""
+    reward_path: str = ""
+    prompts: list = field(default_factory=list)
+    scoring: Scoring = field(default_factory=Scoring)
+    cache_dir: str = ""
+    note: str = ""
+    output_dir: str = ""
+    logging_steps: int = 10
+    seed: int = 0
+
+
+def reader_files(root: Path) -> dict[str, Path]:
+    """The files and directories a ``Reader`` names, each with some content."""
+    paths = {"personas_file": root / "personas.jsonl", "extra_file": root / "extra.txt",
+             "foo_dir": root / "data", "reward_path": root / "reward.json", "prompts[0]": root / "p0.jsonl",
+             "prompts[1]": root / "p1.jsonl", "scoring.judge.model": root / "judge"}
+    for key, path in paths.items():
+        if key in ("foo_dir", "scoring.judge.model"):
+            path.mkdir()
+            (path / "config.json").write_text('{"a": 1}\n')
+        else:
+            path.write_text(f"{key}\n")
+    return paths
+
+
+def a_reader(files: dict[str, Path], **kw) -> Reader:
+    spell = {k: str(v) for k, v in files.items()}
+    return Reader(personas_file=spell["personas_file"], extra_file=spell["extra_file"], foo_dir=spell["foo_dir"],
+                  reward_path=spell["reward_path"], prompts=[spell["prompts[0]"], spell["prompts[1]"]],
+                  scoring=Scoring(Judge(spell["scoring.judge.model"])), **kw)
+
+
+def test_the_files_path_settings_name_count_by_their_content_not_their_spelling(tmp_path, monkeypatch):
+    """``personas_file``, ``*_file``, ``*_dir``, ``*_path``, each path of a list (``prompts[1]``) and a nested
+    ``a.b.model`` are inputs: the same files spelled otherwise give the same manifest, and an edit to any of
+    them gives another one."""
+    files = reader_files(tmp_path)
+    first = build_manifest(STAGE, a_reader(files))
+    assert set(first.inputs) == set(files)
+    assert not set(files) & set(first.settings)
+
+    monkeypatch.chdir(tmp_path)
+    respelled = {k: Path("." + os.sep + os.path.relpath(v, tmp_path)) for k, v in files.items()}
+    assert build_manifest(STAGE, a_reader(respelled)).fingerprint == first.fingerprint
+
+    seen = {first.fingerprint}
+    for key, path in files.items():
+        target = path / "config.json" if path.is_dir() else path
+        target.write_text(target.read_text() + "edited\n")
+        fingerprint = build_manifest(STAGE, a_reader(files)).fingerprint
+        assert fingerprint not in seen, key
+        seen.add(fingerprint)
+
+
+def test_a_cache_dir_and_a_setting_that_is_no_path_key_count_by_spelling_even_when_they_name_a_file(tmp_path):
+    """``cache_dir`` (a download cache) and ``note`` are not inputs: editing what they name leaves the manifest
+    as it was; spelling them otherwise does not."""
+    files = reader_files(tmp_path)
+    cache = tmp_path / "cache"
+    cache.mkdir()
+    (cache / "blob").write_text("1\n")
+    note = tmp_path / "note.txt"
+    note.write_text("a note\n")
+    assert not is_path_key("cache_dir") and not is_path_key("model.cache_dir")
+    assert not looks_like_path("note", str(note)) and not looks_like_path("cache_dir", str(cache))
+
+    first = build_manifest(STAGE, a_reader(files, cache_dir=str(cache), note=str(note)))
+    assert first.settings["cache_dir"] == str(cache) and first.settings["note"] == str(note)
+    assert "cache_dir" not in first.inputs and "note" not in first.inputs
+    (cache / "blob").write_text("changed, longer\n")
+    note.write_text("another note, longer\n")
+    assert build_manifest(STAGE, a_reader(files, cache_dir=str(cache), note=str(note))).fingerprint == \
+        first.fingerprint
+    other = build_manifest(STAGE, a_reader(files, cache_dir=str(cache) + os.sep, note=f"{tmp_path}/./note.txt"))
+    assert other.fingerprint != first.fingerprint
+
+
+def test_neutral_settings_leave_the_manifest_as_it_was(tmp_path):
+    """Where a stage writes and how often it logs (``output_dir``, ``logging_steps``) never count; a seed does."""
+    files = reader_files(tmp_path)
+    first = build_manifest(STAGE, a_reader(files, output_dir=str(tmp_path / "a"), logging_steps=10))
+    assert "output_dir" not in first.settings and "logging_steps" not in first.settings
+    assert build_manifest(STAGE, a_reader(files, output_dir=str(tmp_path / "b"), logging_steps=1)).fingerprint \
+        == first.fingerprint
+    assert build_manifest(STAGE, a_reader(files, seed=1)).fingerprint != first.fingerprint
+
+
+@pytest.mark.parametrize("key", [
+    "input", "model", "charter", "personas_file", "extra_file", "foo_dir", "reward_path", "x.y_path",
+    "a.b.model", "trainer.judge.charter", "prompts[1]", "input[12]", "data.items_file[3]", "s[0].sub.model",
+])
+def test_path_keys_are_known_by_the_last_word_of_a_dotted_or_indexed_key(key):
+    """A path setting is one of ``PATH_KEYS`` or ends in ``_path``, ``_file``, ``_dir`` (after its last dot,
+    less a list index)."""
+    assert is_path_key(key)
+
+
+@pytest.mark.parametrize("key", [
+    "cache_dir", "model.cache_dir", "output_dir", "logging_dir", "trainer.output_dir", "seed", "items[3]",
+    "model.seed", "input.size", "model_dir.x", "output_dir[0]", "resume_from_checkpoint", "path_count",
+])
+def test_other_keys_are_not_path_keys(key):
+    """Neutral keys, caches, and keys whose last word is no path word are not path settings."""
+    assert not is_path_key(key)
+
+
+def test_only_a_plain_one_line_path_of_at_most_4096_characters_is_looked_for(tmp_path):
+    """A path setting's value counts as a path (to fingerprint) only when it is a string of one line, of at most
+    4096 characters, that names something that exists; otherwise it is a setting compared by spelling (and a
+    name too long for the file system is no error)."""
+    (tmp_path / "f").write_text("x\n")
+    base = str(tmp_path)
+
+    def spelled(length: int) -> str:  # the file f, with as many redundant separators as make that length
+        return base + os.sep * (length - len(base) - 1) + "f"
+
+    assert looks_like_path("data_file", spelled(4096))
+    assert not looks_like_path("data_file", spelled(4097))
+    two_lines = tmp_path / "two\nlines"
+    two_lines.write_text("x\n")
+    too_long = str(tmp_path / ("a" * 300))
+    assert not looks_like_path("data_file", str(two_lines))
+    assert not looks_like_path("data_file", too_long)
+    assert not looks_like_path("data_file", "") and not looks_like_path("data_file", None)
+    assert looks_like_path("data_file", str(tmp_path / "f"))
+
+    @dataclass
+    class Files:
+        a_file: str = ""
+        b_file: str = ""
+        c_file: str = ""
+        d_file: str = ""
+
+    manifest = build_manifest(STAGE, Files(spelled(4096), spelled(4097), str(two_lines), too_long))
+    assert set(manifest.inputs) == {"a_file"}
+    assert manifest.settings == {"b_file": spelled(4097), "c_file": str(two_lines), "d_file": too_long}
+
+
+def test_nested_settings_flatten_to_dotted_keys_and_a_list_of_mappings_to_indexed_ones():
+    """``a: {b: 1}`` is ``a.b``; ``servers: [{url: u}]`` is ``servers[0].url``; an empty mapping, an empty
+    list and a list that is not all mappings stay one value."""
+    assert flatten({"a": {"b": 1, "c": {"d": 2}}, "e": 3}) == {"a.b": 1, "a.c.d": 2, "e": 3}
+    assert flatten({"servers": [{"url": "u", "opts": {"x": 1}}, {"url": "v"}]}) == {
+        "servers[0].url": "u", "servers[0].opts.x": 1, "servers[1].url": "v"}
+    assert flatten({"m": {}, "l": [], "mixed": [{"a": 1}, 2], "names": ["x"]}) == {
+        "m": {}, "l": [], "mixed": [{"a": 1}, 2], "names": ["x"]}
+    assert flatten({"engine": {"servers": [{"model": "m"}]}}) == {"engine.servers[0].model": "m"}
+
+
+def test_a_mapping_config_counts_as_its_plain_values(tmp_path):
+    """A config given as a mapping (not a dataclass) counts by its plain values (paths as strings); the files
+    its path settings name are inputs, and it declares no defaults."""
+    rows = tmp_path / "in.jsonl"
+    rows.write_text("{}\n")
+    config = {"input": rows, "seed": 1, "judge": {"servers": [{"url": Path("u")}]}}
+    assert init_settings(config) == {"input": str(rows), "seed": 1, "judge": {"servers": [{"url": "u"}]}}
+    assert field_defaults(config) == {}
+    manifest = build_manifest(STAGE, config)
+    assert set(manifest.inputs) == {"input"}
+    assert manifest.settings == {"seed": 1, "judge.servers[0].url": "u"}
+
+
+class Mode(enum.Enum):
+    A = "a"
+    B = "b"
+
+
+@dataclass
+class Inner:
+    lr: float = 0.1
+    tags: list = field(default_factory=lambda: ["a"])
+
+
+@dataclass
+class Middle:
+    model: str = ""
+    inner: Inner = field(default_factory=Inner)
+
+
+@dataclass
+class Declared:
+    """Settings of every kind of default: none (required), not an init field, a value, an enum, a path, a
+    factory, a nested config (two levels)."""
+
+    name: str
+    hidden: int = field(default=7, init=False)
+    seed: int = 3
+    mode: Mode = Mode.A
+    where: Path = Path("x")
+    middle: Middle = field(default_factory=Middle)
+    tags: list = field(default_factory=lambda: ["t"])
+    last: int = 0
+
+
+def test_declared_defaults_are_reported_under_the_manifests_dotted_keys():
+    """Each init setting with a default, as a plain value; a nested config's under ``outer.inner.key``; no
+    entry for a required setting or one that is not an init field; none for a class or a mapping."""
+    assert init_settings(Declared("n"))["middle"] == {"model": "", "inner": {"lr": 0.1, "tags": ["a"]}}
+    assert "hidden" not in init_settings(Declared("n"))
+    assert field_defaults(Declared("n", seed=5, mode=Mode.B, last=9)) == {
+        "seed": 3, "mode": "a", "where": "x", "middle.model": "", "middle.inner.lr": 0.1,
+        "middle.inner.tags": ["a"], "tags": ["t"], "last": 0}
+    assert field_defaults(Declared) == {} and field_defaults({"seed": 1}) == {} and field_defaults(None) == {}
+
+
+@dataclass
+class InnerV2:
+    lr: float = 0.1
+    tags: list = field(default_factory=lambda: ["a"])
+    knob: int = 0
+
+
+@dataclass
+class MiddleV2:
+    model: str = ""
+    inner: InnerV2 = field(default_factory=InnerV2)
+
+
+@dataclass
+class DeclaredV2:
+    """``Declared`` of a later version: new settings (nested, a factory, an enum) at defaults that keep the
+    old behaviour."""
+
+    name: str
+    hidden: int = field(default=7, init=False)
+    seed: int = 3
+    mode: Mode = Mode.A
+    where: Path = Path("x")
+    middle: MiddleV2 = field(default_factory=MiddleV2)
+    tags: list = field(default_factory=lambda: ["t"])
+    last: int = 0
+    added: list = field(default_factory=list)
+    style: Mode = Mode.B
+
+
+def test_settings_at_their_declared_defaults_leave_a_finished_output_current():
+    """A new version that adds settings at defaults keeping the old behaviour gives the same fingerprint (every
+    setting is still recorded); a setting set away from its default counts."""
+    old = build_manifest(STAGE, Declared("n", seed=4))
+    new = build_manifest(STAGE, DeclaredV2("n", seed=4))
+    assert new.fingerprint == old.fingerprint
+    assert new.settings["middle.inner.knob"] == 0 and new.settings["added"] == [] and new.settings["style"] == "b"
+    assert build_manifest(STAGE, DeclaredV2("n", seed=4, added=["x"])).fingerprint != old.fingerprint
+    assert build_manifest(STAGE, DeclaredV2("n", seed=4, middle=MiddleV2(inner=InnerV2(knob=1)))).fingerprint \
+        != old.fingerprint
+    assert build_manifest(STAGE, DeclaredV2("n", seed=4, last=1)).fingerprint != old.fingerprint
+
+
+@dataclass
+class PresetInner:
+    model: str = ""
+    temperature: float = 1.0
+
+
+@dataclass
+class WithPreset:
+    """A nested config whose factory presets a value other than the nested class's own default."""
+
+    sampler: PresetInner = field(default_factory=lambda: PresetInner(model="preset"))
+
+
+@dataclass
+class WithPresetV2:
+    sampler: PresetInner = field(default_factory=lambda: PresetInner(model="preset"))
+    added: int = 0
+
+
+def test_a_nested_factory_preset_is_the_declared_default():
+    """`field(default_factory=lambda: Sampler(model="preset"))`: the preset is the default of
+    `sampler.model`, so a later version adding a setting at its default keeps the output current,
+    and the preset changed away from counts."""
+    assert field_defaults(WithPreset()) == {"sampler.model": "preset", "sampler.temperature": 1.0}
+    old = build_manifest(STAGE, WithPreset())
+    assert build_manifest(STAGE, WithPresetV2()).fingerprint == old.fingerprint
+    moved = build_manifest(STAGE, WithPresetV2(sampler=PresetInner(model="")))
+    assert moved.fingerprint != old.fingerprint

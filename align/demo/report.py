@@ -97,6 +97,16 @@ def count_reasons(items: Any) -> dict[str, int]:
     return counts
 
 
+def fallback_note(fallbacks: int, pairs: int, kinds: Mapping[str, int]) -> str:
+    """What the pair fallbacks are, and that they are no defect: with a 0/1 reward a wrong
+    answer among several wrong references sits above the low bucket's cut."""
+    listed = ", ".join(f"{count} {kind}" for kind, count in sorted(kinds.items(), key=lambda kv: (-kv[1], kv[0])))
+    return (f"({fallbacks} of the {pairs} pairs are fallbacks ({listed}): the preferred bucket was empty, so the "
+            "next was used. Expected with a 0/1 reward, where a wrong answer tied with other wrong references "
+            "has a quantile above the low cut; every pair still prefers the higher reward (docs/method.md, "
+            "Pair selection).)")
+
+
 def build_report(state: Any, *, total_seconds: float) -> dict[str, Any]:
     """Every number of the run: accuracy and gains with intervals, pairs, steps, timings."""
     from collections import Counter
@@ -166,8 +176,10 @@ def print_summary(state: Any, report: dict[str, Any]) -> None:
     for later in report["later_rounds"].values():
         for r in later:
             print(f"Round {r['round']} against round {r['round'] - 1}: {r['verdicts'][0]}")
-    print(f"({report['pairs']} pairs from {report['prompts']} prompts, {report['pair_fallbacks']} of them fallbacks; "
-          f"SFT stopped at step {report['sft_steps']}; {report['total_seconds']} s in all.)")
+    print(f"({report['pairs']} pairs from {report['prompts']} prompts; SFT stopped at step {report['sft_steps']}; "
+          f"{report['total_seconds']} s in all.)")
+    if report["pair_fallbacks"]:
+        print(fallback_note(report["pair_fallbacks"], report["pairs"], report["pair_fallback_kinds"]))
     print(f"Report: {out / 'report.json'}, {out / 'evaluate' / 'report.md'}, {out / 'qrpo' / 'sweep.md'}, "
           f"{out / 'dpo' / 'sweep.md'}; plots: {out / 'training.png'}, {out / 'validation_grid.png'}, "
           f"{out / 'evaluate'}/*.png")

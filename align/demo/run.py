@@ -235,7 +235,7 @@ def evaluate_policies(state: DemoState) -> None:
     state.evaluation = evaluate(state.splits["held_out"], policies, demo_reward(), state.out / "evaluate",
                                 baseline="sft", settings=settings, source="held-out prompts")
     rows = read_records(state.out / "evaluate" / "eval.jsonl")
-    state.head_to_head = comparison_summary(rows, "qrpo", "dpo", settings)
+    state.head_to_head = comparison_summary(rows, "qrpo", "dpo", settings, between=True)
     state.round_comparisons = round_comparisons(state, rows, settings)
 
 

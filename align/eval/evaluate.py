@@ -559,7 +559,7 @@ def evaluate(
 
     rows = assemble_rows(prompts, policies, generations, scores, pairwise, kl)
     report = build_report(rows, [p.name for p in policies], baseline, settings, provider_name=provider_name,
-                          kl_notes=kl_notes)
+                          kl_notes=kl_notes, supplied=[p.name for p in policies if p.completions is not None])
     write_outputs(out, rows, report, plots=settings.plots)
     return report
 

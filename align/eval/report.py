@@ -59,6 +59,24 @@ def _tables(section: Mapping[str, Any], baseline: str) -> list[str]:
     return lines
 
 
+def _generation_sentence(report: Mapping[str, Any]) -> str:
+    """How the completions came about: the sampling settings for the policies sampled here,
+    and, apart, the policies whose completions were given (the settings do not describe them)."""
+    s = report["settings"]
+    supplied = report.get("supplied") or []
+    generated = report.get("generated", [n for n in report["overall"]["policies"] if n not in supplied])
+    said = []
+    if generated:
+        said.append(f"{'Sampled here' if supplied else 'Sampled'}"
+                    f"{' (' + ', '.join(f'`{n}`' for n in generated) + ')' if supplied else ''}: "
+                    f"greedy {'yes' if s['greedy'] else 'no'}; {s['n']} samples per prompt at temperature "
+                    f"{s['temperature']} (top_p {s['top_p']}, at most {s['max_tokens']} tokens).")
+    if supplied:
+        said.append(f"Given as completions ({', '.join(f'`{n}`' for n in supplied)}): their first {s['n']} per "
+                    "prompt are the samples, with no greedy answer; how they were sampled is not known here.")
+    return " ".join(said)
+
+
 def markdown(report: Mapping[str, Any]) -> str:
     """The report as Markdown tables and sentences."""
     baseline = report["baseline"]
@@ -66,10 +84,9 @@ def markdown(report: Mapping[str, Any]) -> str:
     lines = [
         "# Evaluation report", "",
         (f"{report['prompts']} prompts; reward: `{report['provider']}`; baseline: `{baseline}`. "
-        f"Greedy: {'yes' if s['greedy'] else 'no'}; {s['n']} samples per prompt at temperature {s['temperature']}"
-        f" (top_p {s['top_p']}, at most {s['max_tokens']} tokens). Intervals are {int(s['confidence'] * 100)}% "
-        f"bootstrap intervals over prompts ({s['resamples']} resamples; paired where two policies answered "
-        "the same prompts)."), "",
+         f"{_generation_sentence(report)} Intervals are {int(s['confidence'] * 100)}% "
+         f"bootstrap intervals over prompts ({s['resamples']} resamples; paired where two policies answered "
+         "the same prompts)."), "",
         "## Overall", "",
     ]
     lines += _tables(report["overall"], baseline)

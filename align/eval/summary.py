@@ -97,8 +97,11 @@ def policy_summary(rows: list[dict], name: str, settings: Any) -> dict[str, Any]
     return out
 
 
-def comparison_summary(rows: list[dict], name: str, baseline: str, settings: Any) -> dict[str, Any]:
-    """Win rates (reward and judge), paired reward differences and length buckets against the baseline."""
+def comparison_summary(rows: list[dict], name: str, baseline: str, settings: Any, *,
+                       between: bool = False) -> dict[str, Any]:
+    """Win rates (reward and judge), paired reward differences and length buckets against the baseline.
+    ``between``: two methods side by side (neither is the other's start), so the verdicts say
+    "higher" or "lower", never "improvement" or "decline"."""
     out: dict[str, Any] = {"policy": name, "baseline": baseline}
     for kind in ("greedy", "sampled"):
         reward_outcomes = [_reward_outcomes(r["policies"][name], r["policies"][baseline], kind) for r in rows]
@@ -121,7 +124,7 @@ def comparison_summary(rows: list[dict], name: str, baseline: str, settings: Any
                 out["win_rate_judge_by_length"] = {
                     bucket: _win([[o for o, _, b in per if b == bucket] for per in judged], settings)
                     for bucket in LENGTH_BUCKETS}
-    out["verdicts"] = _verdicts(out, name, baseline)
+    out["verdicts"] = _verdicts(out, name, baseline, between=between)
     return out
 
 
@@ -141,18 +144,18 @@ def _paired_deltas(rows: list[dict], name: str, baseline: str, kind: str) -> lis
     return pairs
 
 
-def _verdicts(comparison: Mapping[str, Any], name: str, baseline: str) -> list[str]:
+def _verdicts(comparison: Mapping[str, Any], name: str, baseline: str, *, between: bool = False) -> list[str]:
     sentences = []
     for kind in ("sampled", "greedy"):
         delta = comparison.get(f"reward_difference_{kind}")
         if delta:
             sentences.append(stats.verdict(f"{name} − {baseline}, mean {kind} reward",
-                                           stats.Interval(**delta), null=0.0))
+                                           stats.Interval(**delta), null=0.0, between=between))
         for source in ("reward", "judge"):
             win = comparison.get(f"win_rate_{source}_{kind}")
             if win:
                 sentences.append(stats.verdict(f"{name} vs {baseline}, win rate by {source} ({kind})",
-                                               stats.Interval(**win["rate"]), null=0.5))
+                                               stats.Interval(**win["rate"]), null=0.5, between=between))
     return sentences
 
 
@@ -165,8 +168,11 @@ def _groups(rows: list[dict], column: str) -> dict[str, list[dict]]:
 
 
 def build_report(rows: list[dict], names: Sequence[str], baseline: str, settings: Any, *,
-                 provider_name: str, kl_notes: Mapping[str, str] | None = None) -> dict[str, Any]:
-    """Every figure of the evaluation, overall and per ``language`` / ``category``."""
+                 provider_name: str, kl_notes: Mapping[str, str] | None = None,
+                 supplied: Sequence[str] = ()) -> dict[str, Any]:
+    """Every figure of the evaluation, overall and per ``language`` / ``category``.
+    ``supplied``: the policies whose completions were given, not generated here (the
+    generation settings do not describe them)."""
 
     def section(subset: list[dict]) -> dict[str, Any]:
         return {
@@ -179,6 +185,8 @@ def build_report(rows: list[dict], names: Sequence[str], baseline: str, settings
         "baseline": baseline,
         "prompts": len(rows),
         "settings": {k: getattr(settings, k) for k in settings.__dataclass_fields__},
+        "generated": [n for n in names if n not in supplied],
+        "supplied": [n for n in names if n in supplied],
         "overall": section(rows),
         "kl_notes": dict(kl_notes or {}),
         "breakdowns": {},

@@ -57,7 +57,7 @@ from align.jobs.runner import guard_writes
 from align.manifests.outputs import changed_outputs, record_outputs
 from align.manifests.redaction import redact
 from align.manifests.rerun import Begun, StaleOutputError, begin, completion_fields, is_writer, start
-from align.manifests.settings import flatten, init_settings, is_path_key
+from align.manifests.settings import flatten, init_settings, looks_like_path
 from align.manifests.state import MANIFEST_FILE, WRITER_LOCK, read_json
 # Stage outputs that hold more than one kind of row: reading the whole directory would mix
 # them (skipped prompts into pairs, contaminated rows into the training set).
@@ -161,10 +161,8 @@ def input_paths(config: Any) -> dict[str, str]:
         values = value if isinstance(value, list) and all(isinstance(v, str) for v in value) else [value]
         for i, item in enumerate(values):
             name = key if len(values) == 1 else f"{key}[{i}]"
-            if is_path_key(name) and isinstance(item, str) and item and "\n" not in item and len(item) < 4096:
-                with contextlib.suppress(OSError):
-                    if Path(item).expanduser().exists():
-                        out[name] = item
+            if looks_like_path(name, item):  # the manifest's own rule for what is an input
+                out[name] = item
     return out
 
 

@@ -74,7 +74,7 @@ def init_settings(config: Any) -> dict[str, Any]:
 def is_path_key(key: str) -> bool:
     """A setting that names something to read (``PATH_KEYS``, or ``*_path``, ``*_file``, ``*_dir``)."""
     leaf = re.sub(r"\[\d+\]$", "", key.rsplit(".", 1)[-1])
-    if leaf in NEUTRAL_KEYS or leaf in ("cache_dir", "output_dir", "logging_dir"):
+    if leaf in NEUTRAL_KEYS or leaf == "cache_dir":  # output_dir and logging_dir are neutral
         return False
     return leaf in PATH_KEYS or leaf.endswith(("_path", "_file", "_dir"))
 
@@ -103,6 +103,11 @@ def field_defaults(config: Any, prefix: str = "") -> dict[str, Any]:
         else:
             continue
         value = getattr(config, f.name)
+        if dataclasses.is_dataclass(default) and not isinstance(default, type):
+            # a nested config made by its factory: its defaults are that instance's values
+            # (a preset such as `field(default_factory=lambda: Sampler(backend="vllm"))`)
+            out.update({f"{prefix}{f.name}.{k}": v for k, v in flatten(init_settings(default)).items()})
+            continue
         if dataclasses.is_dataclass(value) and not isinstance(value, type):
             out.update(field_defaults(value, f"{prefix}{f.name}."))
             continue

@@ -66,6 +66,7 @@ def test_demo_runs_every_stage_and_reports_numbers(demo_report):
         delta = report["accuracy"]["qrpo"][kind]["estimate"] - report["accuracy"]["dpo"][kind]["estimate"]
         assert head[kind]["estimate"] == pytest.approx(delta)  # paired over the same prompts
     assert head["verdicts"][0].startswith("qrpo − dpo, mean sampled reward")
+    assert not any("decline" in v or "improvement" in v for v in head["verdicts"]), head["verdicts"]
     assert "sampled accuracy (T=1)" in stdout and "QRPO - DPO" in stdout and "QRPO:" in stdout and "Report:" in stdout
 
 
@@ -86,7 +87,17 @@ def test_report_describes_the_pairs(demo_report):
     assert report["config"]["preset"] == "ci"
     assert 0 <= report["pair_fallbacks"] <= report["pairs"]
     assert sum(report["pair_fallback_kinds"].values()) == report["pair_fallbacks"]
+    if report["pair_fallbacks"]:
+        assert f"{report['pair_fallbacks']} of the {report['pairs']} pairs are fallbacks (" in demo_report[2]
+        assert "every pair still prefers the higher reward" in demo_report[2]
     assert 0.0 <= report["mean_rejected_quantile"] < report["mean_chosen_quantile"] <= 1.0
+
+
+def test_the_fallback_note_counts_each_kind_most_common_first():
+    from align.demo.report import fallback_note
+
+    note = fallback_note(5, 9, {"rejected:middle": 1, "chosen:middle": 4})
+    assert note.startswith("(5 of the 9 pairs are fallbacks (4 chosen:middle, 1 rejected:middle): ")
 
 
 def test_both_methods_are_tuned_on_grids_of_the_same_size_and_chosen_by_validation(demo_report):

@@ -72,3 +72,22 @@ def test_a_sample_output_on_disk_is_matched(tmp_path):
     write_jsonl(tmp_path / "shard-00000-of-00001.jsonl", sampled())
     rows = given_generations(EvalPolicy("given", completions=tmp_path), prompts(), 2)
     assert [s["text"] for s in rows["p2"]["samples"]] == ["3", "3"]
+
+
+def test_the_report_does_not_describe_given_completions_with_the_sampling_settings():
+    """`align evaluate` with one policy's completions given: the sampling settings are said of
+    the policies sampled here only, and the given ones are named apart, with no greedy answer."""
+    from align.eval.report import _generation_sentence
+
+    settings = {"greedy": True, "n": 4, "temperature": 1.0, "top_p": 1.0, "max_tokens": 64}
+    overall = {"policies": {"sft": {}, "given": {}}}
+    mixed = _generation_sentence({"settings": settings, "overall": overall, "generated": ["sft"],
+                                  "supplied": ["given"]})
+    assert mixed.startswith("Sampled here (`sft`): greedy yes; 4 samples per prompt at temperature 1.0")
+    assert "Given as completions (`given`): their first 4 per prompt are the samples, with no greedy answer" in mixed
+    only_given = _generation_sentence({"settings": settings, "overall": overall, "generated": [],
+                                       "supplied": ["sft", "given"]})
+    assert "greedy yes" not in only_given and "temperature" not in only_given
+    sampled_only = _generation_sentence({"settings": settings, "overall": overall, "generated": ["sft", "given"],
+                                         "supplied": []})
+    assert sampled_only.startswith("Sampled: greedy yes; 4 samples per prompt")
