@@ -39,7 +39,10 @@ def stage_help(name: str) -> str:
     doc = (module.__doc__ or "").strip()
     usage = getattr(module, "USAGE", f"align {name} [RECIPE.yaml] [key=value ...]")
     keys = getattr(module, "KEYS_TITLE", "Recipe keys")
-    return f"usage: {usage}\n\n{doc}\n\n{keys}:\n{describe(module.Config)}"
+    required = getattr(module, "REQUIRED_KEYS", {})
+    must = "".join(f"  {key}: {why}\n" for key, why in required.items())
+    first = f"Keys to set (no default stands for them):\n{must}\n" if must else ""
+    return f"usage: {usage}\n\n{doc}\n\n{first}{keys} (all):\n{describe(module.Config)}"
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -26,7 +26,7 @@ def test_every_stage_has_help_listing_its_keys(stage, capsys):
     if stage == "step":  # one step of a pipeline: its keys are its stage's
         assert "usage: align step RECIPE.yaml NAME [key=value ...]" in out and "`align STAGE --help`" in out
         return
-    assert f"usage: align {stage}" in out and "Recipe keys:" in out and "output_dir" in out
+    assert f"usage: align {stage}" in out and "Recipe keys (all):" in out and "output_dir" in out
 
 
 def test_unknown_stage_and_unknown_key_are_errors(capsys):
@@ -51,3 +51,30 @@ def test_a_reader_that_stops_early_gets_no_traceback():
     os.close(write_end)
     assert "Traceback" not in done.stderr and "BrokenPipeError" not in done.stderr, done.stderr
     assert done.returncode == 0
+
+
+@pytest.mark.parametrize("stage", sorted(STAGES))
+def test_help_names_the_keys_to_set_first_and_each_is_a_real_key(stage, capsys):
+    """`align train --help` is hundreds of lines: the keys no default stands for come first."""
+    import dataclasses
+
+    from align.stages import stage_module
+
+    module = stage_module(stage)
+    required = getattr(module, "REQUIRED_KEYS", {})
+    fields = {f.name for f in dataclasses.fields(module.Config)}
+    assert all(key.split(".")[0] in fields for key in required), (stage, required)
+    main([stage, "--help"])
+    out = capsys.readouterr().out
+    if required:
+        head, _, rest = out.partition("Keys to set (no default stands for them):\n")
+        assert rest, out[:500]
+        listed = [line.split(":")[0].strip() for line in rest.split("\n\n")[0].splitlines()]
+        assert listed == list(required)
+
+
+def test_the_training_stages_name_their_keys_to_set():
+    from align.stages import stage_module
+
+    for stage in ("sft", "sample", "logprobs", "train", "evaluate", "sweep"):
+        assert stage_module(stage).REQUIRED_KEYS, stage

@@ -33,6 +33,14 @@ from align.manifests import StageRun
 from align.manifests.lifecycle import check_model_path
 from rewards.config import RewardProviderConfig, build_reward_provider
 
+# what `align annotate --help` lists first: the keys no default can stand for
+REQUIRED_KEYS = {
+    "input": "sampled records (an `align sample` output)",
+    "provider": "reward_model, judge, verifiable or classifier",
+    "model": "the reward model or judge (not for provider=verifiable)",
+}
+
+
 
 @dataclass
 class Config(RewardProviderConfig):

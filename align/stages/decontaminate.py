@@ -27,6 +27,13 @@ from align.io import iter_jsonl, read_records, write_json, write_jsonl
 from align.io.records import data_suffix
 from align.manifests import StageRun
 
+# what `align decontaminate --help` lists first: the keys no default can stand for
+REQUIRED_KEYS = {
+    "input": "training records",
+    "output_dir": "where kept.jsonl and removed.jsonl go",
+}
+
+
 __all__ = ["BenchmarkSpec", "Config", "DecontaminationConfig", "decontaminate_files", "load_benchmark", "run"]
 
 logger = logging.getLogger(__name__)

@@ -33,6 +33,14 @@ from align.manifests.lifecycle import check_stage_input
 from align.sampling.config import SamplerConfig
 from rewards.config import RewardProviderConfig, build_reward_provider
 
+# what `align evaluate --help` lists first: the keys no default can stand for
+REQUIRED_KEYS = {
+    "prompts": "held-out prompt records",
+    "policies": "the policies to compare, each {name, model} or {name, completions}",
+    "reward": "how answers are scored (provider and its model)",
+}
+
+
 
 @dataclass
 class PolicyConfig:

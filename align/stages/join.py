@@ -28,6 +28,13 @@ from align.errors import ConfigError, InputError, RecordError
 from align.io import write_jsonl
 from align.manifests import StageRun
 
+# what `align join --help` lists first: the keys no default can stand for
+REQUIRED_KEYS = {
+    'input': "π_ref's reference samples",
+    'completions': "the policy's samples",
+}
+
+
 OUTPUT_FILE = "records.jsonl"
 
 

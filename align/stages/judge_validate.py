@@ -27,6 +27,13 @@ from align.manifests import StageRun
 from align.manifests.lifecycle import check_model_path
 from rewards.config import GeneratorConfig, JudgeModelConfig, build_generator, build_judge
 
+# what `align judge-validate --help` lists first: the keys no default can stand for
+REQUIRED_KEYS = {
+    "input": "prompts with good completions",
+    "model": "the judge",
+}
+
+
 
 def _degrader_generator() -> GeneratorConfig:
     """The LLM degrader's generation defaults: a whole rewritten response fits (1,024 tokens), greedy."""

@@ -52,6 +52,13 @@ from align.scoring.sharded import (
     release_model,
 )
 
+# what `align logprobs --help` lists first: the keys no default can stand for
+REQUIRED_KEYS = {
+    "input": "pair rows (an `align pairs` output)",
+    "model_name_or_path": "the reference policy (π_ref, the SFT output)",
+}
+
+
 __all__ = ["Config", "LogprobsConfig", "resolved_output_dir", "run", "run_pass"]
 
 logger = logging.getLogger(__name__)

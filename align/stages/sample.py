@@ -21,6 +21,13 @@ from align.manifests import StageRun
 from align.manifests.lifecycle import check_model_path
 from align.sampling.config import SamplerConfig
 
+# what `align sample --help` lists first: the keys no default can stand for
+REQUIRED_KEYS = {
+    "prompts": "prompt records",
+    "sampler.model": "the policy to sample from (an SFT output)",
+}
+
+
 
 @dataclass
 class Config:

@@ -24,6 +24,14 @@ from align.manifests.lifecycle import check_model_path
 from align.stages.common import keep_hub_token_out_of_outputs, launch_devices
 from align.trainers.sft_config import SFTConfig
 
+# what `align sft --help` lists first: the keys no default can stand for
+REQUIRED_KEYS = {
+    "input": "SFT conversations (file, stage output or dataset name)",
+    "model_name_or_path": "the base model to fine-tune",
+    "use_cpu": "true on a machine without a GPU (bf16 needs one)",
+}
+
+
 
 @dataclass
 class Config(SFTConfig):

@@ -20,6 +20,13 @@ from align.errors import ConfigError, InputError
 from align.io import write_jsonl
 from align.manifests import StageRun
 
+# what `align split --help` lists first: the keys no default can stand for
+REQUIRED_KEYS = {
+    "input": "prompt records",
+    "parts": "how many parts",
+}
+
+
 T = TypeVar("T")
 
 OUTPUT_FILE = "prompts.jsonl"

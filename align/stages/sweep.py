@@ -38,6 +38,14 @@ from align.sweep.settings import SweepSettings
 from align.trainers.preference_config import PreferenceConfig
 from rewards.config import RewardProviderConfig, build_reward_provider
 
+# what `align sweep --help` lists first: the keys no default can stand for
+REQUIRED_KEYS = {
+    "grid": "the settings to vary and their values, e.g. grid.beta=[1,5,20]",
+    "input": "pair rows with reference log-probs (as for align train)",
+    "model_name_or_path": "the policy every point starts from (the SFT output)",
+    "validation_prompts": "the prompts each point is evaluated on (none of them held out)",
+}
+
 # Rendering settings the validation sampler must share with training.
 SHARED_WITH_SAMPLER = ("chat_format", "chat_date", "enable_thinking")
 

@@ -19,6 +19,14 @@ from align.manifests.lifecycle import check_model_path
 from align.stages.common import keep_hub_token_out_of_outputs, launch_devices
 from align.trainers.preference_config import PreferenceConfig
 
+# what `align train --help` lists first: the keys no default can stand for
+REQUIRED_KEYS = {
+    "input": "pair rows with reference log-probs (an `align logprobs` output)",
+    "model_name_or_path": "the policy to start from (the SFT output)",
+    "use_cpu": "true on a machine without a GPU (bf16 needs one)",
+}
+
+
 
 @dataclass
 class Config(PreferenceConfig):
