@@ -161,8 +161,24 @@ def plot_rewards(path: Path, rows: Sequence[Mapping[str, Any]], report: Mapping[
     return path
 
 
+def win_label(name: str, baseline: str, source: str, section: str) -> str:
+    """A bar's label in words: who against whom, judged by what, on which prompts."""
+    judged = "judge" if source == "judge" else "reward"
+    prompts = "all prompts" if section == "all" else f"language {section}"
+    return f"{name} vs {baseline}\nby {judged}, {prompts}"
+
+
 def plot_win_rates(path: Path, report: Mapping[str, Any]) -> Path:
     """Stacked win/tie/loss bars per comparison (and per language), the win rate's CI as an error bar."""
+    plt = _pyplot()
+    fig = win_rates_figure(report)
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return path
+
+
+def win_rates_figure(report: Mapping[str, Any]) -> Any:
+    """The figure `plot_win_rates` saves (kept open for the caller)."""
     plt = _pyplot()
     sections = [("all", report["overall"])]
     sections += [(f"{value}", s) for value, s in report.get("breakdowns", {}).get("language", {}).items()]
@@ -172,7 +188,7 @@ def plot_win_rates(path: Path, report: Mapping[str, Any]) -> Path:
             for source in ("judge", "reward"):
                 win = c.get(f"win_rate_{source}_sampled") or c.get(f"win_rate_{source}_greedy")
                 if win:
-                    bars.append((f"{name}\n{source}, {label}", win))
+                    bars.append((win_label(name, report["baseline"], source, label), win))
                     break
     fig, ax = plt.subplots(figsize=(max(5.0, 1.3 * len(bars) + 2), 4))
     for i, (label, win) in enumerate(bars):
@@ -190,36 +206,59 @@ def plot_win_rates(path: Path, report: Mapping[str, Any]) -> Path:
     ax.set_ylim(0, 1)
     ax.set_ylabel("share of comparisons")
     ax.set_title(f"Against {report['baseline']}: wins, ties, losses")
-    if bars:
-        ax.legend(fontsize=8, loc="upper right")
+    if bars:  # beside the axes, never over a bar
+        ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0.0)
     fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
-    return path
+    return fig
+
+
+FEW_LENGTHS = 12  # at most this many distinct lengths: bars per length, not a scatter
 
 
 def plot_reward_vs_length(path: Path, rows: Sequence[Mapping[str, Any]], report: Mapping[str, Any]) -> Path:
-    """Each sample's reward against its length (faint), with the mean reward per length (line)."""
+    """Mean reward per completion length, per policy. Many distinct lengths: each sample faint
+    with the mean per length as a line; a handful (short answers): bars per length, with
+    how many samples each holds, since a scatter would be a single spike."""
     plt = _pyplot()
     fig, ax = plt.subplots(figsize=(6.5, 4))
+    series = {}
     for name in report["overall"]["policies"]:
         points = [(s["num_tokens"], s["score"]) for row in rows for s in row["policies"][name]["samples"]
                   if s["score"] is not None]
-        if not points:
-            continue
-        xs, ys = zip(*points)
-        line = ax.scatter(xs, ys, s=6, alpha=0.08)
-        by_length: dict[int, list[float]] = {}
-        for x, y in points:
-            by_length.setdefault(x, []).append(y)
-        lengths = sorted(by_length)
-        ax.plot(lengths, [sum(by_length[x]) / len(by_length[x]) for x in lengths], marker=".",
-                color=line.get_facecolor()[0][:3], label=name)
+        if points:
+            series[name] = points
+    lengths = sorted({x for points in series.values() for x, _ in points})
+    if 0 < len(lengths) <= FEW_LENGTHS:
+        width = 0.8 / len(series)
+        for k, (name, points) in enumerate(series.items()):
+            by_length = _by_length(points)
+            xs = [i + (k - (len(series) - 1) / 2) * width for i, x in enumerate(lengths) if x in by_length]
+            means = [sum(by_length[x]) / len(by_length[x]) for x in lengths if x in by_length]
+            bars = ax.bar(xs, means, width=width, label=name)
+            ax.bar_label(bars, labels=[f"n={len(by_length[x])}" for x in lengths if x in by_length], fontsize=6)
+        ax.set_xticks(range(len(lengths)), [str(x) for x in lengths])
+        ax.set_title("Mean reward by completion length (bars: samples of that length)")
+    else:
+        for name, points in series.items():
+            xs, ys = zip(*points)
+            line = ax.scatter(xs, ys, s=6, alpha=0.08)
+            by_length = _by_length(points)
+            mine = sorted(by_length)
+            ax.plot(mine, [sum(by_length[x]) / len(by_length[x]) for x in mine], marker=".",
+                    color=line.get_facecolor()[0][:3], label=name)
+        ax.set_title("Reward against length (dots: samples; line: mean per length)")
     ax.set_xlabel("completion length (tokens)")
     ax.set_ylabel("reward")
-    ax.set_title("Reward against length")
-    ax.legend()
+    if series:
+        ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0.0)
     fig.tight_layout()
     fig.savefig(path, dpi=100)
     plt.close(fig)
     return path
+
+
+def _by_length(points: Sequence[tuple[int, float]]) -> dict[int, list[float]]:
+    out: dict[int, list[float]] = {}
+    for x, y in points:
+        out.setdefault(x, []).append(y)
+    return out
