@@ -17,9 +17,11 @@ from dataclasses import dataclass
 from itertools import accumulate
 from typing import Any
 
+from align.chat import template
 from align.chat.formats import ChatFormat, get_format
 from align.chat.render import render, render_segments
 from align.chat.segments import Segment
+from align.chat.template import TOKENIZER_FORMAT
 from align.errors import InputError
 
 # The label of a token off the loss mask: PyTorch's cross-entropy (and transformers' losses)
@@ -123,8 +125,33 @@ def message_spans(
 
 
 def _check_single_bos(ids: Sequence[int], tokenizer: Any, fmt: ChatFormat) -> None:
-    if fmt.bos and len(ids) > 1 and ids[0] == ids[1] == tokenizer.convert_tokens_to_ids(fmt.bos):
+    _check_single_bos_token(ids, tokenizer, fmt.bos)
+
+
+def _check_single_bos_token(ids: Sequence[int], tokenizer: Any, bos: str | None) -> None:
+    if bos and len(ids) > 1 and ids[0] == ids[1] == tokenizer.convert_tokens_to_ids(bos):
         raise InputError("the token ids start with two BOS tokens")
+
+
+def _encode_with_template(tokenizer: Any, messages: Sequence[Mapping[str, Any]], *, tools: Sequence[Any] | None,
+                          add_generation_prompt: bool, enable_thinking: bool) -> EncodedChat:
+    """``encode`` for ``chat_format='tokenizer'`` (align.chat.template): the template's text,
+    trained on each assistant turn from its generation prompt to its end of turn. ``spans``
+    covers the assistant messages; the others are (0, 0)."""
+    template.check_text(tokenizer, messages)
+    text = template.apply_template(tokenizer, messages, tools=tools, add_generation_prompt=add_generation_prompt,
+                                   enable_thinking=enable_thinking)
+    turns = template.assistant_char_spans(tokenizer, messages, text, tools=tools, enable_thinking=enable_thinking)
+    segs, pos = [], 0
+    for i, (start, stop) in sorted(turns.items(), key=lambda kv: kv[1]):
+        segs += [Segment(text[pos:start], None), Segment(text[start:stop], i, trained=True)]
+        pos = stop
+    segs.append(Segment(text[pos:], None))
+    segs = [s for s in segs if s.text]
+    ids, offsets = tokenize(tokenizer, text)
+    _check_single_bos_token(ids, tokenizer, tokenizer.bos_token)
+    return EncodedChat(input_ids=ids, loss_mask=loss_mask(text, offsets, segs),
+                       spans=message_spans(offsets, segs, len(messages)), text=text)
 
 
 def encode(
@@ -144,6 +171,9 @@ def encode(
     modules for the exact rule). The tokenizer must be fast and have the format's
     tokens (``install_format``).
     """
+    if chat_format == TOKENIZER_FORMAT:
+        return _encode_with_template(tokenizer, messages, tools=tools, add_generation_prompt=add_generation_prompt,
+                                     enable_thinking=enable_thinking)
     fmt = get_format(chat_format)
     check_tokenizer(tokenizer, fmt)
     segs = render_segments(messages, chat_format=fmt.name, tools=tools,
@@ -180,22 +210,32 @@ def encode_completion(
     prompt's length, after checking that the prompt's own tokens are a prefix of it; if
     the tokenizer merges across the boundary the split would be wrong, so that raises.
     """
-    fmt = get_format(chat_format)
-    check_tokenizer(tokenizer, fmt)
     if not isinstance(completion, str):
         raise InputError(f"completion must be a string, got {type(completion).__name__}")
-    if completion.endswith(fmt.eos):
-        raise InputError(f"completion already ends with {fmt.eos!r}; pass the text without it "
+    if chat_format == TOKENIZER_FORMAT:
+        # the model's own template: its generation prompt, then what the model wrote and the
+        # template's end of turn (the tokens the model produced when it sampled the completion)
+        end = template.turn_end(tokenizer, enable_thinking=enable_thinking)
+        template.check_text(tokenizer, prompt_messages, completion)
+        prompt = template.apply_template(tokenizer, prompt_messages, tools=tools, add_generation_prompt=True,
+                                         enable_thinking=enable_thinking)
+        bos, eos = tokenizer.bos_token, end
+    else:
+        fmt = get_format(chat_format)
+        check_tokenizer(tokenizer, fmt)
+        end, bos, eos = fmt.turn_end, fmt.bos, fmt.eos
+        for token in fmt.forbidden_in_text:
+            if token in completion:
+                raise InputError(f"completion contains the special token {token!r}, which would "
+                                 "be tokenized as format structure")
+        prompt = render(prompt_messages, chat_format=fmt.name, tools=tools, add_generation_prompt=True,
+                        enable_thinking=enable_thinking, chat_date=chat_date)
+    if completion.endswith(eos):
+        raise InputError(f"completion already ends with {eos!r}; pass the text without it "
                          "(the end of turn is appended here)")
-    for token in fmt.forbidden_in_text:
-        if token in completion:
-            raise InputError(f"completion contains the special token {token!r}, which would "
-                             "be tokenized as format structure")
-    prompt = render(prompt_messages, chat_format=fmt.name, tools=tools, add_generation_prompt=True,
-                    enable_thinking=enable_thinking, chat_date=chat_date)
     prompt_ids, _ = tokenize(tokenizer, prompt)
-    full_ids, _ = tokenize(tokenizer, prompt + completion + (fmt.turn_end if end_of_turn else ""))
-    _check_single_bos(full_ids, tokenizer, fmt)
+    full_ids, _ = tokenize(tokenizer, prompt + completion + (end if end_of_turn else ""))
+    _check_single_bos_token(full_ids, tokenizer, bos)
     if full_ids[: len(prompt_ids)] != prompt_ids:
         k = next((k for k, (a, b) in enumerate(zip(prompt_ids, full_ids)) if a != b),
                  min(len(prompt_ids), len(full_ids)))

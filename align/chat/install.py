@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from align.chat.formats import ChatFormat, get_format
+from align.chat.template import TOKENIZER_FORMAT
 from align.chat.templates import chat_template
 from align.errors import InputError
 
@@ -18,7 +19,7 @@ def _add_special(tokenizer: Any, tokens: list[str]) -> None:
                                      replace_extra_special_tokens=False)
 
 
-def install_format(tokenizer: Any, model: Any = None, chat_format: str = "apertus") -> ChatFormat:
+def install_format(tokenizer: Any, model: Any = None, chat_format: str = "apertus") -> ChatFormat | None:
     """Prepare ``tokenizer`` (and ``model``) for a chat format, in place; returns the format.
 
     - adds the format's special tokens that are missing, as special tokens;
@@ -35,6 +36,8 @@ def install_format(tokenizer: Any, model: Any = None, chat_format: str = "apertu
     raises: the rendered text starts with the format's BOS, and silently training on
     another one would teach the wrong sequence start.
     """
+    if chat_format == TOKENIZER_FORMAT:
+        return _keep_own_template(tokenizer, model)
     fmt = get_format(chat_format)
     if fmt.bos and tokenizer.bos_token not in (None, fmt.bos):
         raise InputError(f"format {fmt.name!r} starts with BOS {fmt.bos!r} but the tokenizer's "
@@ -53,6 +56,29 @@ def install_format(tokenizer: Any, model: Any = None, chat_format: str = "apertu
     if model is not None:
         _update_model(model, tokenizer, fmt)
     return fmt
+
+
+def _keep_own_template(tokenizer: Any, model: Any = None) -> None:
+    """``chat_format='tokenizer'``: the model keeps its template and tokens. Generation must
+    stop at the template's end of turn, so a one-token end of turn (``<|im_end|>``,
+    ``<|eot_id|>``) becomes EOS; padding gets a token of its own when it has none or shares
+    EOS's."""
+    from align.chat.template import check_template, turn_end
+
+    check_template(tokenizer)
+    end = turn_end(tokenizer)
+    if end in tokenizer.get_added_vocab():
+        tokenizer.eos_token = end
+    if tokenizer.pad_token is None or tokenizer.pad_token == tokenizer.eos_token:
+        if PAD_TOKEN not in tokenizer.get_added_vocab():
+            _add_special(tokenizer, [PAD_TOKEN])
+        tokenizer.pad_token = PAD_TOKEN
+    if model is not None:
+        if len(tokenizer) > embedding_rows(model):
+            model.resize_token_embeddings(len(tokenizer))
+        for config in (model.config, getattr(model, "generation_config", None)):
+            if config is not None:
+                config.eos_token_id, config.pad_token_id = tokenizer.eos_token_id, tokenizer.pad_token_id
 
 
 def embedding_rows(model: Any) -> int:

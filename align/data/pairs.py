@@ -41,6 +41,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from align.chat.formats import get_format
+from align.chat.template import TOKENIZER_FORMAT
 from align.data.quantiles import quantile_rewards
 from align.data.records import record_id, validate_rewards, with_completion_defaults
 from align.errors import ConfigError, InputError, RecordError
@@ -212,6 +213,8 @@ def special_token_problem(text: str, chat_format: str) -> str | None:
     its end-of-turn token. Markup a completion may carry (tool calls, thoughts) is allowed.
     Needs no tokenizer: the strings come from the format's definition in ``align.chat``.
     """
+    if chat_format == TOKENIZER_FORMAT:
+        return None  # the tokenizer's special tokens: the pass and the trainer check them, holding the tokenizer
     fmt = get_format(chat_format)
     for token in fmt.forbidden_in_text:
         if token in text:
@@ -349,7 +352,7 @@ def make_pairs(
     "special_token_text: ..."}``); a prompt that still gave a pair gets a skip row too,
     marked ``paired: true`` (one skip row per prompt id).
     """
-    if chat_format is not None:
+    if chat_format is not None and chat_format != TOKENIZER_FORMAT:
         get_format(chat_format)  # an unknown format is an error before any record is read
     if truncated not in TRUNCATED_POLICIES:
         raise ConfigError(f"truncated must be one of {list(TRUNCATED_POLICIES)}, got {truncated!r}")

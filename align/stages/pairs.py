@@ -46,10 +46,11 @@ class Config:
     num_pairs_per_prompt: int = field(
         default=1, metadata={"help": "up to this many pairs per prompt, no completion reused within a prompt"}
     )
-    chat_format: Literal["apertus", "llama3", "chatml"] = field(
+    chat_format: Literal["apertus", "llama3", "chatml", "tokenizer"] = field(
         default="apertus",
         metadata={"help": "the format logprobs and train encode the pairs in: a completion holding one of its "
-                  "structure tokens (e.g. <|system_end|>) is never paired (skipped.jsonl: special_token_text)"},
+                  "structure tokens (e.g. <|system_end|>) is never paired (skipped.jsonl: special_token_text); "
+                  "tokenizer (the model's own template): checked by logprobs and train, which hold the tokenizer"},
     )
     overwrite: bool = field(default=False, metadata={"help": "redo a finished or partial output made from other settings or inputs (removes only what this stage wrote there)"})
 

@@ -134,3 +134,25 @@ def save_tiny_models(root: str | Path, *, seed: int = 0) -> dict[str, Path]:
     for path in paths.values():
         tokenizer.save_pretrained(path)
     return paths
+
+
+# The chat templates TRL ships with its package (the models' own, kept there to recognise them):
+# the tiny tokenizer with one of them installed stands in for a Qwen3 or Llama 3 tokenizer.
+TEMPLATE_TOKENS = {
+    "qwen3": (["<|im_start|>", "<|im_end|>"], ["<think>", "</think>"]),
+    "llama3": (["<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>"], []),
+}
+
+
+def build_template_tokenizer(name: str) -> PreTrainedTokenizerFast:
+    """The tiny tokenizer with a real model's chat template (``qwen3`` or ``llama3``, read from
+    the installed TRL) and that template's tokens: special ones as special, the others added."""
+    from importlib.resources import files
+
+    special, plain = TEMPLATE_TOKENS[name]
+    tokenizer = build_tokenizer()
+    tokenizer.add_special_tokens({"additional_special_tokens": special}, replace_extra_special_tokens=False)
+    if plain:
+        tokenizer.add_tokens(plain)
+    tokenizer.chat_template = (files("trl") / "chat_templates" / f"{name}.jinja").read_text()
+    return tokenizer
