@@ -215,24 +215,26 @@ def encode_completion(
     if chat_format == TOKENIZER_FORMAT:
         # the model's own template: its generation prompt, then what the model wrote and the
         # template's end of turn (the tokens the model produced when it sampled the completion)
-        end = template.turn_end(tokenizer, enable_thinking=enable_thinking)
-        template.check_text(tokenizer, prompt_messages, completion)
-        prompt = template.apply_template(tokenizer, prompt_messages, tools=tools, add_generation_prompt=True,
-                                         enable_thinking=enable_thinking)
-        bos, eos = tokenizer.bos_token, end
+        end = eos = template.turn_end(tokenizer, enable_thinking=enable_thinking)
+        bos, forbidden = tokenizer.bos_token, template.special_tokens(tokenizer)
     else:
         fmt = get_format(chat_format)
         check_tokenizer(tokenizer, fmt)
-        end, bos, eos = fmt.turn_end, fmt.bos, fmt.eos
-        for token in fmt.forbidden_in_text:
-            if token in completion:
-                raise InputError(f"completion contains the special token {token!r}, which would "
-                                 "be tokenized as format structure")
-        prompt = render(prompt_messages, chat_format=fmt.name, tools=tools, add_generation_prompt=True,
-                        enable_thinking=enable_thinking, chat_date=chat_date)
+        end, bos, eos, forbidden = fmt.turn_end, fmt.bos, fmt.eos, fmt.forbidden_in_text
     if completion.endswith(eos):
         raise InputError(f"completion already ends with {eos!r}; pass the text without it "
                          "(the end of turn is appended here)")
+    for token in forbidden:
+        if token in completion:
+            raise InputError(f"completion contains the special token {token!r}, which would "
+                             "be tokenized as format structure")
+    if chat_format == TOKENIZER_FORMAT:
+        template.check_text(tokenizer, prompt_messages)
+        prompt = template.apply_template(tokenizer, prompt_messages, tools=tools, add_generation_prompt=True,
+                                         enable_thinking=enable_thinking)
+    else:
+        prompt = render(prompt_messages, chat_format=chat_format, tools=tools, add_generation_prompt=True,
+                        enable_thinking=enable_thinking, chat_date=chat_date)
     prompt_ids, _ = tokenize(tokenizer, prompt)
     full_ids, _ = tokenize(tokenizer, prompt + completion + (end if end_of_turn else ""))
     _check_single_bos_token(full_ids, tokenizer, bos)

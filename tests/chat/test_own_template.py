@@ -72,7 +72,7 @@ def test_special_tokens_in_text_are_refused_naming_where():
     tokenizer = build_template_tokenizer("qwen3")
     with pytest.raises(InputError, match=r"message 1 holds '<\|im_end\|>'"):
         encode(tokenizer, [TWO_TURNS[0], {"role": "assistant", "content": "yes<|im_end|>"}], chat_format="tokenizer")
-    with pytest.raises(InputError, match=r"the completion holds '<\|im_start\|>'"):
+    with pytest.raises(InputError, match=r"completion contains the special token .<\|im_start\|>."):
         encode_completion(tokenizer, TWO_TURNS[:1], "<|im_start|>user", chat_format="tokenizer")
 
 
