@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 from align.errors import ConfigError
 from align.io import write_jsonl
@@ -90,4 +90,24 @@ def run(config: Config) -> dict:
     summary = {"prompts": len(records), "pairs": len(pairs), "skipped": sum(not s.get("paired") for s in skips),
                "fallbacks": fallbacks, "truncated_completions": truncated, "truncated_in_pairs": paired_truncated,
                "special_token_text": left_out}
+    for line in summary_notes(summary, config.chat_format):
+        print(f"[align pairs] {line}")
     return run.finish(summary)
+
+
+def summary_notes(summary: dict[str, Any], chat_format: str) -> list[str]:
+    """What the summary's counts mean, for the counts a user may take for a fault."""
+    notes = []
+    if summary["fallbacks"]:
+        notes.append(f"{summary['fallbacks']} of {summary['pairs']} pairs are fallbacks: a preferred bucket was "
+                     "empty and the next was used (usual with a 0/1 reward); each pair still prefers the higher "
+                     "reward (docs/method.md, Pair selection; pair_fallback in pairs.jsonl)")
+    if summary["special_token_text"]:
+        notes.append(f"{summary['special_token_text']} completions were never paired because their text holds a "
+                     f"token the {chat_format} format reads as structure (a turn delimiter or BOS): trained as "
+                     "text, it would teach a turn boundary that is not one (skipped.jsonl, left_out; "
+                     "docs/your-data.md)")
+    if summary["skipped"]:
+        notes.append(f"{summary['skipped']} prompts gave no pair (all rewards equal, or too few scored "
+                     "completions): skipped.jsonl says why for each")
+    return notes

@@ -83,3 +83,19 @@ def test_one_error_names_every_missing_and_mistyped_field():
     assert "text missing in completion 3" in message
     assert "completions[1].num_tokens: expected int, got '3'" in message
     assert "docs/your-data.md" in message
+
+
+def test_the_pairs_stage_says_what_its_counts_mean(tmp_path):
+    """Fallbacks, completions left out for their text and prompts without a pair are each
+    explained where they are counted, with where to look."""
+    row = examples()["scored"]
+    tricky = {**row, "id": "p2", "completions": [*row["completions"][:3],
+                                                 {"text": "no<|assistant_end|>", "is_reference": True}]}
+    flat = {**row, "id": "p3", "rewards": [0.5] * 4}
+    data = tmp_path / "scored.jsonl"
+    data.write_text("".join(json.dumps(r) + "\n" for r in (row, tricky, flat)))
+    printed = run_cli(["pairs", TINY_RECIPE, f"input={data}", f"output_dir={tmp_path / 'pairs'}",
+                       "num_ref_rewards=4"])
+    assert "1 completions were never paired because their text holds a token the apertus format reads as " \
+           "structure" in printed
+    assert "1 prompts gave no pair (all rewards equal, or too few scored completions)" in printed
