@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import io
 import json
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
@@ -234,3 +235,376 @@ def test_a_checkpoint_input_ignores_hidden_files_locks_and_markers(tmp_path):
     (directory / ".hidden").write_text("changed")
     (directory / "model.lock").write_text("pid 1")
     assert fingerprint_input(str(directory), key="model_name_or_path") == before
+
+
+# --------------------------------------------------------------------------- what a stage output's manifest holds
+
+
+@dataclass
+class Toy:
+    """A stage's config: the rows it reads, where it writes, one setting that counts."""
+
+    input: str = ""
+    output_dir: str = ""
+    seed: int = 0
+
+
+def made(stage: str, config, **kw) -> dict:
+    """A finished run of ``stage`` (one file written): its ``_COMPLETE.json``."""
+    run = StageRun.begin(stage, config, **kw)
+    assert not run.skip
+    try:
+        run.start()
+        (run.output_dir / "data.txt").write_text("made\n")
+        run.finish({}, announce=False)
+    finally:
+        run.close()
+    return json.loads((run.output_dir / "_COMPLETE.json").read_text())
+
+
+def rerun(stage: str, config, **kw) -> str:
+    """What a rerun over a finished output decides: ``current`` (skipped), else why it is refused."""
+    try:
+        run = StageRun.begin(stage, config, **kw)
+    except StaleOutputError as error:
+        return str(error)
+    run.close()
+    return "current" if run.skip else "not finished"
+
+
+def test_the_manifest_file_records_stage_fingerprint_library_version_settings_and_inputs(tmp_path, rows):
+    """``_manifest.json`` (written at start) and ``_COMPLETE.json`` hold the same manifest: the stage, the
+    fingerprint the output is matched by, the installed align version, the settings that count (not where
+    it writes) and a content fingerprint of each input."""
+    from importlib.metadata import version
+
+    out = tmp_path / "out"
+    done = made("toy", Toy(str(rows), str(out), seed=1))
+    started = json.loads((out / "_manifest.json").read_text())
+    for recorded in (done["manifest"], started):
+        assert recorded["stage"] == "toy" and recorded["fingerprint"] == done["manifest_fingerprint"]
+        assert recorded["library"] == version("align")
+        assert recorded["settings"] == {"seed": 1}
+        assert set(recorded["inputs"]) == {"input"}
+        assert recorded["inputs"]["input"]["kind"] == "file" and recorded["inputs"]["input"]["path"] == str(rows)
+
+
+def test_the_library_version_is_recorded_not_compared(tmp_path, rows, monkeypatch):
+    """A source checkout that is not installed records ``unknown``; a manifest read back keeps the version it
+    names; and the version never changes the fingerprint (an upgrade does not redo finished work)."""
+    import importlib.metadata
+
+    from align.manifests import Manifest, build_manifest
+
+    installed = build_manifest("toy", Toy(str(rows), str(tmp_path / "out")))
+    older = Manifest("toy", installed.settings, installed.inputs, library="0.0.1", defaults=installed.defaults)
+    assert older.library == "0.0.1" and older.fingerprint == installed.fingerprint
+
+    def not_installed(name):
+        raise importlib.metadata.PackageNotFoundError(name)
+
+    monkeypatch.setattr(importlib.metadata, "version", not_installed)
+    checkout = build_manifest("toy", Toy(str(rows), str(tmp_path / "out")))
+    assert checkout.as_json()["library"] == "unknown" and checkout.fingerprint == installed.fingerprint
+
+
+def test_the_fingerprint_of_a_manifest_is_the_same_in_every_version(tmp_path):
+    """The digest of stage, settings and inputs (less each input's path and per-file digests) is pinned: an
+    output finished by this version is current under the next one, and one made from a model that was
+    moved (another path, the same files) is current too."""
+    from align.manifests import Manifest
+
+    model = {"path": "/models/sft", "kind": "model", "fingerprint": "ab" * 32,
+             "files": {"config.json": "0123456789abcdef", "model.safetensors": "fedcba9876543210"}}
+    manifest = Manifest("sft", {"seed": 1, "learning_rate": 1e-05}, {"model_name_or_path": model})
+    assert manifest.fingerprint == "ff15af554cd9533ee779515ae22ac603ecd7030548c8201fb47ce1140ed2c935"
+    moved = Manifest("sft", {"seed": 1, "learning_rate": 1e-05}, {"model_name_or_path": {**model, "path": "/b/sft"}})
+    assert moved.fingerprint == manifest.fingerprint
+
+
+def test_an_input_moved_elsewhere_with_the_same_content_leaves_the_output_current(tmp_path, rows):
+    """An input counts by its content, not its path; other content makes the output stale, naming the input."""
+    out = tmp_path / "out"
+    made("toy", Toy(str(rows), str(out)))
+    moved = tmp_path / "elsewhere" / "rows.jsonl"
+    moved.parent.mkdir()
+    moved.write_bytes(rows.read_bytes())
+    assert rerun("toy", Toy(str(moved), str(out))) == "current"
+    moved.write_text(moved.read_text() + json.dumps(annotated("a9")) + "\n")
+    assert f"toy.input ({moved}): content changed" in rerun("toy", Toy(str(moved), str(out)))
+
+
+def test_a_stage_configured_by_a_mapping_has_a_manifest_too(tmp_path, rows):
+    """A config given as a plain mapping (no ``output_dir`` attribute; the directory is passed apart) is
+    recorded and matched like a dataclass config."""
+    out = tmp_path / "out"
+    done = made("toy", {"input": str(rows), "seed": 3}, output_dir=out)
+    assert done["manifest"]["settings"] == {"seed": 3} and set(done["manifest"]["inputs"]) == {"input"}
+    assert rerun("toy", {"input": str(rows), "seed": 3}, output_dir=out) == "current"
+    assert "toy.seed: 3 → 4" in rerun("toy", {"input": str(rows), "seed": 4}, output_dir=out)
+
+
+@dataclass
+class ToyV2:
+    """``Toy`` of a later version: a new setting whose default keeps the old behaviour."""
+
+    input: str = ""
+    output_dir: str = ""
+    seed: int = 0
+    label_smoothing: float = 0.0
+
+
+def test_a_setting_added_by_a_new_version_at_its_default_leaves_a_finished_output_current(tmp_path, rows):
+    """The new setting is recorded, but only counts once set away from its default."""
+    from align.manifests import build_manifest
+
+    out = tmp_path / "out"
+    made("toy", Toy(str(rows), str(out), seed=2))
+    assert rerun("toy", ToyV2(str(rows), str(out), seed=2)) == "current"
+    refused = rerun("toy", ToyV2(str(rows), str(out), seed=2, label_smoothing=0.1))
+    assert "made from other settings or inputs: toy.label_smoothing: '(unset)' → 0.1." in refused
+    assert build_manifest("toy", ToyV2(str(rows), str(out))).settings["label_smoothing"] == 0.0
+
+
+@dataclass
+class Chat:
+    """A stage that renders chat prompts: ``chat_date`` None renders today's date."""
+
+    input: str = ""
+    output_dir: str = ""
+    chat_date: str | None = None
+    max_tokens: int | None = None
+
+
+def on_day(monkeypatch, day: str) -> None:
+    """Today is ``day`` for the chat template's date."""
+    import datetime
+    import types
+
+    from align.chat import apertus
+
+    class Day(datetime.date):
+        @classmethod
+        def today(cls):
+            return datetime.date.fromisoformat(day)
+
+    monkeypatch.setattr(apertus, "_dt", types.SimpleNamespace(date=Day, datetime=datetime.datetime))
+
+
+def test_a_null_chat_date_counts_as_the_day_it_renders_so_a_run_resumed_the_next_day_is_stale(
+        tmp_path, rows, monkeypatch):
+    """``chat_date: null`` is recorded as the date it renders (the next day renders another system prompt);
+    a pinned date, and any other null setting, is recorded as given."""
+    out, pinned = tmp_path / "out", tmp_path / "pinned"
+    on_day(monkeypatch, "2025-03-01")
+    assert made("toy", Chat(str(rows), str(out)))["manifest"]["settings"] == {"chat_date": "2025-03-01",
+                                                                               "max_tokens": None}
+    assert made("toy", Chat(str(rows), str(pinned), "2024-12-24"))["manifest"]["settings"] == {
+        "chat_date": "2024-12-24", "max_tokens": None}
+    assert rerun("toy", Chat(str(rows), str(out))) == "current"
+    on_day(monkeypatch, "2025-03-02")
+    assert "toy.chat_date: '2025-03-01' → '2025-03-02'" in rerun("toy", Chat(str(rows), str(out)))
+    assert rerun("toy", Chat(str(rows), str(pinned), "2024-12-24")) == "current"
+
+
+@dataclass
+class Args:
+    logging_steps: int = 10
+    output_dir: str = ""
+    batch_size: int = 8
+
+
+@dataclass
+class Trainer:
+    args: Args = field(default_factory=Args)
+
+
+@dataclass
+class Batched:
+    """A job stage's config: a job batch (records per append), and a nested trainer with a model batch."""
+
+    input: str = ""
+    output_dir: str = ""
+    batch_size: int = 16
+    trainer: Trainer = field(default_factory=Trainer)
+
+
+def test_neutral_settings_at_any_depth_and_a_job_stages_own_batch_size_leave_an_output_current(tmp_path, rows):
+    """Logging and where a nested part writes never count, at any depth; annotate's ``batch_size`` (records
+    per append) does not count, but a nested ``batch_size`` (a model's) does, and so does ``batch_size`` in a
+    stage that does not declare it neutral."""
+    out = tmp_path / "out"
+    made("annotate", Batched(str(rows), str(out)))
+    neutral = Batched(str(rows), str(out), batch_size=4,
+                      trainer=Trainer(Args(logging_steps=1, output_dir=str(tmp_path / "elsewhere"))))
+    assert rerun("annotate", neutral) == "current"
+    counted = Batched(str(rows), str(out), trainer=Trainer(Args(batch_size=4)))
+    assert "annotate.trainer.args.batch_size: 8 → 4" in rerun("annotate", counted)
+
+    toy_out = tmp_path / "toy"
+    made("toy", Batched(str(rows), str(toy_out)))
+    assert "toy.batch_size: 16 → 4" in rerun("toy", Batched(str(rows), str(toy_out), batch_size=4))
+
+
+@dataclass
+class Resumable:
+    """A trainer's config: ``resume_from_checkpoint`` names a checkpoint to continue from."""
+
+    input: str = ""
+    output_dir: str = ""
+    resume_from_checkpoint: str | None = None
+    seed: int = 0
+
+
+def test_resuming_from_another_runs_checkpoint_makes_its_weights_an_input(tmp_path, rows):
+    """A checkpoint outside the output directory is another run's weights: an input (its files count), and
+    the settings after it count as ever."""
+    other = _checkpoint_dir(tmp_path)
+    out = tmp_path / "out"
+    done = made("toy", Resumable(str(rows), str(out), str(other), seed=1))
+    assert done["manifest"]["settings"] == {"seed": 1}
+    assert done["manifest"]["inputs"]["resume_from_checkpoint"]["kind"] == "model"
+    assert rerun("toy", Resumable(str(rows), str(out), str(other), seed=1)) == "current"
+    assert "toy.seed: 1 → 2" in rerun("toy", Resumable(str(rows), str(out), str(other), seed=2))
+    (other / "model.safetensors").write_bytes(b"other weights " * 64)
+    assert f"toy.resume_from_checkpoint ({other}): other weights (model.safetensors)" in \
+        rerun("toy", Resumable(str(rows), str(out), str(other), seed=1))
+
+
+def test_resuming_from_the_runs_own_checkpoint_resumes_the_same_run(tmp_path, rows):
+    """A checkpoint inside the output directory is this run's own progress: the same manifest, so the run
+    resumes (it is not refused as other settings)."""
+    out = tmp_path / "out"
+    first = StageRun.begin("toy", Resumable(str(rows), str(out), seed=1))
+    try:
+        first.start()
+        checkpoint = _checkpoint_dir(out)  # written by the run, then it was killed
+    finally:
+        first.close()
+    again = StageRun.begin("toy", Resumable(str(rows), str(out), str(checkpoint), seed=1))
+    again.close()
+    assert again.resumed and again.begun.manifest.fingerprint == first.begun.manifest.fingerprint
+    assert "resume_from_checkpoint" not in again.begun.manifest.inputs
+    assert "resume_from_checkpoint" not in again.begun.manifest.settings
+
+
+@dataclass
+class Tokenized:
+    input: str = ""
+    output_dir: str = ""
+    tokenizer: str = ""
+
+
+def test_a_tokenizer_directory_counts_by_its_tokenizer_files_not_the_weights_beside_them(tmp_path, rows):
+    out = tmp_path / "out"
+    directory = _checkpoint_dir(tmp_path)
+    made("toy", Tokenized(str(rows), str(out), str(directory)))
+    (directory / "model.safetensors").write_bytes(b"other weights " * 64)
+    assert rerun("toy", Tokenized(str(rows), str(out), str(directory))) == "current"
+    (directory / "tokenizer.json").write_text('{"version": "2.0"}')
+    assert f"toy.tokenizer ({directory}): content changed" in rerun("toy", Tokenized(str(rows), str(out),
+                                                                                     str(directory)))
+
+
+def test_status_binds_an_input_an_earlier_step_has_not_made_yet_to_what_that_step_will_make(tmp_path,
+                                                                                          monkeypatch):
+    """``align status`` passes the fingerprint each earlier step's output will have: a later step that reads
+    that output, a file in it, a file of it named from within it (the earlier step wrote into the working
+    directory), or resumes from one of its checkpoints, is bound to it before it exists."""
+    from align.manifests import build_manifest, dir_key
+
+    earlier = tmp_path / "pairs"
+    outputs = {dir_key(earlier): ("pairs", "e" * 64, None)}
+    stage_entry = {"kind": "stage", "stage": "pairs", "fingerprint": "e" * 64, "output_id": None}
+    out = str(tmp_path / "out")
+    whole = build_manifest("toy", Toy(str(earlier), out), overrides=outputs)
+    assert whole.inputs == {"input": {"path": str(earlier), **stage_entry}} and "input" not in whole.settings
+    one_file = build_manifest("toy", Toy(str(earlier / "pairs.jsonl"), out), overrides=outputs)
+    assert one_file.inputs == {"input": {"path": str(earlier / "pairs.jsonl"), **stage_entry, "file": "pairs.jsonl"}}
+    resumed = build_manifest("toy", Resumable(str(earlier / "pairs.jsonl"), out, str(earlier / "checkpoint-100")),
+                             overrides=outputs)
+    assert resumed.inputs["resume_from_checkpoint"] == {"path": str(earlier / "checkpoint-100"), **stage_entry,
+                                                        "file": "checkpoint-100"}
+    earlier.mkdir()
+    monkeypatch.chdir(earlier)
+    here = build_manifest("toy", Toy("pairs.jsonl", out), overrides=outputs)
+    assert here.inputs == {"input": {"path": "pairs.jsonl", **stage_entry, "file": "pairs.jsonl"}}
+
+
+@dataclass
+class Hub:
+    input: str = ""
+    output_dir: str = ""
+    model: str = ""
+
+
+def test_status_calls_a_finished_step_done_when_its_model_is_a_hub_name(tmp_path, rows):
+    """A hub name (no local path) counts by its spelling, whether or not ``align status`` knows of other
+    steps' outputs: the step the run finished is ``done``, not stale."""
+    from align.manifests import dir_key
+    from align.manifests.status import step_state
+
+    out = tmp_path / "out"
+    done = made("toy", Hub(str(rows), str(out), "org/reward-model"))
+    assert done["manifest"]["settings"] == {"model": "org/reward-model"}
+    outputs = {dir_key(tmp_path / "pairs"): ("pairs", "e" * 64, None)}
+    assert step_state("toy", Hub(str(rows), str(out), "org/reward-model"), outputs).state == "done"
+
+
+def annotate_config(rows: Path, out: Path, **keys):
+    from align.stages.annotate import Config
+
+    return Config(input=str(rows), output_dir=str(out), model="org/judge", **keys)
+
+
+def test_a_judges_charter_counts_by_the_text_the_judge_reads(tmp_path, rows):
+    """With ``provider=judge`` the charter is an input fingerprinted by its text: another clause makes the
+    output stale, naming the charter; blank lines between articles (layout) do not."""
+    from rewards.charter import charter_dir
+
+    charter = tmp_path / "mine.md"
+    text = (charter_dir() / "default.md").read_text()
+    charter.write_text(text)
+    out = tmp_path / "scored"
+    done = made("annotate", annotate_config(rows, out, provider="judge", charter=str(charter)))
+    assert done["manifest"]["inputs"]["charter"]["kind"] == "charter"
+    assert "charter" not in done["manifest"]["settings"]
+    charter.write_text(text.replace("\n## 2.", "\n\n\n## 2."))
+    assert rerun("annotate", annotate_config(rows, out, provider="judge", charter=str(charter))) == "current"
+    charter.write_text(text.replace("[1.1] Answer", "[1.1] Always answer"))
+    assert f"annotate.charter ({charter}): other charter text" in \
+        rerun("annotate", annotate_config(rows, out, provider="judge", charter=str(charter)))
+
+
+def test_the_charter_counts_only_where_the_provider_reads_it(tmp_path, rows):
+    """A reward model never reads the charter: no charter input, and a charter name it cannot find is no
+    error (the setting is recorded as given). Evaluate's judge (``reward.provider=judge``) reads it; its
+    default provider (answer checking) does not."""
+    from align.manifests import build_manifest
+    from align.stages.evaluate import Config as Evaluate
+    from rewards.config import RewardProviderConfig
+
+    out = tmp_path / "scored"
+    done = made("annotate", annotate_config(rows, out))
+    assert done["manifest"]["settings"]["provider"] == "reward_model" and done["manifest"]["settings"]["charter"] is None
+    assert "charter" not in done["manifest"]["inputs"]
+    unused = build_manifest("annotate", annotate_config(rows, out, charter="not_a_charter"))
+    assert unused.settings["charter"] == "not_a_charter" and "charter" not in unused.inputs
+
+    judged = build_manifest("evaluate", Evaluate(prompts=str(rows), output_dir=str(tmp_path / "eval"),
+                                                 reward=RewardProviderConfig(provider="judge", model="org/judge")))
+    assert judged.inputs["reward.charter"]["kind"] == "charter" and "reward.charter" not in judged.settings
+    checked = build_manifest("evaluate", Evaluate(prompts=str(rows), output_dir=str(tmp_path / "eval")))
+    assert "reward.charter" not in checked.inputs and checked.settings["reward.charter"] is None
+
+
+def test_each_charter_of_a_list_counts_by_its_text(tmp_path):
+    """Several charters given as one list: each is a charter input, fingerprinted as the judge reads it."""
+    from align.manifests import build_manifest
+
+    one = build_manifest("judge-validate", {"provider": "judge", "charter": "example_de"})
+    both = build_manifest("judge-validate", {"provider": "judge", "charter": ["default", "example_de"]})
+    assert {key: entry["kind"] for key, entry in both.inputs.items()} == {"charter[0]": "charter",
+                                                                          "charter[1]": "charter"}
+    assert both.inputs["charter[1]"]["fingerprint"] == one.inputs["charter"]["fingerprint"]
+    assert both.inputs["charter[0]"]["fingerprint"] != one.inputs["charter"]["fingerprint"]

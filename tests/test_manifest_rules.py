@@ -835,3 +835,19 @@ def test_a_nested_factory_preset_is_the_declared_default():
     assert build_manifest(STAGE, WithPresetV2()).fingerprint == old.fingerprint
     moved = build_manifest(STAGE, WithPresetV2(sampler=PresetInner(model="")))
     assert moved.fingerprint != old.fingerprint
+
+
+@dataclass
+class WithOptionalNested:
+    """A nested config that is off (None) by default and set in this run."""
+
+    inner: PresetInner | None = None
+    after: int = 0
+
+
+def test_a_nested_config_set_where_the_default_is_none_reports_its_own_class_defaults():
+    """`sampler: Sampler | None = None`, given a Sampler: its keys' defaults are the Sampler
+    class's, under the dotted keys, and the settings after it are still reported."""
+    assert field_defaults(WithOptionalNested(inner=PresetInner(model="m"), after=3)) == {
+        "inner.model": "", "inner.temperature": 1.0, "after": 0}
+    assert field_defaults(WithOptionalNested()) == {"inner": None, "after": 0}
