@@ -531,6 +531,20 @@ def test_status_binds_an_input_an_earlier_step_has_not_made_yet_to_what_that_ste
     assert here.inputs == {"input": {"path": "pairs.jsonl", **stage_entry, "file": "pairs.jsonl"}}
 
 
+def test_status_builds_a_manifest_for_a_path_spelled_through_a_folder_named_tilde(tmp_path, monkeypatch):
+    """``./~/../pairs.jsonl`` goes through a folder literally named ``~`` (not the home directory) back to
+    ``pairs.jsonl``: an odd spelling of a file the earlier step has not made yet, which ``align status``
+    records as an input of the later step without failing."""
+    from align.manifests import build_manifest, dir_key
+
+    earlier = tmp_path / "pairs"
+    earlier.mkdir()
+    monkeypatch.chdir(earlier)
+    outputs = {dir_key(earlier): ("pairs", "e" * 64, None)}
+    manifest = build_manifest("toy", Toy("./~/../pairs.jsonl", str(tmp_path / "out")), overrides=outputs)
+    assert set(manifest.inputs) == {"input"} and "input" not in manifest.settings
+
+
 @dataclass
 class Hub:
     input: str = ""
@@ -586,7 +600,8 @@ def test_the_charter_counts_only_where_the_provider_reads_it(tmp_path, rows):
 
     out = tmp_path / "scored"
     done = made("annotate", annotate_config(rows, out))
-    assert done["manifest"]["settings"]["provider"] == "reward_model" and done["manifest"]["settings"]["charter"] is None
+    settings = done["manifest"]["settings"]
+    assert settings["provider"] == "reward_model" and settings["charter"] is None
     assert "charter" not in done["manifest"]["inputs"]
     unused = build_manifest("annotate", annotate_config(rows, out, charter="not_a_charter"))
     assert unused.settings["charter"] == "not_a_charter" and "charter" not in unused.inputs
@@ -608,3 +623,35 @@ def test_each_charter_of_a_list_counts_by_its_text(tmp_path):
                                                                           "charter[1]": "charter"}
     assert both.inputs["charter[1]"]["fingerprint"] == one.inputs["charter"]["fingerprint"]
     assert both.inputs["charter[0]"]["fingerprint"] != one.inputs["charter"]["fingerprint"]
+
+
+def test_a_charter_no_judge_reads_never_counts_by_its_content(tmp_path, rows):
+    """A reward model with a charter file named (a single one or a list): the file is no input, so
+    editing it leaves the output current, and a missing name in a list is no error."""
+    from align.manifests import build_manifest
+
+    charter = tmp_path / "mine.md"
+    charter.write_text("Be kind.\n")
+    before = build_manifest("annotate", annotate_config(rows, tmp_path / "out", charter=str(charter)))
+    charter.write_text("Be cruel.\n")
+    after = build_manifest("annotate", annotate_config(rows, tmp_path / "out", charter=str(charter)))
+    assert "charter" not in before.inputs and before.fingerprint == after.fingerprint
+    listed = build_manifest("judge-validate", {"provider": "reward_model", "charter": ["default", "no_such_charter"]})
+    assert not listed.inputs
+    assert (listed.settings["charter[0]"], listed.settings["charter[1]"]) == ("default", "no_such_charter")
+
+
+def test_a_mapping_configs_own_checkpoint_resumes_and_another_runs_is_an_input(tmp_path, rows):
+    """``output_dir`` given inside a mapping config decides, as for a dataclass, whether a checkpoint is
+    this run's own progress or another run's weights."""
+    from align.manifests import build_manifest
+
+    out, elsewhere = tmp_path / "out", tmp_path / "elsewhere"
+    out.mkdir()
+    elsewhere.mkdir()
+    own, other = _checkpoint_dir(out), _checkpoint_dir(elsewhere)
+    mine = build_manifest("toy", {"input": str(rows), "output_dir": str(out), "resume_from_checkpoint": str(own)})
+    theirs = build_manifest("toy", {"input": str(rows), "output_dir": str(out),
+                                    "resume_from_checkpoint": str(other)})
+    assert "resume_from_checkpoint" not in mine.inputs
+    assert theirs.inputs["resume_from_checkpoint"]["kind"] == "model"

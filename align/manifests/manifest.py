@@ -79,14 +79,14 @@ def build_manifest(stage: str, config: Any, *,
     settings = redact(init_settings(config))
     flat = flatten(settings)
     neutral = NEUTRAL_KEYS | STAGE_NEUTRAL_KEYS.get(stage, frozenset())
-    output_dir = getattr(config, "output_dir", None)
+    output_dir = config.get("output_dir") if isinstance(config, Mapping) else getattr(config, "output_dir", None)
     inputs: dict[str, dict[str, Any]] = {}
     kept: dict[str, Any] = {}
     for key, value in _paths_listed(flat).items():
         leaf = re.sub(r"\[\d+\]$", "", key.rsplit(".", 1)[-1])
         if leaf == "resume_from_checkpoint" and isinstance(value, str) and value and output_dir and \
                 not dir_key(value).startswith(dir_key(output_dir) + os.sep):
-            inputs[key] = fingerprint_input(value, overrides, key=key)
+            inputs[key] = fingerprint_input(value, overrides)  # a checkpoint: weights, never a tokenizer
             continue
         if leaf in neutral and "." not in key:
             continue
@@ -94,11 +94,13 @@ def build_manifest(stage: str, config: Any, *,
             continue
         if leaf == "charter" and _uses_charter(flat, key):
             inputs[key] = charter_input(value)
+        elif leaf == "charter":  # no judge reads it: recorded as given, its file's content never counts
+            kept[key] = value
         elif looks_like_path(key, value):
             inputs[key] = fingerprint_input(value, overrides, key=key)
         elif overrides and isinstance(value, str) and value and is_path_key(key) and \
                 {dir_key(value), dir_key(os.path.dirname(value) or ".")} & overrides.keys():
-            inputs[key] = fingerprint_input(value, overrides, key=key)  # an earlier stage's output, not written yet
+            inputs[key] = fingerprint_input(value, overrides)  # an earlier step's output: bound to that step
         elif leaf == "chat_date" and value is None:
             kept[key] = date_text(None)
         else:
@@ -120,6 +122,6 @@ def _paths_listed(flat: Mapping[str, Any]) -> dict[str, Any]:
 
 def _uses_charter(flat: Mapping[str, Any], key: str) -> bool:
     """The charter counts where a judge reads it (annotate/evaluate with the judge, judge-validate)."""
-    prefix = key[: -len("charter")]
+    prefix = re.sub(r"\[\d+\]$", "", key)[: -len("charter")]  # one charter of a list: charter[0]
     provider = flat.get(prefix + "provider")
     return provider in (None, "judge")
