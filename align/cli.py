@@ -66,6 +66,10 @@ def _main(argv: Sequence[str] | None = None) -> int:
         print(version("align"))
         return 0
     name, rest = argv[0], argv[1:]
+    if name == "demo":  # before reading the recipe loads torch: the demo's kernels are pinned
+        from align.demo.environment import pin_cpu_kernels
+
+        pin_cpu_kernels()
     if name not in STAGES:
         print(f"align: unknown stage {name!r}\n\n{_usage()}", file=sys.stderr)
         return 2

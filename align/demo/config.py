@@ -79,7 +79,9 @@ class DemoConfig:
                 "policy and trains it again with round 1's chosen beta and learning rate (reference: the round "
                 "k-1 policy); the evaluation compares each round with the one before"})
     num_judge_prompts: int = field(default=4, metadata={"help": "prompts scored by the tiny judge (path check)"})
-    threads: int | None = field(default=None, metadata={"help": "torch threads (default: all cores)"})
+    threads: int = field(default=2, metadata={
+        "help": "torch threads: 2 (the CI machine's count) gives every machine the same float sums, so the same "
+                "report (docs/results.md, Reproducing); 0: all cores, faster on a big CPU, other digits"})
 
     def __post_init__(self) -> None:
         if self.preset not in PRESETS:

@@ -6,6 +6,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from align.demo.environment import run_environment
 from align.io import write_json
 
 
@@ -150,6 +151,8 @@ def build_report(state: Any, *, total_seconds: float) -> dict[str, Any]:
         "judge": state.judge_summary,
         "seconds": state.seconds,
         "total_seconds": total_seconds,
+        # what a rerun must match to give the same digits (align.demo.environment)
+        "environment": run_environment(),
         "evaluation": "evaluate/report.md",
         "plots": ["training.png", "validation_grid.png", "evaluate/rewards.png", "evaluate/win_rates.png",
                   "evaluate/reward_vs_length.png"],

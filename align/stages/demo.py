@@ -58,6 +58,9 @@ def run(config: DemoConfig) -> dict[str, Any]:
     # 2 passive threads 0.59 s, 1 thread 0.55 s.
     os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    from align.demo.environment import pin_cpu_kernels
+
+    pin_cpu_kernels()  # where torch is not loaded yet (`align demo` pins earlier, align.cli)
     from align.demo.run import run_demo
 
     return run_demo(config)

@@ -34,6 +34,34 @@ def demo_report(tmp_path_factory) -> tuple[Path, dict, str]:
     return out, json.loads((out / "report.json").read_text()), proc.stdout
 
 
+def _comparable(report: dict, out: Path) -> str:
+    """The report as it must repeat: its timings left out and its own directory spelled <out>."""
+    kept = {k: v for k, v in report.items() if k not in ("seconds", "total_seconds")}
+    return json.dumps(kept, sort_keys=True).replace(str(out), "<out>")
+
+
+def test_the_same_command_gives_the_same_report(demo_report, tmp_path):
+    """What the README relies on: the demo run again, in the same environment, reports the same
+    figures to the last digit (the thread count is fixed and the kernels pinned: report.json's
+    environment names them)."""
+    out, first, _ = demo_report
+    again = tmp_path / "again"
+    proc = subprocess.run(
+        [sys.executable, "-m", "align", "demo", "preset=ci", "rounds=2", f"output_dir={again}"],
+        capture_output=True, text=True, env={**os.environ, "PYTHONUNBUFFERED": "1"}, timeout=1500, check=False,
+    )
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    second = json.loads((again / "report.json").read_text())
+    assert _comparable(second, again) == _comparable(first, out)
+    environment = first["environment"]
+    assert environment["torch_threads"] == 2 and environment["versions"]["torch"]
+    assert set(environment) >= {"cpu", "blas", "torch_cpu_capability", "pinned_kernels", "python"}
+    if "avx2" in environment["cpu_vector_flags"]:  # x86 with AVX2: the kernels every such CPU runs
+        from align.demo.environment import PINNED_KERNELS
+
+        assert environment["pinned_kernels"] == PINNED_KERNELS and environment["torch_cpu_capability"] == "AVX2"
+
+
 def _interval(value: dict) -> None:
     assert set(value) >= {"estimate", "low", "high", "n"}
     assert value["low"] <= value["estimate"] <= value["high"]
