@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from importlib import resources
 from pathlib import Path
+from typing import Any
 
 import torch
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
@@ -156,3 +157,40 @@ def build_template_tokenizer(name: str) -> PreTrainedTokenizerFast:
         tokenizer.add_tokens(plain)
     tokenizer.chat_template = (files("trl") / "chat_templates" / f"{name}.jinja").read_text()
     return tokenizer
+
+
+# Tiny models of the architectures the recipes train: Apertus (xIELU activations with trainable
+# scalars per layer, QK-norm, an untied head) and Qwen3 (QK-norm, grouped-query attention),
+# built through transformers' own classes from their real configs shrunk; Llama above.
+def _shrunk(config_class: Any, tokenizer: PreTrainedTokenizerFast, **overrides) -> Any:
+    kwargs = dict(vocab_size=len(tokenizer), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                  num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=2048,
+                  bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id,
+                  pad_token_id=tokenizer.pad_token_id)
+    kwargs.update(overrides)
+    return config_class(**kwargs)
+
+
+def build_apertus_lm(tokenizer: PreTrainedTokenizerFast, *, seed: int = 0, **config_overrides) -> Any:
+    """A random-weight Apertus (xIELU, QK-norm, untied head, GQA 4/2 heads) sized to the tokenizer."""
+    from transformers import ApertusConfig, ApertusForCausalLM
+
+    torch.manual_seed(seed)
+    config = _shrunk(ApertusConfig, tokenizer, tie_word_embeddings=False, **config_overrides)
+    model = ApertusForCausalLM(config)
+    model.generation_config.pad_token_id = tokenizer.pad_token_id
+    return model.eval()
+
+
+def build_qwen3_lm(tokenizer: PreTrainedTokenizerFast, *, seed: int = 0, **config_overrides) -> Any:
+    """A random-weight Qwen3 (QK-norm, GQA 4/2 heads, head_dim 16, tied head) sized to the tokenizer."""
+    from transformers import Qwen3Config, Qwen3ForCausalLM
+
+    torch.manual_seed(seed)
+    config = _shrunk(Qwen3Config, tokenizer, head_dim=16, tie_word_embeddings=True, **config_overrides)
+    model = Qwen3ForCausalLM(config)
+    model.generation_config.pad_token_id = tokenizer.pad_token_id
+    return model.eval()
+
+
+ARCHITECTURES = {"llama": build_causal_lm, "apertus": build_apertus_lm, "qwen3": build_qwen3_lm}
