@@ -10,7 +10,7 @@ import os
 import sys
 from collections.abc import Sequence
 
-from align.errors import AlignError, ConfigError
+from align.errors import AlignError
 from align.stages import STAGES, stage_module
 from align.stages.common import stage_config
 

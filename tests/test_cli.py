@@ -67,7 +67,7 @@ def test_help_names_the_keys_to_set_first_and_each_is_a_real_key(stage, capsys):
     main([stage, "--help"])
     out = capsys.readouterr().out
     if required:
-        head, _, rest = out.partition("Keys to set (no default stands for them):\n")
+        _, _, rest = out.partition("Keys to set (no default stands for them):\n")
         assert rest, out[:500]
         listed = [line.split(":")[0].strip() for line in rest.split("\n\n")[0].splitlines()]
         assert listed == list(required)

@@ -28,14 +28,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from align.bootstrap import check_resamples
 from align.data.records import record_id, validate_prompt
 from align.errors import ConfigError, InputError, RecordError
-from align.bootstrap import check_resamples
 from align.eval import stats
 from align.eval.summary import BREAKDOWN_COLUMNS, build_report
 from align.io import job_is_complete, read_output
 from align.jobs import run_job
-from align.sampling.base import SampleRequest, Sampler, derive_seed
+from align.sampling.base import Sampler, SampleRequest, derive_seed
 from align.scoring.sharded import check_sharding
 
 

@@ -41,7 +41,6 @@ REQUIRED_KEYS = {
 }
 
 
-
 @dataclass
 class Config(RewardProviderConfig):
     """The reward provider's keys (`rewards.config.RewardProviderConfig`), then the stage's own."""

@@ -41,7 +41,6 @@ REQUIRED_KEYS = {
 }
 
 
-
 @dataclass
 class PolicyConfig:
     name: str = field(default="", metadata={"help": "the policy's label in the report (unique)"})

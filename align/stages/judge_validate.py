@@ -34,7 +34,6 @@ REQUIRED_KEYS = {
 }
 
 
-
 def _degrader_generator() -> GeneratorConfig:
     """The LLM degrader's generation defaults: a whole rewritten response fits (1,024 tokens), greedy."""
     return GeneratorConfig(max_tokens=1024)

@@ -45,7 +45,6 @@ from align.manifests.lifecycle import (
 from align.scoring import check_over_max_length_policy, check_truncated_policy
 from align.scoring.sharded import (
     all_ranks_agree,
-    init_distributed,
     check_sharding,
     init_distributed,
     load_scoring_model,

@@ -28,7 +28,6 @@ REQUIRED_KEYS = {
 }
 
 
-
 @dataclass
 class Config:
     prompts: str = field(default="", metadata={"help": "prompt records (file, directory or dataset name)"})

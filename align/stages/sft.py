@@ -14,7 +14,6 @@ Single process: ``align sft recipes/tiny/pipeline.yaml``. On a cluster:
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-
 from pathlib import Path
 
 from align.errors import ConfigError, InputError
@@ -30,7 +29,6 @@ REQUIRED_KEYS = {
     "model_name_or_path": "the base model to fine-tune",
     "use_cpu": "true on a machine without a GPU (bf16 needs one)",
 }
-
 
 
 @dataclass

@@ -31,8 +31,13 @@ from pathlib import Path
 from typing import Any
 
 from align.errors import ConfigError
+from align.manifests.lifecycle import (
+    check_input_exists,
+    check_model_path,
+    check_output_dir,
+    read_input,
+)
 from align.sampling.config import SamplerConfig
-from align.manifests.lifecycle import check_input_exists, check_model_path, check_output_dir, read_input
 from align.stages.common import keep_hub_token_out_of_outputs, mark_unmanaged_complete
 from align.sweep.settings import SweepSettings
 from align.trainers.preference_config import PreferenceConfig

@@ -27,7 +27,6 @@ REQUIRED_KEYS = {
 }
 
 
-
 @dataclass
 class Config(PreferenceConfig):
     """`align.trainers.preference_config.PreferenceConfig` plus the data.
@@ -43,7 +42,6 @@ class Config(PreferenceConfig):
 def run(config: Config) -> dict:
     """Train ``model_name_or_path`` on the pairs in ``input``; save to ``output_dir``."""
     from align.trainers.guards import resumable_checkpoint
-
     from align.trainers.preference_trainer import train
 
     if not config.input:

@@ -8,9 +8,9 @@ import matplotlib
 
 matplotlib.use("Agg")
 
-import matplotlib.pyplot as plt  # noqa: E402
+import matplotlib.pyplot as plt
 
-from align.eval.report import plot_reward_vs_length, win_label, win_rates_figure  # noqa: E402
+from align.eval.report import plot_reward_vs_length, win_label, win_rates_figure
 
 
 def _win(wins: int, ties: int, losses: int) -> dict:

@@ -131,7 +131,7 @@ def test_padding_free_and_prefix_shared_batches_give_the_padded_loss_and_gradien
 def test_two_qrpo_steps_then_the_saved_model_samples(arch, tiny_tokenizer, tmp_path):
     from align.sampling.hf import TransformersSampler
 
-    name, model = arch
+    _, model = arch
     rows = list(_pass(make_rows(8), model, tiny_tokenizer, tmp_path / "ref").values())
     policy = copy.deepcopy(model)
     before = {n: p.detach().clone() for n, p in policy.named_parameters()}
