@@ -851,3 +851,304 @@ def test_a_nested_config_set_where_the_default_is_none_reports_its_own_class_def
     assert field_defaults(WithOptionalNested(inner=PresetInner(model="m"), after=3)) == {
         "inner.model": "", "inner.temperature": 1.0, "after": 0}
     assert field_defaults(WithOptionalNested()) == {"inner": None, "after": 0}
+
+
+# --------------------------------------------------------------------------- which input rows changed
+
+
+def refusal(stage: str, config) -> str:
+    """What a rerun over a finished output decides: ``current`` (skipped), else the refusal's text."""
+    try:
+        run = StageRun.begin(stage, config)
+    except StaleOutputError as error:
+        return str(error)
+    run.close()
+    return "current" if run.skip else "not finished"
+
+
+def write_rows(path: Path, rows: list) -> Path:
+    path.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    return path
+
+
+def test_an_edited_input_is_refused_counting_its_rows_by_id_wherever_they_moved(tmp_path, rows):
+    """Rows with an id are matched by it: a row put in front of the others is one added (not every row after it
+    differing), an edited row differs, a dropped one is removed."""
+    out = tmp_path / "out"
+    toy(out, rows)
+    write_rows(rows, [{"id": "new", "text": "row n"}, {"id": "a0", "text": "row 0"},
+                      {"id": "a1", "text": "row 1, edited"}])
+    assert refusal(STAGE, Toy(str(rows), str(out))) == (
+        f"{STAGE}: {out} holds an output made from other settings or inputs: {STAGE}.input ({rows}): content "
+        f"changed (1 row differs, 1 added, 1 removed). {forward(out)}")
+    write_rows(rows, [{"id": "new", "text": "row n"}, {"id": "a0", "text": "row 0"},
+                      {"id": "a1", "text": "row 1"}, {"id": "a2", "text": "row 2"}])
+    assert f"{STAGE}.input ({rows}): content changed (1 added)." in refusal(STAGE, Toy(str(rows), str(out)))
+
+
+def test_rows_without_a_usable_id_are_counted_by_their_position(tmp_path):
+    """A row with no id, an empty id or an id that is not a string is ``<row N>``: editing one of them is one row
+    that differs, not rows added and removed."""
+    data = write_rows(tmp_path / "in.jsonl", [{"text": "no id"}, {"id": "", "text": "empty id"},
+                                              {"id": 7, "text": "a number"}, {"id": 8, "text": "another"}])
+    out = tmp_path / "out"
+    toy(out, data)
+    assert sorted(manifest_rows(out)["input"]) == ["<row 0>", "<row 1>", "<row 2>", "<row 3>"]
+    for edited in range(4):
+        rows = [{"text": "no id"}, {"id": "", "text": "empty id"}, {"id": 7, "text": "a number"},
+                {"id": 8, "text": "another"}]
+        rows[edited]["text"] += ", edited"
+        write_rows(data, rows)
+        assert f"{STAGE}.input ({data}): content changed (1 row differs)." in refusal(STAGE, Toy(str(data), str(out)))
+
+
+def manifest_rows(out: Path) -> dict:
+    return json.loads((out / "_manifest_rows.json").read_text())
+
+
+def test_the_rows_file_records_sixteen_hex_digits_of_each_rows_digest_by_its_id(tmp_path, rows):
+    """``_manifest_rows.json``: input key -> row id -> the first 16 hex digits of the row's digest; the format
+    outputs already made hold, so that after an upgrade a rerun still names only the rows that changed."""
+    from align.io import read_records
+    from align.io.fingerprint import json_digest
+
+    out = tmp_path / "out"
+    toy(out, rows)
+    assert manifest_rows(out) == {"input": {row["id"]: json_digest(row)[:16] for row in read_records(rows)}}
+
+
+def test_a_row_that_is_not_a_mapping_is_named_by_its_position():
+    """``row_digests`` (public) takes a caller's own rows: one that is not a mapping has no id to read."""
+    from align.io.fingerprint import json_digest
+    from align.manifests import row_digests
+
+    assert row_digests([{"id": "a"}, ["id", "b"], "id"]) == {
+        "a": json_digest({"id": "a"})[:16], "<row 1>": json_digest(["id", "b"])[:16], "<row 2>": json_digest("id")[:16]}
+
+
+# --------------------------------------------------------------------------- a directory of data files
+
+
+def test_a_directory_of_data_files_is_refused_counting_its_rows(tmp_path):
+    """A directory read as rows (the union of its data files) is recorded as a directory; an edit to one of its
+    files names the rows that changed, as for a single file."""
+    data = tmp_path / "shards"
+    data.mkdir()
+    write_rows(data / "part-0.jsonl", [{"id": "a0", "text": "0"}, {"id": "a1", "text": "1"}])
+    write_rows(data / "part-1.jsonl", [{"id": "a2", "text": "2"}])
+    out = tmp_path / "out"
+    toy(out, data)
+    assert manifest_file(out)["inputs"]["input"]["kind"] == "directory"
+    write_rows(data / "part-1.jsonl", [{"id": "a2", "text": "2, edited"}, {"id": "a3", "text": "3"}])
+    assert refusal(STAGE, Toy(str(data), str(out))) == (
+        f"{STAGE}: {out} holds an output made from other settings or inputs: {STAGE}.input ({data}): content "
+        f"changed (1 row differs, 1 added). {forward(out)}")
+
+
+def test_a_directory_counts_by_its_data_files_and_their_names_not_hidden_or_lock_files(tmp_path):
+    """Every file under the directory counts, nested ones too, by its name there and its bytes; hidden files,
+    files under hidden directories and lock files do not."""
+    data = tmp_path / "data"
+    (data / "sub").mkdir(parents=True)
+    (data / ".cache").mkdir()
+    (data / "a.jsonl").write_text('{"id": "a"}\n')
+    (data / "sub" / "b.jsonl").write_text('{"id": "b"}\n')
+    (data / ".notes").write_text("mine\n")
+    (data / ".cache" / "blob").write_text("cached\n")
+    (data / "a.jsonl.lock").write_text("")
+    (data / "sub" / "b.lock").write_text("")
+    out = tmp_path / "out"
+    toy(out, data, read=False)
+
+    (data / ".notes").write_text("mine, edited\n")
+    (data / ".cache" / "blob").write_text("cached again\n")
+    (data / "a.jsonl.lock").write_text("pid 1\n")
+    (data / "sub" / "b.lock").write_text("pid 2\n")
+    (data / "sub" / "c.lock").write_text("pid 3\n")
+    assert refusal(STAGE, Toy(str(data), str(out))) == "current"
+
+    changed = f"{STAGE}: {out} holds an output made from other settings or inputs: {STAGE}.input ({data}): " \
+              f"content changed. {forward(out)}"
+    (data / "sub" / "b.jsonl").write_text('{"id": "B"}\n')
+    assert refusal(STAGE, Toy(str(data), str(out))) == changed
+    (data / "sub" / "b.jsonl").write_text('{"id": "b"}\n')
+    assert refusal(STAGE, Toy(str(data), str(out))) == "current"
+    (data / "a.jsonl").rename(data / "b.jsonl")  # the same bytes, in the same place among them, another name
+    assert refusal(STAGE, Toy(str(data), str(out))) == changed
+
+
+# --------------------------------------------------------------------------- a tokenizer, a hub name, a charter
+
+
+@dataclass
+class TokenizerOf:
+    tokenizer: str = ""
+
+
+@dataclass
+class Encoding:
+    of: TokenizerOf = field(default_factory=TokenizerOf)
+
+
+@dataclass
+class Tokenized:
+    """A stage that reads rows and a tokenizer named under a nested key (``encoding.of.tokenizer``)."""
+
+    input: str = ""
+    output_dir: str = ""
+    encoding: Encoding = field(default_factory=Encoding)
+
+
+def test_a_tokenizer_under_a_nested_key_counts_by_its_tokenizer_files_only(tmp_path, rows):
+    """A ``tokenizer`` setting, however deeply nested, names a tokenizer: its visible files count, not the weights
+    of a checkpoint it sits in nor hidden files; it is recorded as a tokenizer."""
+    from align.io.fingerprint import files_fingerprint
+
+    directory = tmp_path / "ckpt"
+    directory.mkdir()
+    (directory / "tokenizer.json").write_text('{"version": "1.0"}')
+    (directory / "model.safetensors").write_bytes(b"w" * 64)
+    (directory / ".notes").write_text("mine\n")
+    out = tmp_path / "out"
+    config = Tokenized(str(rows), str(out), Encoding(TokenizerOf(str(directory))))
+    made = toy_run(config)
+    assert made["inputs"]["encoding.of.tokenizer"] == {
+        "path": str(directory), "kind": "tokenizer", "fingerprint": files_fingerprint([directory / "tokenizer.json"])}
+    (directory / "model.safetensors").write_bytes(b"v" * 64)
+    (directory / ".notes").write_text("mine, edited\n")
+    assert refusal(STAGE, config) == "current"
+    (directory / "tokenizer.json").write_text('{"version": "2.0"}')
+    assert f"{STAGE}.encoding.of.tokenizer ({directory}): content changed" in refusal(STAGE, config)
+
+
+def toy_run(config, stage: str = STAGE) -> dict:
+    """A finished run of ``stage`` over ``config`` (one file written, no rows read): its recorded manifest."""
+    run = StageRun.begin(stage, config)
+    assert not run.skip
+    try:
+        run.start()
+        (run.output_dir / "data.txt").write_text("made\n")
+        run.finish({}, announce=False)
+    finally:
+        run.close()
+    return complete(Path(run.output_dir))["manifest"]
+
+
+@dataclass
+class Resumed:
+    """A stage that continues from another run's checkpoint, given as a hub name."""
+
+    input: str = ""
+    output_dir: str = ""
+    resume_from_checkpoint: str = ""
+
+
+def test_a_hub_name_counts_by_its_name(tmp_path, rows):
+    """A name that is no local path (a hub checkpoint) is recorded as a name, fingerprinted by its spelling:
+    another name makes the output stale, the same name leaves it current."""
+    from align.io.fingerprint import json_digest
+
+    out = tmp_path / "out"
+    made = toy_run(Resumed(str(rows), str(out), "org/ckpt-a"))
+    assert made["inputs"]["resume_from_checkpoint"] == {"path": "org/ckpt-a", "kind": "name",
+                                                        "fingerprint": json_digest("org/ckpt-a")}
+    assert refusal(STAGE, Resumed(str(rows), str(out), "org/ckpt-a")) == "current"
+    assert refusal(STAGE, Resumed(str(rows), str(out), "org/ckpt-b")) == (
+        f"{STAGE}: {out} holds an output made from other settings or inputs: {STAGE}.resume_from_checkpoint "
+        f"(org/ckpt-b): content changed. {forward(out)}")
+
+
+@dataclass
+class Judged:
+    """A stage whose judge reads a charter (the bundled one unless a file is given)."""
+
+    input: str = ""
+    output_dir: str = ""
+    provider: str = "judge"
+    charter: str | None = None
+
+
+def test_going_back_to_the_bundled_charter_is_named_as_the_default(tmp_path, rows):
+    """The charter a judge reads counts by its text; the bundled one (no charter given) is named ``default``."""
+    from rewards.charter import charter_dir
+
+    charter = tmp_path / "mine.md"
+    charter.write_text((charter_dir() / "default.md").read_text().replace("[1.1] Answer", "[1.1] Always answer"))
+    out, bundled = tmp_path / "out", tmp_path / "bundled"
+    assert toy_run(Judged(str(rows), str(bundled)))["inputs"]["charter"]["path"] == "default"
+    toy_run(Judged(str(rows), str(out), charter=str(charter)))
+    assert refusal(STAGE, Judged(str(rows), str(out))) == (
+        f"{STAGE}: {out} holds an output made from other settings or inputs: {STAGE}.charter (default): other "
+        f"charter text. {forward(out)}")
+
+
+def test_a_model_directory_records_each_files_digest_in_sixteen_hex_digits(tmp_path):
+    """A checkpoint's recorded ``files`` (name -> the first 16 hex digits of its digest, what a refusal compares
+    to name the files that changed) keep the format outputs already made hold."""
+    from align.manifests import fingerprint_input
+
+    directory = tmp_path / "ckpt"
+    directory.mkdir()
+    (directory / "model.safetensors").write_bytes(b"w" * 64)
+    (directory / "config.json").write_text('{"a": 1}')
+    entry = fingerprint_input(str(directory), key="model_name_or_path")
+    assert entry["kind"] == "model"
+    assert entry["files"] == {name: file_digest(directory / name)[:16] for name in ("config.json", "model.safetensors")}
+
+
+# --------------------------------------------------------------------------- an earlier stage's output
+
+
+def made_from(tmp_path, rows) -> tuple[Path, Path]:
+    """The toy stage's output ``first`` (two files of rows), and the ``reader`` stage's output made from one."""
+    first, second = tmp_path / "first", tmp_path / "second"
+    toy(first, rows, {"pairs.jsonl": '{"id": "p"}\n', "other.jsonl": '{"id": "o"}\n'})
+    toy_run(Toy(str(first / "pairs.jsonl"), str(second)), stage="reader")
+    return first, second
+
+
+def test_an_earlier_output_is_bound_by_its_manifest_and_output_id_and_by_the_file_read(tmp_path, rows):
+    """A file of another stage's output counts as that output (its stage, manifest fingerprint and output id)
+    and the file's name in it; another file of the same output is another input."""
+    first, second = made_from(tmp_path, rows)
+    recorded = complete(second)["manifest"]["inputs"]["input"]
+    assert recorded == {"path": str(first / "pairs.jsonl"), "kind": "stage", "stage": STAGE,
+                        "fingerprint": complete(first)["manifest_fingerprint"],
+                        "output_id": complete(first)["output_id"], "file": "pairs.jsonl"}
+    assert refusal("reader", Toy(str(first / "pairs.jsonl"), str(second))) == "current"
+    assert f"reader.input ({first / 'other.jsonl'}): " in refusal("reader", Toy(str(first / "other.jsonl"),
+                                                                                 str(second)))
+
+
+def test_an_earlier_output_made_again_from_other_settings_makes_what_read_it_stale(tmp_path, rows):
+    """Even when the file read holds the same bytes: the earlier output is other work now."""
+    first, second = made_from(tmp_path, rows)
+    toy(first, rows, {"pairs.jsonl": '{"id": "p"}\n', "other.jsonl": '{"id": "o"}\n'}, seed=1, overwrite=True)
+    assert refusal("reader", Toy(str(first / "pairs.jsonl"), str(second))) == (
+        f"reader: {second} holds an output made from other settings or inputs: reader.input "
+        f"({first / 'pairs.jsonl'}): made from other settings or inputs (the {STAGE} stage's manifest changed). "
+        f"{forward(second)}")
+
+
+def test_an_earlier_output_edited_since_it_was_made_makes_what_read_it_stale_naming_the_file(tmp_path, rows):
+    """A file of the earlier output edited after it was made: that output is no longer the one its id names."""
+    first, second = made_from(tmp_path, rows)
+    (first / "pairs.jsonl").write_text('{"id": "q"}\n')  # the same size, other bytes
+    assert refusal("reader", Toy(str(first / "pairs.jsonl"), str(second))) == (
+        f"reader: {second} holds an output made from other settings or inputs: reader.input "
+        f"({first / 'pairs.jsonl'}): the {STAGE} stage's output changed since it was made (pairs.jsonl (other "
+        f"bytes)). {forward(second)}")
+
+
+def test_status_calls_a_step_that_read_a_current_earlier_steps_file_done(tmp_path, rows):
+    """``align status`` binds a later step to what the earlier step will be, the same way the run recorded it: a
+    finished pipeline is done, step by step."""
+    from align.manifests.status import step_state
+
+    first, second = made_from(tmp_path, rows)
+    outputs: dict = {}
+    assert step_state(STAGE, Toy(str(rows), str(first)), outputs).state == "done"
+    assert step_state("reader", Toy(str(first / "pairs.jsonl"), str(second)), outputs).state == "done"
+    later: dict = {}
+    assert step_state(STAGE, Toy(str(rows), str(first), seed=1), later).state == "stale"
+    assert step_state("reader", Toy(str(first / "pairs.jsonl"), str(second)), later).state == "stale"
