@@ -355,8 +355,10 @@ def test_the_newcomer_install_resolves_to_cpu_torch_from_the_package_index_alone
     report = tmp_path / "report.json"
     cmd = [sys.executable, "-m", "pip", "install", "--isolated", *args, "--dry-run", "--ignore-installed",
            "--quiet", "--report", str(report)]
-    done = subprocess.run(cmd, check=False, cwd=src, capture_output=True, text=True, timeout=PIP_TIMEOUT_S,
-                          env={**os.environ, "PIP_NO_INPUT": "1"})
+    # an sdist's metadata build may call rustup, which writes its settings under RUSTUP_HOME (~/.rustup)
+    env = {**os.environ, "PIP_NO_INPUT": "1", "RUSTUP_HOME": str(tmp_path / "rustup"),
+           "CARGO_HOME": str(tmp_path / "cargo")}
+    done = subprocess.run(cmd, check=False, cwd=src, capture_output=True, text=True, timeout=PIP_TIMEOUT_S, env=env)
     assert done.returncode == 0, done.stderr[-3000:]
     installs = json.loads(report.read_text())["install"]
     versions = {item["metadata"]["name"].lower(): item["metadata"]["version"] for item in installs}
