@@ -355,7 +355,7 @@ def test_the_newcomer_install_resolves_to_cpu_torch_from_the_package_index_alone
     report = tmp_path / "report.json"
     cmd = [sys.executable, "-m", "pip", "install", "--isolated", *args, "--dry-run", "--ignore-installed",
            "--quiet", "--report", str(report)]
-    # an sdist's metadata build may call rustup, which writes its settings under RUSTUP_HOME (~/.rustup)
+    # pip (its user agent) and an sdist's metadata build call rustc; rustup writes its settings under RUSTUP_HOME
     env = {**os.environ, "PIP_NO_INPUT": "1", "RUSTUP_HOME": str(tmp_path / "rustup"),
            "CARGO_HOME": str(tmp_path / "cargo")}
     done = subprocess.run(cmd, check=False, cwd=src, capture_output=True, text=True, timeout=PIP_TIMEOUT_S, env=env)
@@ -371,14 +371,16 @@ def test_the_newcomer_install_resolves_to_cpu_torch_from_the_package_index_alone
 
 
 @pytest.mark.slow
-def test_pypi_alone_cannot_give_the_pinned_torch():
+def test_pypi_alone_cannot_give_the_pinned_torch(tmp_path):
     """Without the CPU index, pip stops at the pin instead of pulling the CUDA build."""
     reason = url_unreachable(PYPI)
     if reason:
         pytest.skip(reason)
     _options, pins = constraint_lines()
+    # pip asks `rustc --version` for its user agent; rustup writes its settings under RUSTUP_HOME
+    env = {**os.environ, "RUSTUP_HOME": str(tmp_path / "rustup"), "CARGO_HOME": str(tmp_path / "cargo")}
     done = subprocess.run([sys.executable, "-m", "pip", "install", "--isolated", "--dry-run", "--ignore-installed",
                            "--no-deps", "--index-url", PYPI, f"torch=={pins['torch']}"],
-                          check=False, capture_output=True, text=True, timeout=PIP_TIMEOUT_S)
+                          check=False, capture_output=True, text=True, timeout=PIP_TIMEOUT_S, env=env)
     assert done.returncode != 0, f"PyPI alone resolved torch=={pins['torch']}:\n{done.stdout}"
     assert "No matching distribution" in done.stderr or "ResolutionImpossible" in done.stderr, done.stderr

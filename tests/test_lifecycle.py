@@ -655,3 +655,163 @@ def test_a_mapping_configs_own_checkpoint_resumes_and_another_runs_is_an_input(t
                                     "resume_from_checkpoint": str(other)})
     assert "resume_from_checkpoint" not in mine.inputs
     assert theirs.inputs["resume_from_checkpoint"]["kind"] == "model"
+
+
+# --------------------------------------------------------------------------- what a rerun refusal names
+
+
+def _manifest(settings: dict | None = None, inputs: dict | None = None, defaults: dict | None = None):
+    from align.manifests.manifest import Manifest
+
+    return Manifest(stage="train", settings=settings or {}, inputs=inputs or {}, library="test",
+                    defaults=defaults or {})
+
+
+def _file(path: str, fingerprint: str, kind: str = "file", **more) -> dict:
+    return {"path": path, "kind": kind, "fingerprint": fingerprint, **more}
+
+
+def _stage(fingerprint: str, output_id: str | None = "o1", stage: str | None = "sample", **more) -> dict:
+    entry = {"path": "runs/sample", "kind": "stage", "fingerprint": fingerprint, "output_id": output_id, **more}
+    if stage is not None:
+        entry["stage"] = stage
+    return entry
+
+
+_LONG_OLD, _LONG_NEW = "x" * 58, "y" * 59  # shown as 60 characters (whole) and 61 (cut to 57 + "...")
+
+
+@pytest.mark.parametrize(("old", "settings", "defaults", "expected"), [
+    ({"stage": "sample", "settings": {"seed": 1}}, {"seed": 2}, {},
+     ["the directory holds the sample stage's output, not train's"]),
+    ({"stage": "train", "settings": {"loss_type": "qrpo", "retired": 1, "seed": 1}},
+     {"beta": 0.1, "loss_type": "dpo", "seed": 2, "warmup": 5}, {"beta": 0.1, "warmup": 0},
+     ["train.loss_type: 'qrpo' → 'dpo'", "train.seed: 1 → 2", "train.warmup: '(unset)' → 5"]),
+    ({"settings": {"extra": None, "flag": False, "opts": {"a": 1}}}, {"extra": "x", "flag": True, "opts": {"a": 2}},
+     {}, ['train.extra: null → \'x\'', "train.flag: false → true", 'train.opts: {"a": 1} → {"a": 2}']),
+    ({"settings": {"where": "a"}}, {"where": Path("b")}, {}, ["train.where: 'a' → \"b\""]),
+    ({"settings": {"a": _LONG_OLD, "b": _LONG_OLD}}, {"a": "z" * 58, "b": _LONG_NEW}, {},
+     [f"train.a: '{_LONG_OLD}' → '{'z' * 58}'", f"train.b: '{_LONG_OLD}' → '{'y' * 56}..."]),
+])
+def test_a_refused_rerun_names_each_changed_setting_as_before_and_after(old, settings, defaults, expected):
+    """Each changed setting is one line ``stage.key: before → after`` (strings quoted, other values as JSON,
+    long values cut to 60 characters); a setting added since at its default, or one this version no longer
+    has, is not named; an output of another stage is named as such."""
+    from align.manifests.differences import differences
+
+    assert differences("train", old, _manifest(settings, defaults=defaults)) == expected
+
+
+_ROWS_FILE = {"prompts": _file("p.jsonl", "1")}, {"prompts": _file("p.jsonl", "2")}
+_MODEL = {"config.json": "c1", "model.safetensors": "w1", "tokenizer.json": "t"}
+_SHARDS = [f"model-0000{i}.safetensors" for i in range(1, 5)]
+_OTHERS = ["a.json", "b.json", "c.json", "d.json"]
+
+
+def _model(files: dict | None, fingerprint: str) -> dict:
+    return _file("m", fingerprint, "model", **({"files": files} if files is not None else {}))
+
+
+@pytest.mark.parametrize(("old_inputs", "new_inputs", "rows", "expected"), [
+    ({"eval": _file("e.jsonl", "1"), "same": _file("x.jsonl", "s"), "z": _file("z1.jsonl", "z")},
+     {"prompts": _file("p.jsonl", "p"), "same": _file("moved/x.jsonl", "s"), "z": _file("z2.jsonl", "z2")}, None,
+     ["train.eval: e.jsonl → (not an input)", "train.prompts: (not an input) → p.jsonl",
+      "train.z (z2.jsonl): content changed"]),
+    ({"prompts": _stage("f")}, {"prompts": _stage("f", changed=["a.jsonl", "b.jsonl", "c.jsonl", "d.jsonl"])}, None,
+     ["train.prompts (runs/sample): the sample stage's output changed since it was made "
+      "(a.jsonl; b.jsonl; c.jsonl)"]),
+    ({"prompts": _stage("f", stage=None)}, {"prompts": _stage("f", stage=None, changed=["a.jsonl"])}, None,
+     ["train.prompts (runs/sample): the earlier stage's output changed since it was made (a.jsonl)"]),
+    ({"prompts": _stage("f1")}, {"prompts": _stage("f2", stage="annotate")}, None,
+     ["train.prompts (runs/sample): now the annotate stage's output (was the sample stage's)"]),
+    ({"prompts": _file("p.jsonl", "h")}, {"prompts": _stage("f")}, None,
+     ["train.prompts (runs/sample): made from other settings or inputs (the sample stage's manifest changed)"]),
+    ({"prompts": _stage("f")}, {"prompts": _file("p.jsonl", "h")}, None,
+     ["train.prompts (p.jsonl): made from other settings or inputs (the earlier stage's manifest changed)"]),
+    ({"prompts": _stage("f")}, {"prompts": _stage("f", output_id=None)}, None,
+     ["train.prompts (runs/sample): the sample step that makes it is not current, so it will be made again"]),
+    ({"prompts": _stage("f", stage=None)}, {"prompts": _stage("f", output_id=None, stage=None)}, None,
+     ["train.prompts (runs/sample): the earlier step that makes it is not current, so it will be made again"]),
+    ({"prompts": _stage("f")}, {"prompts": _stage("f", output_id="o2")}, None,
+     ["train.prompts (runs/sample): made again since (the sample stage's output is new, though made from the "
+      "same settings and inputs)"]),
+    ({"prompts": _stage("f", stage=None)}, {"prompts": _stage("f", output_id="o2", stage=None)}, None,
+     ["train.prompts (runs/sample): made again since (the earlier stage's output is new, though made from the "
+      "same settings and inputs)"]),
+    (*_ROWS_FILE, ({"prompts": {"a": "1", "b": "2", "c": "3"}}, {"prompts": {"a": "1x", "b": "2x", "d": "4"}}),
+     ["train.prompts (p.jsonl): content changed (2 rows differ, 1 added, 1 removed)"]),
+    (*_ROWS_FILE, ({"prompts": {"a": "1", "b": "2"}}, {"prompts": {"a": "1", "b": "2", "c": "3"}}),
+     ["train.prompts (p.jsonl): content changed (1 added)"]),
+    (*_ROWS_FILE, ({"prompts": {"a": "1", "b": "2"}}, {"prompts": {"a": "1x"}}),
+     ["train.prompts (p.jsonl): content changed (1 row differs, 1 removed)"]),
+    (*_ROWS_FILE, ({"prompts": {"a": "1", "b": "2"}}, {"prompts": {"b": "2", "a": "1"}}),
+     ["train.prompts (p.jsonl): content changed (the same rows, in another order or layout)"]),
+    (*_ROWS_FILE, ({"other": {"a": "1"}}, {}), ["train.prompts (p.jsonl): content changed"]),
+    ({"model": _model(_MODEL, "a")}, {"model": _model({**_MODEL, "config.json": "c2", "model.safetensors": "w2"}, "b")},
+     None, ["train.model (m): other weights (model.safetensors); other config.json"]),
+    ({"model": _model(dict.fromkeys(_SHARDS, "1"), "a")}, {"model": _model(dict.fromkeys(_SHARDS, "2"), "b")}, None,
+     ["train.model (m): other weights (model-00001.safetensors, model-00002.safetensors, "
+      "model-00003.safetensors)"]),
+    ({"model": _model({**dict.fromkeys(_OTHERS, "1"), "w.bin": "w"}, "a")},
+     {"model": _model({**dict.fromkeys(_OTHERS, "2"), "e.json": "2", "w.bin": "w"}, "b")}, None,
+     ["train.model (m): other a.json, b.json, c.json, d.json (not the weights)"]),
+    ({"model": _model({"w.bin": "w"}, "a")}, {"model": _model({"w.bin": "w", "chat_template.jinja": "t"}, "b")}, None,
+     ["train.model (m): other chat_template.jinja (not the weights)"]),
+    ({"model": _model({"w.bin": "w"}, "a")}, {"model": _model({"w.bin": "w"}, "b")}, None,
+     ["train.model (m): other files"]),
+    ({"model": _model(None, "a")}, {"model": _model({"w.bin": "w"}, "b")}, None, ["train.model (m): other weights"]),
+    ({"charter": _file("default", "a", "charter")}, {"charter": _file("default", "b", "charter")}, None,
+     ["train.charter (default): other charter text"]),
+])
+def test_a_refused_rerun_names_how_each_changed_input_differs(old_inputs, new_inputs, rows, expected):
+    """Each changed input is one line naming its path and how it changed: added or no longer an input,
+    an earlier stage's output edited, re-made, from other settings or not yet current, rows that differ,
+    were added or removed (where rows were recorded), which of a checkpoint's files changed, the charter."""
+    from align.manifests.differences import differences
+
+    old_rows, new_rows = rows or (None, None)
+    old = {"stage": "train", "settings": {}, "inputs": old_inputs}
+    assert differences("train", old, _manifest(inputs=new_inputs), old_rows, new_rows) == expected
+
+
+def test_a_refused_rerun_counts_changed_rows_reading_only_the_changed_record_inputs(tmp_path, monkeypatch):
+    """Row counts come from the rows recorded with the output and the inputs read again now; an unchanged
+    input is not read, an unreadable one is named as changed without counts (the others still get theirs),
+    and a manifest that differs in no named setting or input says so."""
+    import importlib
+
+    from align.manifests.differences import explain
+    from align.manifests.inputs import row_digests
+    from align.manifests.state import ROWS_FILE
+
+    def write(path: Path, ids: list[str], answer: str = "yes") -> list[dict]:
+        records = [{"id": i, "answer": answer if i == "a0" else "yes"} for i in ids]
+        path.write_text("".join(json.dumps(r) + "\n" for r in records))
+        return records
+
+    out, shards = tmp_path / "out", tmp_path / "shards"
+    out.mkdir()
+    shards.mkdir()
+    broken, prompts, same = tmp_path / "broken.jsonl", tmp_path / "prompts.jsonl", tmp_path / "same.jsonl"
+    recorded_rows = {"broken": {"a0": "x"}, "shards": row_digests(write(shards / "s0.jsonl", ["a0"])),
+                     "prompts": row_digests(write(prompts, ["a0", "a1"])), "same": row_digests(write(same, ["a0"]))}
+    (out / ROWS_FILE).write_text(json.dumps(recorded_rows))
+    broken.write_text('{"id": "a0"\n{not json\n')
+    write(shards / "s1.jsonl", ["a1"])
+    write(prompts, ["a0", "a1", "a2"], answer="no")
+    kinds = {"broken": "file", "shards": "directory", "prompts": "file", "same": "file"}
+    paths = {"broken": broken, "shards": shards, "prompts": prompts, "same": same}
+    recorded = {"stage": "train", "settings": {},
+                "inputs": {k: _file(str(paths[k]), "old" if k != "same" else "s", kinds[k]) for k in kinds}}
+    new = _manifest(inputs={k: _file(str(paths[k]), "new" if k != "same" else "s", kinds[k]) for k in kinds})
+    differences_module = importlib.import_module("align.manifests.differences")  # not the package's function
+    read, real = [], differences_module.read_records
+    monkeypatch.setattr(differences_module, "read_records", lambda path: read.append(path) or real(path))
+    assert explain("train", out, recorded, new) == [
+        f"train.broken ({broken}): content changed",
+        f"train.prompts ({prompts}): content changed (1 row differs, 1 added)",
+        f"train.shards ({shards}): content changed (1 added)",
+    ]
+    assert read == [str(broken), str(shards), str(prompts)]
+    assert explain("train", out, {**recorded, "inputs": new.inputs}, new) == [
+        "the recorded manifest differs (no setting or input differs by name: written by another version?)"]
