@@ -815,3 +815,23 @@ def test_a_refused_rerun_counts_changed_rows_reading_only_the_changed_record_inp
     assert read == [str(broken), str(shards), str(prompts)]
     assert explain("train", out, {**recorded, "inputs": new.inputs}, new) == [
         "the recorded manifest differs (no setting or input differs by name: written by another version?)"]
+
+
+def test_a_rerun_with_another_setting_and_edited_rows_is_refused_naming_both(tmp_path, rows):
+    """End to end: a finished pairs output rerun with another seed over an edited input is refused, and the
+    refusal names the setting (before → after) and how many of the input's rows differ or were added."""
+    out = tmp_path / "pairs"
+    run = StageRun.begin("pairs", pairs_config(rows, out))
+    try:
+        run.read("input")
+        run.start()
+        (run.output_dir / "data.txt").write_text("made\n")
+        run.finish({}, announce=False)
+    finally:
+        run.close()
+    edited = [annotated(f"a{i}") for i in range(4)]
+    edited[1]["answer"] = "no"
+    rows.write_text("".join(json.dumps(r) + "\n" for r in edited))
+    refusal = rerun("pairs", pairs_config(rows, out, seed=1))
+    assert "pairs.seed: 0 → 1" in refusal
+    assert f"pairs.input ({rows}): content changed (1 row differs, 1 added)" in refusal
