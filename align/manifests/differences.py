@@ -56,7 +56,7 @@ def differences(stage: str, old: Mapping[str, Any], new: Manifest, old_rows: Map
             continue  # a setting added since, at the default that keeps the old behaviour
         if key not in new.settings:
             continue  # a setting this version no longer has cannot change what it writes
-        before, after = old_settings.get(key, "(unset)"), new.settings.get(key, "(unset)")
+        before, after = old_settings.get(key, "(unset)"), new.settings[key]
         if json_digest(before) != json_digest(after):
             lines.append(f"{stage}.{key}: {_show(before)} → {_show(after)}")
     old_inputs = old.get("inputs") or {}
