@@ -55,7 +55,7 @@ MEANINGS = [
 
 # stages that read rows, and the key they read them under
 GENERATES_FOR_PROMPTS = {"sample", "evaluate"}
-NO_ROW_INPUT = {"plan", "pipeline", "status", "submit", "demo", "step"}  # sections of other stages; the demo makes its own data
+NO_ROW_INPUT = {"plan", "pipeline", "status", "submit", "demo", "step", "tiny-models"}  # sections of other stages; the demo and tiny-models make their own
 
 
 # --------------------------------------------------------------------------- collecting names
