@@ -124,11 +124,7 @@ def message_spans(
     return spans
 
 
-def _check_single_bos(ids: Sequence[int], tokenizer: Any, fmt: ChatFormat) -> None:
-    _check_single_bos_token(ids, tokenizer, fmt.bos)
-
-
-def _check_single_bos_token(ids: Sequence[int], tokenizer: Any, bos: str | None) -> None:
+def _check_single_bos(ids: Sequence[int], tokenizer: Any, bos: str | None) -> None:
     if bos and len(ids) > 1 and ids[0] == ids[1] == tokenizer.convert_tokens_to_ids(bos):
         raise InputError("the token ids start with two BOS tokens")
 
@@ -138,6 +134,7 @@ def _encode_with_template(tokenizer: Any, messages: Sequence[Mapping[str, Any]],
     """``encode`` for ``chat_format='tokenizer'`` (align.chat.template): the template's text,
     trained on each assistant turn from its generation prompt to its end of turn. ``spans``
     covers the assistant messages; the others are (0, 0)."""
+    template.check_fast(tokenizer)
     template.check_text(tokenizer, messages)
     text = template.apply_template(tokenizer, messages, tools=tools, add_generation_prompt=add_generation_prompt,
                                    enable_thinking=enable_thinking)
@@ -149,7 +146,7 @@ def _encode_with_template(tokenizer: Any, messages: Sequence[Mapping[str, Any]],
     segs.append(Segment(text[pos:], None))
     segs = [s for s in segs if s.text]
     ids, offsets = tokenize(tokenizer, text)
-    _check_single_bos_token(ids, tokenizer, tokenizer.bos_token)
+    _check_single_bos(ids, tokenizer, tokenizer.bos_token)
     return EncodedChat(input_ids=ids, loss_mask=loss_mask(text, offsets, segs),
                        spans=message_spans(offsets, segs, len(messages)), text=text)
 
@@ -181,7 +178,7 @@ def encode(
                            enable_thinking=enable_thinking, chat_date=chat_date)
     text = "".join(s.text for s in segs)
     ids, offsets = tokenize(tokenizer, text)
-    _check_single_bos(ids, tokenizer, fmt)
+    _check_single_bos(ids, tokenizer, fmt.bos)
     return EncodedChat(
         input_ids=ids,
         loss_mask=loss_mask(text, offsets, segs),
@@ -215,6 +212,7 @@ def encode_completion(
     if chat_format == TOKENIZER_FORMAT:
         # the model's own template: its generation prompt, then what the model wrote and the
         # template's end of turn (the tokens the model produced when it sampled the completion)
+        template.check_fast(tokenizer)
         end = eos = template.turn_end(tokenizer, enable_thinking=enable_thinking)
         bos, forbidden = tokenizer.bos_token, template.special_tokens(tokenizer)
     else:
@@ -237,7 +235,7 @@ def encode_completion(
                         enable_thinking=enable_thinking, chat_date=chat_date)
     prompt_ids, _ = tokenize(tokenizer, prompt)
     full_ids, _ = tokenize(tokenizer, prompt + completion + (end if end_of_turn else ""))
-    _check_single_bos_token(full_ids, tokenizer, bos)
+    _check_single_bos(full_ids, tokenizer, bos)
     if full_ids[: len(prompt_ids)] != prompt_ids:
         k = next((k for k, (a, b) in enumerate(zip(prompt_ids, full_ids)) if a != b),
                  min(len(prompt_ids), len(full_ids)))

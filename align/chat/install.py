@@ -48,14 +48,20 @@ def install_format(tokenizer: Any, model: Any = None, chat_format: str = "apertu
     if fmt.bos and tokenizer.bos_token is None:
         tokenizer.bos_token = fmt.bos
     tokenizer.eos_token = fmt.eos
-    if tokenizer.pad_token is None or tokenizer.pad_token == fmt.eos:
+    _pad_apart_from_eos(tokenizer)
+    tokenizer.chat_template = chat_template(fmt.name)
+    if model is not None:
+        _update_model(model, tokenizer, with_bos=bool(fmt.bos))
+    return fmt
+
+
+def _pad_apart_from_eos(tokenizer: Any) -> None:
+    """A pad token of its own (``<pad>``, added if needed) where there is none or it is EOS:
+    padding must never read as the end of a turn."""
+    if tokenizer.pad_token is None or tokenizer.pad_token == tokenizer.eos_token:
         if PAD_TOKEN not in tokenizer.get_added_vocab():
             _add_special(tokenizer, [PAD_TOKEN])
         tokenizer.pad_token = PAD_TOKEN
-    tokenizer.chat_template = chat_template(fmt.name)
-    if model is not None:
-        _update_model(model, tokenizer, fmt)
-    return fmt
 
 
 def _keep_own_template(tokenizer: Any, model: Any = None) -> None:
@@ -69,16 +75,9 @@ def _keep_own_template(tokenizer: Any, model: Any = None) -> None:
     end = turn_end(tokenizer)
     if end in tokenizer.get_added_vocab():
         tokenizer.eos_token = end
-    if tokenizer.pad_token is None or tokenizer.pad_token == tokenizer.eos_token:
-        if PAD_TOKEN not in tokenizer.get_added_vocab():
-            _add_special(tokenizer, [PAD_TOKEN])
-        tokenizer.pad_token = PAD_TOKEN
+    _pad_apart_from_eos(tokenizer)
     if model is not None:
-        if len(tokenizer) > embedding_rows(model):
-            model.resize_token_embeddings(len(tokenizer))
-        for config in (model.config, getattr(model, "generation_config", None)):
-            if config is not None:
-                config.eos_token_id, config.pad_token_id = tokenizer.eos_token_id, tokenizer.pad_token_id
+        _update_model(model, tokenizer, with_bos=False)
 
 
 def embedding_rows(model: Any) -> int:
@@ -100,13 +99,13 @@ def embedding_rows(model: Any) -> int:
     return rows
 
 
-def _update_model(model: Any, tokenizer: Any, fmt: ChatFormat) -> None:
+def _update_model(model: Any, tokenizer: Any, *, with_bos: bool) -> None:
     """Resize embeddings only when the tokenizer has more tokens than they have rows, and
     point the model's special ids at the tokenizer."""
     if len(tokenizer) > embedding_rows(model):
         model.resize_token_embeddings(len(tokenizer))
     ids = {"eos_token_id": tokenizer.eos_token_id, "pad_token_id": tokenizer.pad_token_id}
-    if fmt.bos:
+    if with_bos:
         ids["bos_token_id"] = tokenizer.bos_token_id
     for config in (model.config, getattr(model, "generation_config", None)):
         if config is not None:

@@ -33,11 +33,15 @@ _turn_ends: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
 def check_template(tokenizer: Any) -> None:
-    """The tokenizer has a chat template and gives offsets (a fast tokenizer)."""
+    """The tokenizer has a chat template (what sampling with it needs)."""
     if not getattr(tokenizer, "chat_template", None):
         name = getattr(tokenizer, "name_or_path", "") or "the model"
-        raise ConfigError(f"chat_format='tokenizer' but the tokenizer of {name!r} has no chat_template: name an "
-                          "align.chat format instead (apertus, llama3, chatml)")
+        raise ConfigError(f"chat_format='tokenizer' but the tokenizer of {name!r} has no chat_template "
+                          "(name an align.chat format instead: apertus, llama3, chatml)")
+
+
+def check_fast(tokenizer: Any) -> None:
+    """Masks are read off the offsets mapping, which only a fast tokenizer gives."""
     if not getattr(tokenizer, "is_fast", False):
         raise InputError("chat_format='tokenizer' needs a fast tokenizer (offsets mapping); got "
                          f"{type(tokenizer).__name__}")
@@ -45,16 +49,17 @@ def check_template(tokenizer: Any) -> None:
 
 def apply_template(tokenizer: Any, messages: Sequence[Mapping[str, Any]], *, tools: Sequence[Any] | None = None,
                    add_generation_prompt: bool = False, enable_thinking: bool = False) -> str:
-    """The template's text for ``messages``; ``enable_thinking`` reaches it as the template
-    variable of that name (Qwen3's switch; templates without one ignore it)."""
+    """The template's text for ``messages``: the one rendering the samplers, the pass and the
+    trainers share. ``enable_thinking`` reaches it as the template variable of that name
+    (Qwen3's switch; templates without one ignore it)."""
     from jinja2 import TemplateError
 
     check_template(tokenizer)
     try:
-        return tokenizer.apply_chat_template(list(messages), tools=list(tools) if tools else None, tokenize=False,
+        return tokenizer.apply_chat_template(list(messages), tools=tools, tokenize=False,
                                              add_generation_prompt=add_generation_prompt,
                                              enable_thinking=enable_thinking)
-    except (TemplateError, TypeError, KeyError, ValueError) as err:
+    except (TemplateError, TypeError, KeyError) as err:  # a conversation the template cannot read
         raise InputError(f"the tokenizer's chat template cannot render the conversation: {err!r}") from None
 
 

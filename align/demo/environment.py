@@ -25,24 +25,24 @@ PINNED_KERNELS = {"ATEN_CPU_CAPABILITY": "avx2", "MKL_CBWR": "AVX2", "ONEDNN_MAX
 PACKAGES = ("align", "torch", "transformers", "trl", "accelerate", "peft", "datasets", "numpy", "tokenizers")
 
 
-def cpu_model() -> str:
-    """The CPU's model name (Linux: /proc/cpuinfo), else what the platform module says."""
+def _cpuinfo(name: str) -> str | None:
+    """One field of /proc/cpuinfo (Linux; the first CPU's), or None."""
     try:
         text = Path("/proc/cpuinfo").read_text()
     except OSError:
-        return platform.processor() or "unknown"
-    match = re.search(r"^model name\s*:\s*(.+)$", text, re.MULTILINE)
-    return match.group(1).strip() if match else (platform.processor() or "unknown")
+        return None
+    match = re.search(rf"^{name}\s*:\s*(.+)$", text, re.MULTILINE)
+    return match.group(1).strip() if match else None
+
+
+def cpu_model() -> str:
+    """The CPU's model name (Linux: /proc/cpuinfo), else what the platform module says."""
+    return _cpuinfo("model name") or platform.processor() or "unknown"
 
 
 def cpu_flags() -> list[str]:
     """The vector instruction sets that decide which kernels run (AVX2, AVX-512 and its parts, AMX)."""
-    try:
-        text = Path("/proc/cpuinfo").read_text()
-    except OSError:
-        return []
-    match = re.search(r"^flags\s*:\s*(.+)$", text, re.MULTILINE)
-    flags = set(match.group(1).split()) if match else set()
+    flags = set((_cpuinfo("flags") or "").split())
     return sorted(f for f in flags if f.startswith(("avx", "amx", "fma")))
 
 

@@ -6,6 +6,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from align.data.pairs import fallback_note
 from align.demo.environment import run_environment
 from align.io import write_json
 
@@ -96,16 +97,6 @@ def count_reasons(items: Any) -> dict[str, int]:
         key = str(item).split(":")[0]
         counts[key] = counts.get(key, 0) + 1
     return counts
-
-
-def fallback_note(fallbacks: int, pairs: int, kinds: Mapping[str, int]) -> str:
-    """What the pair fallbacks are, and that they are no defect: with a 0/1 reward a wrong
-    answer among several wrong references sits above the low bucket's cut."""
-    listed = ", ".join(f"{count} {kind}" for kind, count in sorted(kinds.items(), key=lambda kv: (-kv[1], kv[0])))
-    return (f"({fallbacks} of the {pairs} pairs are fallbacks ({listed}): the preferred bucket was empty, so the "
-            "next was used. Expected with a 0/1 reward, where a wrong answer tied with other wrong references "
-            "has a quantile above the low cut; every pair still prefers the higher reward (docs/method.md, "
-            "Pair selection).)")
 
 
 def build_report(state: Any, *, total_seconds: float) -> dict[str, Any]:

@@ -130,10 +130,9 @@ class PromptEncoder:
         self.tokenizer, self.chat_format = tokenizer, chat_format
         self.chat_date, self.enable_thinking = chat_date, enable_thinking
         if chat_format == "tokenizer":
-            if not getattr(tokenizer, "chat_template", None):
-                name = getattr(tokenizer, "name_or_path", "") or "the model"
-                raise ConfigError(f"chat_format='tokenizer' but the tokenizer of {name!r} has no chat_template "
-                                  "(name an align.chat format instead: apertus, llama3, chatml)")
+            from align.chat.template import check_template
+
+            check_template(tokenizer)
             stops, ends = list(stop_tokens or []), []
         else:
             from align.chat import get_format
@@ -156,17 +155,11 @@ class PromptEncoder:
     def render(self, conversation: Conversation, tools: Sequence[Any] | None = None) -> str:
         """The prompt text: the conversation plus the assistant generation prompt."""
         if self.chat_format == "tokenizer":
-            from jinja2 import TemplateError
+            from align.chat.template import apply_template
 
-            # the model's own template reads the thinking switch as the template variable
-            # `enable_thinking` (Qwen3 and others); a template without one ignores it
-            try:
-                return self.tokenizer.apply_chat_template(
-                    list(conversation), tools=tools, tokenize=False, add_generation_prompt=True,
-                    enable_thinking=self.enable_thinking,
-                )
-            except (TemplateError, TypeError, KeyError) as err:  # a conversation the template cannot read
-                raise InputError(f"the tokenizer's chat template cannot render it: {err!r}") from None
+            # the same rendering the pass and the trainers use (align.chat.template)
+            return apply_template(self.tokenizer, conversation, tools=tools, add_generation_prompt=True,
+                                  enable_thinking=self.enable_thinking)
         from align.chat import render
 
         return render(

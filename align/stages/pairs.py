@@ -12,6 +12,8 @@ Example: ``align pairs recipes/tiny/pipeline.yaml`` or
 
 from __future__ import annotations
 
+from collections import Counter
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -90,18 +92,19 @@ def run(config: Config) -> dict:
     summary = {"prompts": len(records), "pairs": len(pairs), "skipped": sum(not s.get("paired") for s in skips),
                "fallbacks": fallbacks, "truncated_completions": truncated, "truncated_in_pairs": paired_truncated,
                "special_token_text": left_out}
-    for line in summary_notes(summary, config.chat_format):
+    kinds = Counter(p["pair_fallback"] for p in pairs if p.get("pair_fallback"))
+    for line in summary_notes(summary, config.chat_format, kinds):
         print(f"[align pairs] {line}")
     return run.finish(summary)
 
 
-def summary_notes(summary: dict[str, Any], chat_format: str) -> list[str]:
+def summary_notes(summary: dict[str, Any], chat_format: str, kinds: Mapping[str, int]) -> list[str]:
     """What the summary's counts mean, for the counts a user may take for a fault."""
+    from align.data.pairs import fallback_note
+
     notes = []
     if summary["fallbacks"]:
-        notes.append(f"{summary['fallbacks']} of {summary['pairs']} pairs are fallbacks: a preferred bucket was "
-                     "empty and the next was used (usual with a 0/1 reward); each pair still prefers the higher "
-                     "reward (docs/method.md, Pair selection; pair_fallback in pairs.jsonl)")
+        notes.append(fallback_note(summary["fallbacks"], summary["pairs"], kinds))
     if summary["special_token_text"]:
         notes.append(f"{summary['special_token_text']} completions were never paired because their text holds a "
                      f"token the {chat_format} format reads as structure (a turn delimiter or BOS): trained as "
