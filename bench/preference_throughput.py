@@ -98,8 +98,11 @@ def encoded_tokens(tokenizer, rows: list[dict], max_length: int) -> list[int]:
     return out
 
 
-def save_model(tokenizer, size: str, path: Path) -> int:
-    """Build the random-init Llama once; every contender loads these weights. Returns #params."""
+def save_model(tokenizer, size: str, path: Path, device: str = "cpu") -> int:
+    """Build the random-init Llama once; every contender loads these weights. Returns #params.
+
+    Saved in bf16 for a CUDA run (the dtype every contender trains in there): half the bytes to load.
+    """
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
 
@@ -107,6 +110,8 @@ def save_model(tokenizer, size: str, path: Path) -> int:
     config = LlamaConfig(max_position_embeddings=4096, tie_word_embeddings=True, bos_token_id=tokenizer.bos_token_id,
                          eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id, **SIZES[size])
     model = LlamaForCausalLM(config)
+    if device == "cuda":
+        model = model.to(torch.bfloat16)
     model.save_pretrained(path)
     tokenizer.save_pretrained(path)
     return sum(p.numel() for p in model.parameters())
@@ -180,8 +185,16 @@ def _load(settings: dict):
     from transformers import AutoModelForCausalLM
 
     dtype = torch.bfloat16 if settings["device"] == "cuda" else torch.float32
-    model = AutoModelForCausalLM.from_pretrained(settings["model_dir"], dtype=dtype, attn_implementation="sdpa")
+    model = AutoModelForCausalLM.from_pretrained(settings["model_dir"], dtype=dtype,
+                                                 attn_implementation=settings.get("attn", "sdpa"))
     return model.to(settings["device"])
+
+
+def attention_label(settings: dict) -> str:
+    """How a contender's attention runs, for its name: the masked grid unless it says otherwise."""
+    attn = settings.get("attn", "sdpa")
+    return {"sdpa": "", "flex_attention": ", FlexAttention", "flash_attention_2": ", FlashAttention-2"}.get(
+        attn, f", {attn}")
 
 
 def _finish(result: dict, baseline: dict, settings: dict) -> dict:
@@ -195,9 +208,10 @@ def _finish(result: dict, baseline: dict, settings: dict) -> dict:
 
 
 def _train_result(name: str, timer: StepTimer, step_tokens: list[int], baseline: dict, settings: dict) -> dict:
-    timed = timer.times[1:]
-    tokens = sum(step_tokens[1 : len(timer.times)])
-    result = {"name": name, "step_seconds": timer.times, "timed_tokens": tokens,
+    warmup = settings.get("warmup", 1)
+    timed = timer.times[warmup:]
+    tokens = sum(step_tokens[warmup : len(timer.times)])
+    result = {"name": name, "step_seconds": timer.times, "timed_tokens": tokens, "warmup_steps": warmup,
               "tokens_per_s": tokens / sum(timed) if timed else float("nan")}
     return _finish(result, baseline, settings)
 
@@ -221,7 +235,7 @@ def worker_logps_align(settings: dict) -> dict:
     start = time.perf_counter()
     shared = settings.get("prefix_sharing", "auto")
     blocks = settings.get("block_attention", False)
-    output_dir = settings["ref_dir"] + f"-{shared}" + ("-blocks" if blocks else "")
+    output_dir = settings["ref_dir"] + f"-{shared}" + ("-blocks" if blocks else "") + settings.get("ref_suffix", "")
     compute_ref_logprobs(rows, model, tokenizer, chat_format="apertus", batch_size=settings["batch_size"],
                          max_length=settings["max_length"], output_dir=output_dir,
                          chat_date=DATE, model_fingerprint="bench", prefix_sharing=shared, block_attention=blocks)
@@ -229,6 +243,7 @@ def worker_logps_align(settings: dict) -> dict:
     seconds = time.perf_counter() - start
     name = "align log-prob pass" + (" (prompt per sequence)" if shared is False else " (prefix-shared)")
     name += ", block attention" if blocks else ""
+    name += attention_label(settings)
     return _finish({"name": name, "seconds": seconds, "tokens_per_s": tokens / seconds, "kind": "pass"},
                    baseline, settings)
 
@@ -307,7 +322,7 @@ def worker_train_align(settings: dict) -> dict:
     trainer.train()
     layout = ", prompt per sequence" if settings.get("prefix_sharing") is False else ", prefix-shared"
     name = "align (precomputed ref, padding-free" + layout + (", checkpointing" if settings["checkpointing"] else "")
-    name += ", block attention)" if settings.get("block_attention") else ")"
+    name += (", block attention" if settings.get("block_attention") else "") + attention_label(settings) + ")"
     return _train_result(name, timer, step_tokens, baseline, settings)
 
 
@@ -322,11 +337,19 @@ def worker_train_trl(settings: dict) -> dict:
     dataset = datasets.Dataset.from_list(_trl_rows(rows))
     baseline = memory_status()
     timer = StepTimer()
-    trainer = DPOTrainer(model=_load(settings), args=_trl_config(settings), train_dataset=dataset,
+    variant = settings.get("trl_variant", "defaults")
+    overrides, name = {
+        "defaults": ({}, "TRL DPOTrainer (defaults: live ref model, padded, checkpointing)"),
+        "precomputed": ({"precompute_ref_log_probs": True, "precompute_ref_batch_size": settings["batch_size"]},
+                        "TRL DPOTrainer (precomputed ref, padded, checkpointing)"),
+        "liger": ({"use_liger_kernel": True}, "TRL DPOTrainer (Liger fused loss, live ref model, padded, checkpointing)"),
+    }[variant]
+    if variant == "liger":
+        import liger_kernel  # noqa: F401  (an ImportError names the missing package in the report)
+    trainer = DPOTrainer(model=_load(settings), args=_trl_config(settings, **overrides), train_dataset=dataset,
                          processing_class=tokenizer, callbacks=[timer.callback])
     trainer.train()
-    return _train_result("TRL DPOTrainer (defaults: live ref model, padded, checkpointing)", timer, step_tokens,
-                         baseline, settings)
+    return _train_result(name, timer, step_tokens, baseline, settings)
 
 
 WORKERS = {"logps_align": worker_logps_align, "logps_trl": worker_logps_trl,
@@ -365,6 +388,43 @@ CONTENDERS = (  # key, worker, settings (align's defaults unless named: prefix-s
     ("train_align_blocks", "train_align", {"prefix_sharing": "auto", "checkpointing": False,
                                            "block_attention": True}),
 )
+
+
+GPU_CONTENDERS = (  # the GPU check (bench/gpu_check.sh): attention kernels and TRL's variants, most important first
+    ("logps_trl", "logps_trl", {}),
+    ("logps_align", "logps_align", {"prefix_sharing": "auto"}),
+    ("train_trl", "train_trl", {}),
+    ("train_align", "train_align", {"prefix_sharing": "auto", "checkpointing": False}),
+    ("train_align_ckpt", "train_align", {"prefix_sharing": "auto", "checkpointing": True}),
+    ("train_align_flex", "train_align", {"prefix_sharing": "auto", "checkpointing": False, "attn": "flex_attention"}),
+    ("logps_align_flex", "logps_align", {"prefix_sharing": "auto", "attn": "flex_attention", "ref_suffix": "-flex"}),
+    ("train_trl_precomputed", "train_trl", {"trl_variant": "precomputed"}),
+    ("train_trl_liger", "train_trl", {"trl_variant": "liger"}),
+    ("train_align_flash", "train_align", {"prefix_sharing": "auto", "checkpointing": False,
+                                          "attn": "flash_attention_2"}),
+)
+CONTENDER_SETS = {"default": CONTENDERS, "gpu": GPU_CONTENDERS}
+
+
+def gpu_report(results: dict[str, dict], settings: dict, params: int, peak_flops: float) -> str:
+    """The GPU check's table: every contender that ran, its ratios against TRL's DPOTrainer and precompute."""
+    memory_key = "cuda_peak_mib" if settings["device"] == "cuda" else "rss_increment_mib"
+    trl, trl_pass = results.get("train_trl"), results.get("logps_trl")
+    lines = ["| contender | tokens/s | MFU (of measured matmul peak) | peak memory (MiB) | vs TRL tokens/s | "
+             "vs TRL memory |", "|---|---|---|---|---|---|"]
+    for key, result in results.items():
+        if "error" in result:
+            lines.append(f"| {key} | not run: {result['error']} | | | | |")
+            continue
+        base = trl_pass if result.get("kind") == "pass" else trl
+        ratio = memory = ""
+        if base is not None and "error" not in base and base is not result:
+            ratio = f"{result['tokens_per_s'] / base['tokens_per_s']:.2f}x"
+            memory = f"{result[memory_key] / base[memory_key]:.2f}x"
+        lines.append(f"| {result['name']} | {result['tokens_per_s']:,.0f} | "
+                     f"{peak_fraction(result, params, peak_flops):.1%} | {result[memory_key]:,.0f} | {ratio} | "
+                     f"{memory} |")
+    return "\n".join(lines)
 
 
 def report(results: dict[str, dict], settings: dict, params: int, peak_flops: float) -> str:
@@ -415,6 +475,13 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--prompt-max", type=int, default=60, help="longest user turn, tokens")
     parser.add_argument("--pass-rows", type=int, default=None, help="pairs in the log-prob pass (default 64)")
     parser.add_argument("--only", default=None, help="comma-separated contender keys to run (default: all)")
+    parser.add_argument("--contenders", default="default", choices=sorted(CONTENDER_SETS),
+                        help="default: the CPU comparison; gpu: attention kernels and TRL's variants")
+    parser.add_argument("--warmup", type=int, default=1, help="untimed first training steps (compiles, caches)")
+    parser.add_argument("--out-json", default=None, help="write the results here after every contender")
+    parser.add_argument("--out-md", default=None, help="write the results table (markdown) here as it grows")
+    parser.add_argument("--keep-going", action="store_true",
+                        help="record a contender that fails (a missing package, a kernel) and go on")
     parser.add_argument("--worker", help=argparse.SUPPRESS)
     parser.add_argument("--settings", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
@@ -427,7 +494,7 @@ def main(argv: list[str] | None = None) -> None:
         "device": args.device, "size": args.size or ("quick" if quick else "23m"),
         "batch_size": args.batch_size or (4 if quick else 8), "steps": args.steps or (3 if quick else 4),
         "min_len": args.min_len, "max_len": args.max_len or (256 if quick else 512), "max_length": 4096,
-        "prompt_min": args.prompt_min, "prompt_max": args.prompt_max,
+        "prompt_min": args.prompt_min, "prompt_max": args.prompt_max, "warmup": args.warmup,
     }
     peak = matmul_peak_flops(args.device)
     work = Path(tempfile.mkdtemp(prefix="bench_pref_"))
@@ -436,24 +503,46 @@ def main(argv: list[str] | None = None) -> None:
     rows = make_rows(tokenizer, max(pass_rows, settings["batch_size"] * settings["steps"]), settings["min_len"],
                      settings["max_len"], seed=0, prompt_range=(args.prompt_min, args.prompt_max))
     (work / "rows.json").write_text(json.dumps(rows))
-    params = save_model(tokenizer, settings["size"], work / "model")
+    params = save_model(tokenizer, settings["size"], work / "model", args.device)
     settings.update(work=str(work), model_dir=str(work / "model"), rows=str(work / "rows.json"),
                     ref_dir=str(work / "ref"), checkpointing=True)
     print(f"workdir {work}; {len(rows)} pairs; model {params / 1e6:.1f}M params; "
           f"matmul peak {peak / 1e9:.1f} GFLOP/s", flush=True)
     wanted = set(args.only.split(",")) if args.only else None
     results: dict[str, dict] = {}
-    for key, worker, extra in CONTENDERS:
+    for key, worker, extra in CONTENDER_SETS[args.contenders]:
         if wanted is not None and key not in wanted and key != "logps_align":  # training reads the pass's output
             continue
         start = time.perf_counter()
-        results[key] = run_worker(worker, {**settings, **extra})
+        try:
+            results[key] = run_worker(worker, {**settings, **extra})
+        except RuntimeError as exc:
+            if not args.keep_going:
+                raise
+            last = [line for line in str(exc).splitlines() if line.strip()][-1:]
+            results[key] = {"error": last[0][:300] if last else "failed"}
+            print(f"  {key}: failed: {results[key]['error']}", flush=True)
+            continue
         print(f"  {results[key]['name']}: {results[key]['tokens_per_s']:.0f} tokens/s "
               f"({time.perf_counter() - start:.0f} s wall)", flush=True)
+        write_outputs(args, results, settings, params, peak)
     print()
-    if wanted is None:
+    if args.contenders == "gpu":
+        print(gpu_report(results, settings, params, peak))
+    elif wanted is None:
         print(report(results, settings, params, peak))
+    write_outputs(args, results, settings, params, peak)
     print(json.dumps({"matmul_peak_flops": peak, "params": params, "results": results}))
+
+
+def write_outputs(args: argparse.Namespace, results: dict[str, dict], settings: dict, params: int,
+                  peak: float) -> None:
+    """The JSON and markdown outputs, rewritten after each contender (a run cut short keeps what it measured)."""
+    if args.out_json:
+        Path(args.out_json).write_text(json.dumps({"matmul_peak_flops": peak, "params": params,
+                                                   "settings": settings, "results": results}, indent=1))
+    if args.out_md:
+        Path(args.out_md).write_text(gpu_report(results, settings, params, peak) + "\n")
 
 
 if __name__ == "__main__":

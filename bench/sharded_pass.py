@@ -101,6 +101,7 @@ def main() -> None:
     parser.add_argument("--batch-size", type=int, default=8)
     parser.add_argument("--layouts", nargs="+", choices=["replicate", "zero3"], default=["replicate", "zero3"],
                         help="zero3 alone for a model no GPU holds whole")
+    parser.add_argument("--json", default=None, help="also write rank 0's report to this file")
     cli = parser.parse_args()
 
     from transformers import AutoConfig
@@ -146,8 +147,12 @@ def main() -> None:
     torch.distributed.all_gather_object(gathered, {"rank": rank, "max_abs_diff": diff, "max_abs_logp": scale,
                                                    **results})
     if rank == 0:
-        print(json.dumps({"world_size": world, "model": path, "dtype": cli.dtype, "tokens": cli.tokens,
-                          "ranks": gathered}, indent=1))
+        text = json.dumps({"world_size": world, "model": path, "dtype": cli.dtype, "tokens": cli.tokens,
+                           "ranks": gathered}, indent=1)
+        print(text)
+        if cli.json:
+            with open(cli.json, "w") as f:
+                f.write(text)
     torch.distributed.destroy_process_group()
 
 

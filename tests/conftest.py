@@ -153,6 +153,9 @@ def tiny_model(tiny_tokenizer):
 ALLOWED_SKIPS = (
     # (path prefix of the skipped test or module, regular expression its reason must match)
     ("tests/vllm/", r"^vllm is not (installed|importable here)"),
+    # torch 2.13 runs FlexAttention's forward on CPU, not its backward; the test runs on GPUs
+    ("tests/scoring/test_flex_attention.py::test_flex_gradients_equal_masked_sdpa_where_torch_has_the_backward",
+     r"^FlexAttention backward is not implemented on CPU"),
 )
 SKIP_REPORT_ENV = "ALIGN_SKIP_REPORT"
 

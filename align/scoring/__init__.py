@@ -9,6 +9,8 @@ the preference trainer and the KL estimator (`align.eval.kl`), and imports none 
   sequences (``SequenceCollator``, ``PreferenceCollator``).
 - `align.scoring.block_attention`: ``sdpa_blocks``, attention over each block of a packed
   row alone (CPU; the same numbers as the masked grid).
+- `align.scoring.flex`: the same layouts on torch's FlexAttention (block masks; GPUs), and
+  ``attn_implementation: auto``.
 - `align.scoring.logps`: ``completion_logps`` (Σ log π over each completion, float64) and
   the token-level kernels under it (tiled LM head).
 """
@@ -25,6 +27,7 @@ from align.scoring.collators import (
     model_inputs,
     resolve_prefix_sharing,
     takes_4d_mask,
+    takes_layout,
 )
 from align.scoring.encoding import (
     OVER_MAX_LENGTH_POLICIES,
@@ -77,6 +80,7 @@ __all__ = [
     "model_logits",
     "resolve_prefix_sharing",
     "takes_4d_mask",
+    "takes_layout",
     "tiled_head",
     "tiled_token_logps",
     "token_logps_at",

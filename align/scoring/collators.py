@@ -14,7 +14,9 @@ log-probs in both (the test "padding-free equals padded" pins this):
     or additive float (the trainers and the pass use additive masks, ``mask_dtype_for``);
   - ``eager``: 4D additive float mask only (0 / dtype-min); a boolean mask is wrong there;
   - ``flash_attention_*``: one row, no mask, ``position_ids`` plus the varlen kwargs
-    ``cu_seq_lens_q/k`` and ``max_length_q/k``.
+    ``cu_seq_lens_q/k`` and ``max_length_q/k``;
+  - ``flex_attention``: no mask in the batch; ``block_ids`` / ``block_parts`` describe the
+    layout, and ``model_inputs`` makes the block mask from them (``align.scoring.flex``).
 
 Worked example (padding-free, ``sdpa``, boolean mask, ``max_row_tokens=10``). Two sequences::
 
@@ -46,7 +48,8 @@ rejected), so one forward scores both and ``chunk(2)`` splits them again.
   ``position_ids`` start at ``len(prompt)``, so every completion sees exactly what it sees
   in its own sequence and gets the same log-probs, while the prompt's layers run once
   (Wang et al. 2024, "Accelerating Direct Preference Optimization with Prefix Sharing",
-  §3). The mask is always 4D (boolean for ``sdpa``, additive float for ``eager``), in
+  §3). The mask is 4D (boolean for ``sdpa``, additive float for ``eager``; FlexAttention gets
+the same rule as a block mask), in
   padded rows (one prompt per row) or packed ones (``padding_free``); FlashAttention's
   varlen kernels cannot express "the prompt, then only myself", so it gets no prefix
   sharing (``resolve_prefix_sharing``). The first token of every completion is predicted
@@ -83,6 +86,7 @@ import torch
 from align.chat.encode import IGNORE_INDEX
 from align.errors import ConfigError, InputError
 from align.scoring.block_attention import BLOCK_ATTENTION, row_blocks
+from align.scoring.flex import FLEX_ATTENTION, dense_layout_mask, layout_block_mask
 
 FLASH_IMPLEMENTATIONS = ("flash_attention_2", "flash_attention_3", "kernels-community/flash-attn")
 
@@ -98,6 +102,15 @@ Sequences = Sequence[tuple[Sequence[int], Sequence[int]]]
 def takes_4d_mask(attn_implementation: str | None) -> bool:
     """Attention implementations that take the 4D masks of the packed and prefix-shared layouts."""
     return attn_implementation in ("sdpa", "eager", BLOCK_ATTENTION)
+
+
+def takes_layout(attn_implementation: str | None) -> bool:
+    """Attention implementations that keep the packed and prefix-shared layouts' blocks apart.
+
+    The 4D-mask ones, and FlexAttention, which gets the layout as ``block_ids`` /
+    ``block_parts`` and builds a block mask from them (``align.scoring.flex``).
+    """
+    return takes_4d_mask(attn_implementation) or attn_implementation == FLEX_ATTENTION
 
 
 def mask_dtype_for(attn_implementation: str | None, compute_dtype: torch.dtype) -> torch.dtype | None:
@@ -219,9 +232,9 @@ def collate_padding_free(
     flash = is_flash_attention(attn_implementation)
     if attn_implementation == "eager" and (mask_dtype is None or not mask_dtype.is_floating_point):
         raise ValueError("eager attention needs an additive float mask: pass mask_dtype=<the model's dtype>")
-    if not flash and not takes_4d_mask(attn_implementation):
+    if not flash and not takes_layout(attn_implementation):
         raise ConfigError(
-            f"padding-free batches support sdpa, eager and flash attention, not {attn_implementation!r}; "
+            f"padding-free batches support sdpa, eager, flex and flash attention, not {attn_implementation!r}; "
             "set padding_free=False or load the model with attn_implementation='sdpa'"
         )
     sizes = [len(p) + len(c) for p, c in sequences]
@@ -257,6 +270,9 @@ def collate_padding_free(
         batch.update(cu_seq_lens_q=bounds, cu_seq_lens_k=bounds.clone(),
                      max_length_q=max(sizes), max_length_k=max(sizes))
         return batch
+    if attn_implementation == FLEX_ATTENTION:
+        batch.update(block_ids=sequence_index.clone(), block_parts=torch.zeros_like(sequence_index))
+        return batch
     mask = block_causal_mask(sequence_index)
     batch["attention_mask"] = mask if mask_dtype is None or mask_dtype == torch.bool else additive_mask(mask, mask_dtype)
     return batch
@@ -276,9 +292,9 @@ def resolve_prefix_sharing(setting: bool | str, attn_implementation: str | None)
     """
     if setting not in PREFIX_SHARING_SETTINGS:
         raise ConfigError(f"prefix_sharing={setting!r}: choose auto, true or false")
-    supported = takes_4d_mask(attn_implementation)
+    supported = takes_layout(attn_implementation)
     if setting is True and not supported:
-        raise ConfigError(f"prefix_sharing=true needs a 4D attention mask (sdpa or eager), the model uses "
+        raise ConfigError(f"prefix_sharing=true needs sdpa, eager or flex_attention, the model uses "
                           f"{attn_implementation!r}: set prefix_sharing=auto or false")
     return supported if setting == "auto" else bool(setting)
 
@@ -327,8 +343,8 @@ def collate_prefix_shared(
     _check_sequences([flat[i] for i in sorted(flat)] if flat else [])
     if sorted(flat) != list(range(sum(len(ids) for ids in sequence_ids))):
         raise RuntimeError(f"sequence_ids {sequence_ids} do not number the completions 0, 1, ... once each")
-    if not takes_4d_mask(attn_implementation):
-        raise ConfigError(f"prefix-shared batches need a 4D attention mask (sdpa or eager), not "
+    if not takes_layout(attn_implementation):
+        raise ConfigError(f"prefix-shared batches need sdpa, eager or flex_attention, not "
                           f"{attn_implementation!r}: set prefix_sharing=false")
     if attn_implementation == "eager" and (mask_dtype is None or not mask_dtype.is_floating_point):
         raise RuntimeError("eager attention needs an additive float mask: pass mask_dtype=<the model's dtype>")
@@ -366,23 +382,24 @@ def collate_prefix_shared(
         position_ids[r, start:] = torch.arange(width - start)
         if start < width:
             pieces[r].append((start, width, ((start, width),)))
-    causal = torch.ones(width, width, dtype=torch.bool).tril()
-    same_block = block[:, :, None] == block[:, None, :]
-    visible_part = (part[:, None, :] == 0) | (part[:, :, None] == part[:, None, :])
-    mask = (same_block & visible_part & causal)[:, None, :, :]
     lengths = torch.zeros(len(flat), dtype=torch.long)
     for index, (_, completion) in flat.items():
         lengths[index] = len(completion)
-    return {
+    batch: dict[str, Any] = {
         "input_ids": input_ids,
         "position_ids": position_ids,
         "labels": labels,
         "predicted_from": predicted_from,
         "sequence_index": sequence_index,
         "lengths": lengths,
-        "attention_mask": mask if mask_dtype is None or mask_dtype == torch.bool else additive_mask(mask, mask_dtype),
         "attention_pieces": pieces,
     }
+    if attn_implementation == FLEX_ATTENTION:
+        batch.update(block_ids=block, block_parts=part)
+        return batch
+    mask = dense_layout_mask(block, part)
+    batch["attention_mask"] = mask if mask_dtype is None or mask_dtype == torch.bool else additive_mask(mask, mask_dtype)
+    return batch
 
 
 def _group_pieces(start: int, sizes: Sequence[int]) -> list[tuple[int, int, tuple[tuple[int, int], ...]]]:
@@ -399,10 +416,16 @@ def _group_pieces(start: int, sizes: Sequence[int]) -> list[tuple[int, int, tupl
 
 
 def model_inputs(batch: Mapping[str, Any]) -> dict[str, Any]:
-    """The keys of a collated batch that go to the model's forward (not labels: we score ourselves)."""
+    """The keys of a collated batch that go to the model's forward (not labels: we score ourselves).
+
+    A FlexAttention batch's layout becomes its block mask here, on the batch's device.
+    """
     keys = ("input_ids", "attention_mask", "position_ids", "attention_blocks",
             "cu_seq_lens_q", "cu_seq_lens_k", "max_length_q", "max_length_k")
-    return {k: batch[k] for k in keys if k in batch}
+    inputs = {k: batch[k] for k in keys if k in batch}
+    if "block_ids" in batch:
+        inputs["attention_mask"] = layout_block_mask(batch["block_ids"], batch["block_parts"])
+    return inputs
 
 
 @dataclass

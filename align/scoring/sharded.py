@@ -35,6 +35,7 @@ from typing import Any
 import torch
 
 from align.errors import ConfigError
+from align.scoring.flex import resolve_attn_implementation
 
 logger = logging.getLogger(__name__)
 
@@ -186,6 +187,8 @@ def load_scoring_model(path: str, *, dtype: str | None, attn_implementation: str
     check_sharding(sharding, key)
     dtype = resolve_dtype(path, dtype)
     kwargs: dict[str, Any] = {"dtype": getattr(torch, dtype)}
+    on_gpu = torch.device(device).type == "cuda" if device is not None else torch.cuda.is_available()
+    attn_implementation = resolve_attn_implementation(attn_implementation, cuda=on_gpu)
     if attn_implementation:
         kwargs["attn_implementation"] = attn_implementation
     if sharding == "replicate":

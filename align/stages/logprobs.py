@@ -76,7 +76,9 @@ class LogprobsConfig:
         must match the trainer's. ``chat_date`` None means today's date: pin it.
     batch_size: rows per forward (each row is 2 sequences for pairs); does not change results.
     dtype: weights dtype (``float32``, ``bfloat16``); part of the cache key.
-    attn_implementation: ``sdpa`` / ``eager`` / ``flash_attention_2``; None: transformers' choice.
+    attn_implementation: ``sdpa`` / ``eager`` / ``flash_attention_2`` / ``flex_attention``; ``auto``:
+        flash-attn on a GPU where installed, FlexAttention on a GPU without it, ``sdpa`` on CPU;
+        None: transformers' choice.
     padding_free / max_row_tokens: batch layout (does not change results).
     sharding: how the model is held; neither the results, the cache key nor the manifest
         depends on it. ``replicate`` (default): each process loads the whole model on its

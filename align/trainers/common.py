@@ -33,6 +33,7 @@ import torch
 
 from align.config import device_checks_enabled
 from align.errors import AlignError, ConfigError, MissingDependencyError, loading, optional_import
+from align.scoring.flex import resolve_attn_implementation
 from align.optim import OPTIMIZERS, build_optimizer
 
 __all__ = [
@@ -76,14 +77,18 @@ class ModelFields:
         loads a model; `TrainingArguments` and TRL's `SFTConfig` have no field of that name). (SFT: TRL's `model_init_kwargs`, when
         set, are passed to `from_pretrained` on top.)
     attn_implementation (`str` or `None`, default `None`):
-        `"sdpa"`, `"eager"`, `"flash_attention_2"`, ...; `None` keeps transformers' choice.
+        `"sdpa"`, `"eager"`, `"flash_attention_2"`, `"flex_attention"`, ...; `"auto"`:
+        FlashAttention-2 on a GPU where flash-attn is installed, FlexAttention on a GPU
+        without it (prefix sharing stays on), `sdpa` on CPU; `None` keeps transformers' choice.
     """
 
     model_name_or_path: str | None = field(default=None, metadata={"help": "model to load (SFT base / policy)"})
     dtype: str = field(default="auto", metadata={"help": "weights dtype: auto (bf16 if bf16 else float32) | "
                                                          "float32 | bfloat16 | float16"})
-    attn_implementation: str | None = field(default=None, metadata={"help": "sdpa | eager | flash_attention_2; "
-                                                                            "None: transformers' choice"})
+    attn_implementation: str | None = field(default=None, metadata={"help": "sdpa | eager | flash_attention_2 | "
+                                                                            "flex_attention | auto (flash-attn, else "
+                                                                            "flex on GPUs; sdpa on CPU); None: "
+                                                                            "transformers' choice"})
 
 
 @dataclass
@@ -335,8 +340,9 @@ def load_causal_lm(path: str, config: Any) -> Any:
     if dtype == "auto":
         dtype = "bfloat16" if config.bf16 else "float32"
     kwargs: dict[str, Any] = {"dtype": getattr(torch, dtype)}
-    if config.attn_implementation:
-        kwargs["attn_implementation"] = config.attn_implementation
+    attn_implementation = resolve_attn_implementation(config.attn_implementation)
+    if attn_implementation:
+        kwargs["attn_implementation"] = attn_implementation
     kwargs.update(getattr(config, "model_init_kwargs", None) or {})
     partitioned = arm_partitioned_loading(config)
     try:

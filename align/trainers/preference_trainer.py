@@ -39,7 +39,7 @@ from align.scoring import (
     is_flash_attention,
     mask_dtype_for,
     resolve_prefix_sharing,
-    takes_4d_mask,
+    takes_layout,
     unwrap_model,
 )
 from align.scoring.block_attention import (
@@ -169,8 +169,8 @@ class PreferenceTrainer(Trainer):
         config = unwrap_model(model).config
         attn = getattr(config, "_attn_implementation", None) or "eager"
         dtype = torch.bfloat16 if args.bf16 else torch.float16 if args.fp16 else next(model.parameters()).dtype
-        if args.padding_free and not (takes_4d_mask(attn) or is_flash_attention(attn)):
-            raise ConfigError(f"padding_free=True supports sdpa, eager and flash attention, the model uses "
+        if args.padding_free and not (takes_layout(attn) or is_flash_attention(attn)):
+            raise ConfigError(f"padding_free=True supports sdpa, eager, flex and flash attention, the model uses "
                               f"{attn!r}: set padding_free=False or attn_implementation='sdpa'")
         return PreferenceCollator(
             pad_token_id=tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0,

@@ -63,7 +63,7 @@ logger = logging.getLogger(__name__)
 
 # Attention implementations that keep flattened sequences apart given restarted position_ids.
 VARLEN_IMPLEMENTATIONS = ("flash_attention_2", "flash_attention_3")
-POSITION_MASK_IMPLEMENTATIONS = ("sdpa", "eager")
+POSITION_MASK_IMPLEMENTATIONS = ("sdpa", "eager", "flex_attention")
 
 
 def uses_padding_free(args: SFTConfig) -> bool:
