@@ -70,7 +70,7 @@ def run_variant(name: str, work: Path) -> dict:
     import torch
 
     from align.logprobs import compute_ref_logprobs, load_ref_logprobs
-    from align.testing.tiny import build_apertus_lm, build_tokenizer
+    from align.testing.tiny import ARCHITECTURES, build_tokenizer
     from align.trainers import PreferenceConfig, train
     from align.trainers.sft_config import SFTConfig
     from align.trainers.sft_trainer import train_sft
@@ -81,7 +81,8 @@ def run_variant(name: str, work: Path) -> dict:
         torch.backends.cuda.matmul.allow_tf32 = False
         torch.backends.cudnn.allow_tf32 = False
     tokenizer = build_tokenizer()
-    model = build_apertus_lm(tokenizer, seed=0, attn_implementation=variant["attn"])
+    build = ARCHITECTURES[os.environ.get("ALIGN_TINY_ARCH", "apertus")]
+    model = build(tokenizer, seed=0, attn_implementation=variant["attn"])
     common = {"use_cpu": cpu, "bf16": variant["bf16"], "report_to": [], "seed": 0, "logging_steps": 1,
               "save_strategy": "no", "chat_date": DATE, "max_length": MAX_LENGTH, "disable_tqdm": True,
               "learning_rate": 1e-3}
@@ -157,7 +158,9 @@ def main(argv: list[str] | None = None) -> None:
         done = subprocess.run([sys.executable, __file__, "--out", str(out), "--worker", name, "--work", str(work)],
                               capture_output=True, text=True, env=env, check=False)
         if done.returncode != 0:
-            report["variants"][name] = {"error": done.stderr.strip().splitlines()[-1][:400] if done.stderr else "failed"}
+            errors = [line for line in done.stderr.splitlines() if "Error" in line or "error:" in line]
+            report["variants"][name] = {"error": (errors[-1] if errors else done.stderr.strip()[-400:])[:400],
+                                        "stderr_tail": done.stderr[-6000:]}
             print(f"{name}: failed: {report['variants'][name]['error']}", flush=True)
         else:
             result = json.loads(done.stdout.strip().splitlines()[-1])

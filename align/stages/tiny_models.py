@@ -1,5 +1,6 @@
 """Random-weight tiny models to run the recipes in `recipes/tiny/` on CPU: a Llama policy
-(hidden 64, two layers) and a one-label reward model, each saved with its tokenizer.
+(hidden 64, two layers; ``architecture=apertus`` or ``qwen3`` for the recipes' 8B/70B
+architectures, shrunk) and a one-label reward model, each saved with its tokenizer.
 
 They learn nothing worth keeping; they make every stage's wiring run in seconds. The
 weights depend only on `seed`, so a second run writes the same files. An existing
@@ -10,6 +11,7 @@ Example: ``align tiny-models output_dir=runs/tiny_models`` (what `recipes/tiny/*
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -17,7 +19,7 @@ from pathlib import Path
 from align.config import load_config
 from align.errors import ConfigError
 
-USAGE = "align tiny-models [output_dir=DIR] [seed=N] [overwrite=true]"
+USAGE = "align tiny-models [output_dir=DIR] [seed=N] [architecture=llama|apertus|qwen3] [overwrite=true]"
 MODELS = ("policy", "reward_model")
 
 
@@ -25,6 +27,8 @@ MODELS = ("policy", "reward_model")
 class Config:
     output_dir: str = field(default="runs/tiny_models", metadata={"help": "where policy/ and reward_model/ go"})
     seed: int = field(default=0, metadata={"help": "the policy's weights seed (the reward model takes seed + 1)"})
+    architecture: str = field(default="llama", metadata={"help": "the policy's: llama | apertus (xIELU, QK-norm, "
+                                                                 "untied head) | qwen3"})
     overwrite: bool = field(default=False, metadata={"help": "rebuild models that are already there"})
 
 
@@ -40,12 +44,20 @@ def run(config: Config) -> dict[str, str]:
     """Save the models, or say where they already are."""
     from align.testing.tiny import save_tiny_models
 
+    from align.testing.tiny import ARCHITECTURES
+
+    if config.architecture not in ARCHITECTURES:
+        raise ConfigError(f"architecture={config.architecture!r}: choose one of {', '.join(ARCHITECTURES)}")
     root = Path(config.output_dir)
     present = [name for name in MODELS if (root / name / "config.json").is_file()]
     if len(present) == len(MODELS) and not config.overwrite:
+        found = json.loads((root / "policy" / "config.json").read_text()).get("model_type")
+        if found != config.architecture:
+            raise ConfigError(f"{root / 'policy'} holds a {found} model, not {config.architecture}: choose another "
+                              "output_dir, or overwrite=true to rebuild it")
         print(f"[align tiny-models] {root}: already there (overwrite=true rebuilds)")
         return {name: str(root / name) for name in MODELS}
-    paths = save_tiny_models(root, seed=config.seed)
+    paths = save_tiny_models(root, seed=config.seed, architecture=config.architecture)
     for name, path in paths.items():
         print(f"[align tiny-models] {name}: {path}")
     return {name: str(path) for name, path in paths.items()}

@@ -122,15 +122,18 @@ def build_reward_model(
     return LlamaForSequenceClassification(config).eval()
 
 
-def save_tiny_models(root: str | Path, *, seed: int = 0) -> dict[str, Path]:
+def save_tiny_models(root: str | Path, *, seed: int = 0, architecture: str = "llama") -> dict[str, Path]:
     """Build and save tokenizer + causal LM + reward model under `root`; return their dirs.
 
     The tokenizer is saved next to each model so both load with `from_pretrained(dir)`.
+    ``architecture`` picks the policy's (``ARCHITECTURES``); the reward model is a Llama.
     """
+    if architecture not in ARCHITECTURES:
+        raise ValueError(f"architecture={architecture!r}: choose one of {sorted(ARCHITECTURES)}")
     root = Path(root)
     tokenizer = build_tokenizer()
     paths = {"policy": root / "policy", "reward_model": root / "reward_model"}
-    build_causal_lm(tokenizer, seed=seed).save_pretrained(paths["policy"])
+    ARCHITECTURES[architecture](tokenizer, seed=seed).save_pretrained(paths["policy"])
     build_reward_model(tokenizer, seed=seed + 1).save_pretrained(paths["reward_model"])
     for path in paths.values():
         tokenizer.save_pretrained(path)

@@ -134,6 +134,19 @@ def test_flex_log_probs_equal_masked_sdpa_in_every_layout(tiny_tokenizer, archit
         assert (flex_forward(on_flex, leaky) - expected).abs().max() > 1e-3
 
 
+def test_packed_sft_rows_on_flex_see_only_their_own_sequence(tiny_tokenizer):
+    """SFT's padding-free rows carry no mask: transformers builds flex's block mask from the restarting
+    position_ids (as for sdpa), so each sequence gets its own logits."""
+    _, on_flex = flex_pair(tiny_tokenizer, "llama")
+    first, second = torch.tensor([[5, 6, 7, 8, 9]]), torch.tensor([[10, 11, 12]])
+    with torch.no_grad():
+        packed = on_flex(input_ids=torch.cat([first, second], 1), position_ids=torch.tensor([[0, 1, 2, 3, 4, 0, 1, 2]]),
+                         use_cache=False).logits
+        alone = torch.cat([on_flex(input_ids=first, use_cache=False).logits,
+                           on_flex(input_ids=second, use_cache=False).logits], 1)
+    torch.testing.assert_close(packed, alone, rtol=0, atol=1e-5)
+
+
 def test_flex_gradients_equal_masked_sdpa_where_torch_has_the_backward(tiny_tokenizer):
     sdpa, on_flex = flex_pair(tiny_tokenizer, "llama")
     groups = [([t % 500 + 3 for t in prompt], tuple([t % 500 + 3 for t in c] for c in completions))

@@ -454,9 +454,9 @@ def test_packed_sequences_attend_to_each_other_once_a_cache_exists(chat_tok):
 
 def test_padding_free_is_refused_where_sequences_would_leak(tmp_path):
     args = make_config(tmp_path, padding_free=True, max_length=None)
-    with pytest.raises(ValueError, match="flex_attention"):
-        check_padding_free(args, "flex_attention")
-    for allowed in ("sdpa", "eager", "flash_attention_2"):
+    with pytest.raises(ValueError, match="sdpa_paged"):
+        check_padding_free(args, "sdpa_paged")
+    for allowed in ("sdpa", "eager", "flash_attention_2", "flex_attention"):
         check_padding_free(args, allowed)
     with pytest.raises(ValueError, match="wrapped"):
         check_padding_free(make_config(tmp_path, packing=True, packing_strategy="wrapped"), "sdpa")
