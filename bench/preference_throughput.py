@@ -51,6 +51,9 @@ SIZES = {
                   "intermediate_size": 704, "vocab_size": 32000},
     "23m": {"hidden_size": 384, "num_hidden_layers": 6, "num_attention_heads": 6, "num_key_value_heads": 6,
                 "intermediate_size": 1024, "vocab_size": 32000},
+    # body-dominated, a real model's proportions (the head is 4M of 30M parameters, not 4M of 5M as in 5m)
+    "body": {"hidden_size": 512, "num_hidden_layers": 8, "num_attention_heads": 8, "num_key_value_heads": 8,
+             "intermediate_size": 1408, "vocab_size": 8000},
     "1b": {"hidden_size": 2048, "num_hidden_layers": 16, "num_attention_heads": 16, "num_key_value_heads": 8,
                "intermediate_size": 5632, "vocab_size": 32000},
 }

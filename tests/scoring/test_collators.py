@@ -61,7 +61,7 @@ def test_flash_attention_gets_varlen_kwargs_and_no_mask():
 
 def test_unsupported_attention_is_refused_with_the_fix():
     with pytest.raises(ValueError, match="padding_free=False"):
-        collate_padding_free(SEQUENCES, pad_token_id=0, attn_implementation="flex_attention")
+        collate_padding_free(SEQUENCES, pad_token_id=0, attn_implementation="sdpa_paged")
 
 
 def test_rows_respect_the_token_budget_and_hold_every_sequence_once():
