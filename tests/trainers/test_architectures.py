@@ -150,3 +150,25 @@ def test_the_memory_plan_counts_what_transformers_allocates(arch):
     _, model = arch
     counted = count_params(model.config)
     assert counted["num_params"] == sum(p.numel() for p in model.parameters())
+
+
+def test_sft_trains_every_weight_and_the_loss_falls(arch, tiny_tokenizer, tmp_path):
+    """SFT (on TRL's SFTTrainer, the Apertus chat format installed) on the architecture: three
+    steps on one repeated conversation lower its loss and move every weight, xIELU scalars and
+    QK-norms included."""
+    from align.trainers.sft_config import SFTConfig
+    from align.trainers.sft_trainer import train_sft
+
+    _, model = arch
+    policy = copy.deepcopy(model)
+    before = {n: p.detach().clone() for n, p in policy.named_parameters()}
+    rows = [{"id": f"c{i}", "messages": [{"role": "user", "content": "sort 3 1 2"},
+                                         {"role": "assistant", "content": "1 2 3"}]} for i in range(4)]
+    config = SFTConfig(output_dir=str(tmp_path / "sft"), use_cpu=True, bf16=False, report_to=[], seed=0,
+                       per_device_train_batch_size=4, max_steps=3, learning_rate=3e-3, logging_steps=1,
+                       save_strategy="no", chat_date=DATE, max_length=MAX_LENGTH, disable_tqdm=True)
+    trainer = train_sft(config, rows, policy, copy.deepcopy(tiny_tokenizer))
+    losses = [entry["loss"] for entry in trainer.state.log_history if "loss" in entry]
+    assert len(losses) == 3 and losses[-1] < losses[0]
+    moved = [n for n, p in trainer.model.named_parameters() if not torch.equal(p.detach(), before[n])]
+    assert sorted(moved) == sorted(before)
