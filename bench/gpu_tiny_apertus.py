@@ -4,7 +4,8 @@
     python bench/gpu_tiny_apertus.py --out DIR --variants cpu cpu   # a smoke run without a GPU
 
 Each variant runs in its own process from the same random-init tiny Apertus (xIELU with
-trainable scalars, QK-norm, untied head; ``align.testing.tiny.build_apertus_lm``): 3 SFT
+trainable scalars, QK-norm, untied head; ``align.testing.tiny.build_apertus_lm`` at hidden
+128, head dimension 32; ``ALIGN_TINY_ARCH=llama`` or ``qwen3`` for the others): 3 SFT
 steps, the reference log-prob pass over 8 pairs (prefix-shared, padding-free), 2 QRPO steps
 from the SFT model on those log-probs. It records the SFT and QRPO losses, the pass's
 log-probs and the final weights, and compares each variant with the first (CPU, fp32, sdpa):
@@ -82,7 +83,9 @@ def run_variant(name: str, work: Path) -> dict:
         torch.backends.cudnn.allow_tf32 = False
     tokenizer = build_tokenizer()
     build = ARCHITECTURES[os.environ.get("ALIGN_TINY_ARCH", "apertus")]
-    model = build(tokenizer, seed=0, attn_implementation=variant["attn"])
+    # head dimension 32 (hidden 128, 4 heads): at the tiny default of 16, torch 2.11's Triton kernel for
+    # FlexAttention found no configuration in fp32 (NoValidChoicesError, one H200, 2026-11-27)
+    model = build(tokenizer, seed=0, attn_implementation=variant["attn"], hidden_size=128, intermediate_size=256)
     common = {"use_cpu": cpu, "bf16": variant["bf16"], "report_to": [], "seed": 0, "logging_steps": 1,
               "save_strategy": "no", "chat_date": DATE, "max_length": MAX_LENGTH, "disable_tqdm": True,
               "learning_rate": 1e-3}

@@ -1152,3 +1152,421 @@ def test_status_calls_a_step_that_read_a_current_earlier_steps_file_done(tmp_pat
     later: dict = {}
     assert step_state(STAGE, Toy(str(rows), str(first), seed=1), later).state == "stale"
     assert step_state("reader", Toy(str(first / "pairs.jsonl"), str(second)), later).state == "stale"
+
+
+# --------------------------------------------------------------------------- output_dir apart from the inputs
+
+
+@dataclass
+class Several:
+    """A stage that reads several files as one input."""
+
+    input: list = field(default_factory=list)
+    output_dir: str = ""
+
+
+def apart_refusal(config) -> str:
+    """What ``StageRun.begin`` says of an ``output_dir`` that is not apart from the stage's inputs."""
+    from align.errors import ConfigError
+
+    with pytest.raises(ConfigError) as info:
+        StageRun.begin(STAGE, config)
+    return str(info.value)
+
+
+def apart(out, how: str, key: str, value) -> str:
+    return (f"{STAGE}: output_dir={str(out)!r} {how} its input {key}={str(value)!r}: writing there would overwrite "
+            "(or be read back as) what the stage reads; choose another output_dir")
+
+
+def test_an_output_dir_that_is_holds_or_sits_inside_an_input_is_refused_saying_which(tmp_path, rows):
+    """Writing there would overwrite, or read back, what the stage reads: each of the three is named."""
+    data = tmp_path / "data"
+    data.mkdir()
+    (data / "part.jsonl").write_text('{"id": "d"}\n')
+    assert apart_refusal(Toy(str(data), str(data))) == apart(data, "is", "input", data)
+    inner = tmp_path / "out" / "in.jsonl"
+    inner.parent.mkdir()
+    inner.write_text(rows.read_text())
+    assert apart_refusal(Toy(str(inner), str(inner.parent))) == apart(inner.parent, "holds", "input", inner)
+    assert apart_refusal(Toy(str(data), str(data / "out"))) == apart(data / "out", "is inside", "input", data)
+    assert not (data / "out").exists()
+
+
+def test_an_output_dir_beside_its_inputs_or_named_like_one_starts(tmp_path, rows):
+    """Apart means apart on the path's parts: ``data-out`` beside ``data`` (a prefix of its spelling only), or a
+    directory under a path that is a file, is no input's."""
+    from align.manifests.lifecycle import check_apart
+
+    data = tmp_path / "data"
+    data.mkdir()
+    (data / "part.jsonl").write_text('{"id": "d"}\n')
+    run = StageRun.begin(STAGE, Toy(str(data), str(tmp_path / "data-out")))
+    run.close()
+    assert not run.skip
+    check_apart(STAGE, Toy(str(rows), ""), rows / "out")  # under a file: no directory is inside it
+
+
+def test_each_of_several_input_files_is_named_by_its_position(tmp_path, rows):
+    other = tmp_path / "more.jsonl"
+    other.write_text('{"id": "m"}\n')
+    out = tmp_path / "out"
+    out.mkdir()
+    mine = out / "mine.jsonl"
+    mine.write_text('{"id": "x"}\n')
+    assert apart_refusal(Several([str(rows), str(mine)], str(out))) == apart(out, "holds", "input[1]", mine)
+    assert apart_refusal(Several([str(mine)], str(out))) == apart(out, "holds", "input", mine)
+    run = StageRun.begin(STAGE, Several([str(rows), str(other)], str(out)))
+    run.close()
+    assert not run.skip
+
+
+def test_a_checkpoint_to_resume_from_may_sit_inside_the_output_dir(tmp_path, rows):
+    """A trainer resumes from its own checkpoints: ``resume_from_checkpoint`` is no input to keep apart."""
+    from align.manifests.lifecycle import check_apart
+
+    out = tmp_path / "out"
+    (out / "checkpoint-5").mkdir(parents=True)
+    (out / "checkpoint-5" / "config.json").write_text("{}")
+    check_apart(STAGE, Resumed(str(rows), str(out), str(out / "checkpoint-5")), out)
+    check_apart(STAGE, {"train": {"resume_from_checkpoint": str(out / "checkpoint-5")}}, out)
+
+
+# --------------------------------------------------------------------------- an output_dir that cannot be written
+
+
+def begin_refusal(out) -> str:
+    from align.errors import InputError
+
+    with pytest.raises(InputError) as info:
+        StageRun.begin(STAGE, Toy("", str(out)))
+    return str(info.value)
+
+
+def test_an_output_dir_under_a_file_or_a_dangling_link_is_refused_before_any_work(tmp_path):
+    afile = tmp_path / "notes.txt"
+    afile.write_text("mine\n")
+    assert begin_refusal(afile / "out") == (f"{STAGE}: output_dir={str(afile / 'out')!r}: {str(afile)!r} is a "
+                                            "file, not a directory")
+    link = tmp_path / "link"
+    link.symlink_to(tmp_path / "gone")
+    assert begin_refusal(link) == (f"{STAGE}: output_dir={str(link)!r} is a symbolic link to nothing (or to "
+                                   "itself): point it at a directory, or remove it")
+    assert afile.read_text() == "mine\n" and not (tmp_path / "gone").exists()
+
+
+def test_an_output_dir_that_is_a_link_to_a_directory_is_written_through_it(tmp_path, rows):
+    target = tmp_path / "elsewhere"
+    target.mkdir()
+    link = tmp_path / "out"
+    link.symlink_to(target)
+    toy(link, rows)
+    assert (target / "data.txt").read_text() == "seed 0\n" and (target / "_COMPLETE.json").is_file()
+
+
+def unwritable_directory(tmp_path) -> Path:
+    """A directory this process may not write: one made read-only, or (root writes anywhere) ``/proc/self``."""
+    locked = tmp_path / "locked"
+    locked.mkdir(mode=0o555)
+    if not os.access(locked, os.W_OK):
+        return locked
+    if os.path.isdir("/proc/self") and not os.access("/proc/self", os.W_OK):
+        return Path("/proc/self")
+    pytest.skip("no directory here that this process may not write")
+
+
+def test_an_output_dir_under_a_directory_that_cannot_be_written_is_refused(tmp_path):
+    locked = unwritable_directory(tmp_path)
+    out = locked / "align-out"
+    assert begin_refusal(out) == f"{STAGE}: output_dir={str(out)!r}: {str(locked)!r} is not writable"
+
+
+# --------------------------------------------------------------------------- an overwrite of a job's output
+
+
+def a_job_with_a_shard_being_written(out: Path, rows: Path):
+    """The toy stage as a sharded job: a task has started and is writing shard 0 of 2 (it holds its lock)."""
+    from align.io.shards import ShardWriter
+
+    first = StageRun.begin(STAGE, Toy(str(rows), str(out)), job=True)
+    try:
+        first.read("input")
+        first.start()
+        writer = ShardWriter(out / "shard-00000-of-00002.jsonl")
+        writer.write(b'{"id": "a0"}\n')
+        writer.sync()
+    finally:
+        first.close()
+    return writer
+
+
+def test_an_overwrite_of_a_job_output_waits_for_no_task_and_goes_on_once_none_writes(tmp_path, rows):
+    """Refused while a task holds its shard's lock, naming the shard, with nothing removed; once the task has
+    let go of it (the lock file is still there), the overwrite removes what the job wrote."""
+    from align.errors import InputError
+
+    out = tmp_path / "out"
+    writer = a_job_with_a_shard_being_written(out, rows)
+    again = StageRun.begin(STAGE, Toy(str(rows), str(out), seed=1, overwrite=True), job=True)
+    try:
+        again.read("input")
+        with pytest.raises(InputError) as info:
+            again.start()
+        assert str(info.value) == (f"{STAGE}: overwrite=true, but shard-00000-of-00002 is being written by another "
+                                   f"task of {out}; let it finish (or cancel it) first")
+        assert (out / "shard-00000-of-00002.jsonl").read_text() == '{"id": "a0"}\n'
+        assert manifest_file(out)["settings"]["seed"] == 0
+        writer.close()
+        assert (out / "shard-00000-of-00002.lock").exists()
+        again.start()
+        assert not (out / "shard-00000-of-00002.jsonl").exists()
+        assert manifest_file(out)["settings"]["seed"] == 1
+    finally:
+        if writer._fd >= 0:  # the test stopped while the task still wrote
+            writer.close()
+        again.close()
+
+
+def test_an_overwrite_never_follows_a_shard_lock_that_is_a_symbolic_link(tmp_path, rows):
+    """A lock in the output directory replaced by a link is never followed out of it: the overwrite stops
+    before it removes anything."""
+    from align.errors import InputError
+
+    out = tmp_path / "out"
+    a_job_with_a_shard_being_written(out, rows).close()
+    elsewhere = tmp_path / "elsewhere.lock"
+    elsewhere.write_text("")
+    (out / "shard-00001-of-00002.lock").symlink_to(elsewhere)
+    again = StageRun.begin(STAGE, Toy(str(rows), str(out), seed=1, overwrite=True), job=True)
+    try:
+        again.read("input")
+        with pytest.raises((OSError, InputError)):
+            again.start()
+    finally:
+        again.close()
+    assert (out / "shard-00000-of-00002.jsonl").read_text() == '{"id": "a0"}\n'
+    assert manifest_file(out)["settings"]["seed"] == 0
+
+
+# --------------------------------------------------------------------------- what a launch computes once
+
+
+class Launch:
+    """``torch.distributed`` as one rank of a two-rank launch sees it: what each rank broadcasts is given
+    (``sent``); a broadcast from another rank fills the list with that rank's objects."""
+
+    def __init__(self, rank: int, sent: dict):
+        self.rank, self.sent = rank, sent
+
+    def broadcast_object_list(self, object_list, src=None, group=None, device=None, group_src=None):
+        if src != self.rank:
+            object_list[:] = [self.sent[src]]
+
+
+@pytest.fixture()
+def launch(monkeypatch):
+    """Make this process rank ``rank`` of a launch of ``world`` processes whose process group is ``up``."""
+    import torch.distributed as dist
+
+    def make(rank: int = 0, *, world: str | None = "2", up: bool = True, sent: dict | None = None) -> Launch:
+        fake = Launch(rank, sent if sent is not None else {0: "rank 0's", 1: "rank 1's"})
+        if world is None:
+            monkeypatch.delenv("WORLD_SIZE", raising=False)
+        else:
+            monkeypatch.setenv("WORLD_SIZE", world)
+        monkeypatch.setenv("RANK", str(rank))
+        monkeypatch.setattr(dist, "is_available", lambda: True)
+        monkeypatch.setattr(dist, "is_initialized", lambda: up)
+        monkeypatch.setattr(dist, "get_rank", lambda group=None: rank)
+        monkeypatch.setattr(dist, "broadcast_object_list", fake.broadcast_object_list)
+        return fake
+
+    return make
+
+
+def computed(calls: list):
+    """A value a launch needs once (a fingerprint): each call is counted."""
+    def compute() -> str:
+        calls.append(1)
+        return "computed here"
+
+    return compute
+
+
+def test_rank_0_of_a_launch_computes_and_every_other_rank_receives_its_value(launch):
+    from align.manifests.lifecycle import launch_group, on_rank_zero
+
+    launch(0)
+    assert launch_group() is not None
+    calls: list = []
+    assert on_rank_zero(computed(calls)) == "computed here" and len(calls) == 1
+    launch(1, sent={0: "rank 0's", 1: "rank 1's"})
+    assert on_rank_zero(computed(calls)) == "rank 0's" and len(calls) == 1
+
+
+@pytest.mark.parametrize("world, up", [(None, True), ("1", True), ("2", False)])
+def test_without_a_launch_whose_group_is_up_each_process_computes_its_own(launch, world, up):
+    """No ``WORLD_SIZE``, a launch of one process, or ranks whose process group is not (yet) up: nothing is
+    broadcast, and every process computes for itself."""
+    from align.manifests.lifecycle import launch_group, on_rank_zero
+
+    launch(1, world=world, up=up, sent={})
+    assert launch_group() is None
+    calls: list = []
+    assert on_rank_zero(computed(calls)) == "computed here" and len(calls) == 1
+
+
+# --------------------------------------------------------------------------- reading an input outside a run
+
+
+def read_refusal(path, error=None) -> str:
+    """What ``read_input`` (a sweep's reader of its inputs) says of ``path``, given as its ``input``."""
+    from align.errors import InputError
+    from align.manifests.lifecycle import read_input
+
+    with pytest.raises(error or InputError) as info:
+        read_input(path, "sweep", "input")
+    return str(info.value)
+
+
+def unfinished(path) -> str:
+    return (f"sweep: input={str(path)!r} is an unfinished stage output (no _COMPLETE.json): finish the stage that "
+            "writes it first (rerun it; for a SLURM array, every task)")
+
+
+def test_read_input_gives_the_rows_of_a_file_or_of_a_finished_output(tmp_path, rows):
+    from align.manifests.lifecycle import read_input
+
+    expected = [{"id": f"a{i}", "text": f"row {i}"} for i in range(3)]
+    assert read_input(rows, "sweep", "input") == expected
+    out = tmp_path / "made"
+    toy(out, rows, {"rows.jsonl": rows.read_text()})
+    assert read_input(str(out), "sweep", "input") == expected
+    assert read_input(out / "rows.jsonl", "sweep", "input") == expected
+
+
+def test_read_input_refuses_an_empty_missing_or_rowless_input_naming_it(tmp_path):
+    from align.errors import ConfigError, MissingInputError
+
+    assert read_refusal("  ", ConfigError) == "sweep: set input (an empty path is never read as the current directory)"
+    missing = tmp_path / "nope.jsonl"
+    assert read_refusal(missing, MissingInputError) == f"sweep: input={str(missing)!r} does not exist"
+    empty = tmp_path / "empty.jsonl"
+    empty.write_text("")
+    assert read_refusal(empty) == f"sweep: input={str(empty)!r} holds no rows"
+
+
+def test_an_unfinished_job_output_is_refused_by_its_fingerprint_or_its_shards_alone(tmp_path):
+    """Either sign of a job (``_job.json``, or shard files) without a completion marker: reading it would use a
+    subset of the records; a file of it is refused too."""
+    fingerprinted, sharded = tmp_path / "fingerprinted", tmp_path / "sharded"
+    fingerprinted.mkdir()
+    (fingerprinted / "_job.json").write_text("{}")
+    (fingerprinted / "rows.jsonl").write_text('{"id": "a"}\n')
+    sharded.mkdir()
+    (sharded / "shard-00000-of-00002.jsonl").write_text('{"id": "a"}\n')
+    assert read_refusal(fingerprinted) == unfinished(fingerprinted)
+    assert read_refusal(sharded) == unfinished(sharded)
+    afile = fingerprinted / "rows.jsonl"
+    assert read_refusal(afile) == (f"sweep: input={str(afile)!r} is a file of an unfinished stage output "
+                                   f"({fingerprinted}): finish the stage that writes it first")
+
+
+def test_an_output_edited_since_it_was_made_is_refused_unless_its_files_were_left_to_rank_0(tmp_path, rows):
+    """``read_input`` verifies an earlier stage's files; ``verify=False`` (another rank of a launch, whose
+    rank 0 verified them) does not hash them again."""
+    from align.manifests.lifecycle import check_stage_input
+
+    out = tmp_path / "made"
+    toy(out, rows, {"rows.jsonl": rows.read_text()})
+    (out / "rows.jsonl").write_text(rows.read_text().replace("row 1", "row 9"))
+    edited = (f"the {STAGE} stage's output changed since it was made (rows.jsonl (other bytes)); rerun that stage "
+              "(overwrite=true redoes it), or, to read edited rows as data of your own, copy the data files (not "
+              "the _*.json markers) to a directory of their own and read that")
+    assert read_refusal(out) == f"sweep: input={str(out)!r}: {edited}"
+    assert read_refusal(out / "rows.jsonl") == f"sweep: input={str(out / 'rows.jsonl')!r}: {edited}"
+    check_stage_input(out, "sweep", "input", verify=False)
+
+
+def test_an_output_of_two_kinds_of_rows_is_read_by_the_file_named(tmp_path, rows):
+    """A finished ``pairs`` output also holds the prompts it skipped: the directory is refused, naming the file."""
+    from align.manifests.lifecycle import read_input
+
+    out = tmp_path / "pairs"
+    toy(out, rows, {"pairs.jsonl": '{"id": "p"}\n', "skipped.jsonl": '{"id": "s"}\n'}, stage="pairs")
+    assert read_refusal(out) == (f"sweep: input={str(out)!r} is the pairs stage's output, which holds more than "
+                                 f"one kind of row; name the file instead: input={out / 'pairs.jsonl'}")
+    assert read_input(out / "pairs.jsonl", "sweep", "input") == [{"id": "p"}]
+
+
+# --------------------------------------------------------------------------- a model to load
+
+
+def test_a_model_is_a_directory_with_a_config_or_a_hub_name(tmp_path):
+    """Named as the stage's key: unset, a directory that holds no saved model, a local path that is not there;
+    a saved model and a hub name ``org/name`` (left to ``from_pretrained``) pass."""
+    from align.errors import ConfigError, InputError, MissingInputError
+    from align.manifests.lifecycle import check_model_path
+
+    saved, bare = tmp_path / "saved", tmp_path / "bare"
+    saved.mkdir()
+    (saved / "config.json").write_text("{}")
+    bare.mkdir()
+    check_model_path(str(saved), "sft", "model_name_or_path")
+    check_model_path(saved, "sft", "model_name_or_path")
+    check_model_path("org/name", "sft", "model_name_or_path")
+    for unset in (None, ""):
+        with pytest.raises(ConfigError) as info:
+            check_model_path(unset, "sft", "model_name_or_path")
+        assert str(info.value) == "sft: set model_name_or_path (a model directory or name)"
+    with pytest.raises(InputError) as info:
+        check_model_path(str(bare), "sft", "model_name_or_path")
+    assert str(info.value) == f"sft: model_name_or_path={str(bare)!r} has no config.json (not a saved model)"
+    for missing in (str(tmp_path / "gone"), "./gone", "~/align-no-such-model"):
+        with pytest.raises(MissingInputError) as info:
+            check_model_path(missing, "sft", "model_name_or_path")
+        assert str(info.value) == (f"sft: model_name_or_path={missing!r} does not exist (a model directory, or a "
+                                   "hub name such as org/name)")
+
+
+# --------------------------------------------------------------------------- the settings a marker records
+
+
+def test_the_settings_written_into_markers_and_logs_leave_secrets_out():
+    from align.manifests.lifecycle import redacted_settings
+
+    @dataclass
+    class Served:
+        input: str = "in.jsonl"
+        api_key: str = "sk-secret"
+        endpoint: str = "https://user:pw@example.com/v1"
+
+    assert redacted_settings(Served()) == {"input": "in.jsonl", "endpoint": redact("https://user:pw@example.com/v1")}
+    assert "pw" not in json.dumps(redacted_settings(Served()))
+
+
+def test_a_hub_dataset_name_is_no_file_of_the_unfinished_job_the_stage_runs_in(tmp_path, monkeypatch):
+    """``squad`` (a hub dataset with no organisation) is a name, not ``./squad`` of the directory the stage runs
+    in: it is left to ``datasets`` even when that directory is an unfinished job's output."""
+    from align.manifests.lifecycle import check_input_exists, check_stage_input
+
+    (tmp_path / "_job.json").write_text("{}")
+    monkeypatch.chdir(tmp_path)
+    check_input_exists("squad", "sweep", "input")
+    check_stage_input("squad", "sweep", "input")
+
+
+def test_a_file_of_an_unfinished_job_is_refused_however_its_path_is_spelled(tmp_path, monkeypatch):
+    """Named from inside the job's directory, the file's parent is ``.``: it is still a partial output."""
+    from align.errors import InputError
+    from align.manifests.lifecycle import read_input
+
+    job = tmp_path / "job"
+    job.mkdir()
+    (job / "_job.json").write_text("{}")
+    (job / "shard-00000-of-00002.jsonl").write_text(json.dumps({"id": "a"}) + "\n")
+    for spelling in (job / "shard-00000-of-00002.jsonl", "shard-00000-of-00002.jsonl", "./shard-00000-of-00002.jsonl"):
+        if not str(spelling).startswith("/"):
+            monkeypatch.chdir(job)
+        with pytest.raises(InputError, match="file of an unfinished stage output"):
+            read_input(spelling, "sweep", "input")

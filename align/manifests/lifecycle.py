@@ -95,7 +95,7 @@ def check_stage_input(path: str | Path, stage: str, key: str, *, verify: bool = 
                 f"{stage}: {key}={str(path)!r} is an unfinished stage output (no {STAGE_COMPLETE_MARKER}): "
                 "finish the stage that writes it first (rerun it; for a SLURM array, every task)"
             )
-        if not path.is_dir() and (directory / "_job.json").exists() and directory.name != "":
+        if path.is_file() and (directory / "_job.json").exists():  # a hub name is no file: left to the loader
             raise InputError(f"{stage}: {key}={str(path)!r} is a file of an unfinished stage output ({directory}): "
                              "finish the stage that writes it first")
         return
