@@ -436,6 +436,9 @@ def _written_names(output_dir: Path, begun: Begun) -> list[str]:
 def _refuse_while_shards_are_written(stage: str, output_dir: Path) -> None:
     """An overwrite of a job output waits for no task: it is refused while any shard's lock is held."""
     for lock in sorted(output_dir.glob("shard-*-of-*.lock")):
+        if lock.is_symlink():
+            raise InputError(f"{stage}: overwrite=true, but {lock} is a symbolic link, not a lock this library "
+                             "wrote; remove it (nothing was deleted)")
         fd = os.open(lock, os.O_RDWR | os.O_NOFOLLOW)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
