@@ -88,7 +88,7 @@ def check_stage_input(path: str | Path, stage: str, key: str, *, verify: bool = 
     """
     path = Path(path).expanduser()
     directory = path if path.is_dir() else path.parent
-    info = stage_completion_info(directory) if directory.is_dir() else None
+    info = stage_completion_info(directory)  # None where there is no directory or no marker
     if info is None:
         if path.is_dir() and ((path / "_job.json").exists() or any(path.glob("shard-*-of-*.jsonl"))):
             raise InputError(
@@ -170,8 +170,6 @@ def check_apart(stage: str, config: Any, output_dir: Path) -> None:
     """``output_dir`` is not an input of the stage, does not hold one, and is not inside one."""
     out = os.path.realpath(os.path.expanduser(str(output_dir)))
     for key, value in input_paths(config).items():
-        if key.rsplit(".", 1)[-1] == "resume_from_checkpoint":
-            continue
         real = os.path.realpath(os.path.expanduser(value))
         inside = real.startswith(out + os.sep)
         around = out.startswith(real + os.sep) and os.path.isdir(real)
