@@ -835,3 +835,525 @@ def test_a_rerun_with_another_setting_and_edited_rows_is_refused_naming_both(tmp
     refusal = rerun("pairs", pairs_config(rows, out, seed=1))
     assert "pairs.seed: 0 → 1" in refusal
     assert f"pairs.input ({rows}): content changed (1 row differs, 1 added)" in refusal
+
+
+# --------------------------------------------------------------------------- the run's edges: locks, launches, reads
+
+
+def lock_is_held(out: Path) -> bool:
+    """Whether a run holds ``out``'s writer lock, as another process would find it (flock conflicts between
+    two opens of the file even within one process)."""
+    import fcntl
+    import os
+
+    path = out / ".align-writer.lock"
+    if not path.exists():
+        return False
+    fd = os.open(path, os.O_RDWR)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return True
+    finally:
+        os.close(fd)
+    return False
+
+
+def test_a_run_never_begun_writes_nothing_and_ends_quietly(tmp_path, rows):
+    """A ``StageRun`` made without ``begin`` has decided nothing: start, the owner check and finish do nothing
+    (finish hands the summary back), and its input fingerprint is that of no input."""
+    out = tmp_path / "out"
+    run = StageRun("toy", Toy(str(rows), str(out)))
+    assert not run.skip and not run.resumed
+    run.start()
+    run.check_owner()
+    assert run.finish({"rows": 3}) == {"rows": 3}
+    run.close()
+    assert not out.exists()
+    begun = StageRun.begin("toy", Toy(str(rows), str(tmp_path / "other")))
+    begun.close()
+    assert run.input_fingerprint("input") == begun.input_fingerprint("no_such_input")
+
+
+def test_a_skipped_run_takes_no_lock_and_writes_nothing(tmp_path, rows):
+    """A stage that calls ``start`` on a run that skips (complete and current) changes nothing there: no lock is
+    held, so another run may read or write the directory."""
+    out = tmp_path / "out"
+    made("toy", Toy(str(rows), str(out)))
+    before = {p.name: p.read_bytes() for p in out.iterdir()}
+    run = StageRun.begin("toy", Toy(str(rows), str(out)))
+    assert run.skip
+    run.start()
+    assert not lock_is_held(out)
+    run.close()
+    assert {p.name: p.read_bytes() for p in out.iterdir()} == before
+
+
+def test_a_run_holds_its_directorys_lock_naming_itself_until_it_ends(tmp_path, rows):
+    """From start to finish the writer lock is held and names this process, its host and since when (what a
+    refused second run prints); once the run ends it is free, and the next run in this process holds it
+    again."""
+    import os
+    import re
+    import socket
+
+    out = tmp_path / "out"
+    first = StageRun.begin("toy", Toy(str(rows), str(out)))
+    first.start()
+    assert lock_is_held(out)
+    note = (out / ".align-writer.lock").read_text()
+    assert re.fullmatch(rf"pid {os.getpid()} on {re.escape(socket.gethostname())}, since "
+                        r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d", note)
+    first.finish({}, announce=False)
+    assert not lock_is_held(out)
+    second = StageRun.begin("toy", Toy(str(rows), str(out), seed=1), overwrite=True)
+    second.start()
+    assert lock_is_held(out)
+    second.close()
+    assert not lock_is_held(out)
+
+
+def test_runs_into_two_directories_each_hold_their_own_lock(tmp_path, rows):
+    one, two = tmp_path / "one", tmp_path / "two"
+    first = StageRun.begin("toy", Toy(str(rows), str(one)))
+    second = StageRun.begin("toy", Toy(str(rows), str(two)))
+    first.start()
+    second.start()
+    assert lock_is_held(one) and lock_is_held(two)
+    first.close()
+    assert not lock_is_held(one) and lock_is_held(two)
+    second.close()
+    assert not lock_is_held(two)
+
+
+def test_a_run_that_raised_leaves_its_lock_to_the_next_run_which_releases_it(tmp_path, rows):
+    """A notebook cell that failed mid-run never ended its run: the next run in the process takes its lock over,
+    releases it when it ends, and closing the abandoned run later is harmless."""
+    out = tmp_path / "out"
+    abandoned = StageRun.begin("toy", Toy(str(rows), str(out)))
+    abandoned.start()
+    (out / "data.txt").write_text("half\n")
+    again = StageRun.begin("toy", Toy(str(rows), str(out)))
+    assert again.resumed
+    again.start()
+    assert lock_is_held(out)
+    again.finish({}, announce=False)
+    assert not lock_is_held(out)
+    abandoned.close()
+    assert not lock_is_held(out)
+
+
+def test_the_writer_lock_has_the_permissions_of_the_files_the_stage_writes(tmp_path, rows):
+    """Readable by whoever may read the output (a refused run reads who holds it), never executable."""
+    import os
+    import stat
+
+    out = tmp_path / "out"
+    mask = os.umask(0o022)
+    try:
+        made("toy", Toy(str(rows), str(out)))
+    finally:
+        os.umask(mask)
+    lock_mode = stat.S_IMODE((out / ".align-writer.lock").stat().st_mode)
+    assert lock_mode == stat.S_IMODE((out / "data.txt").stat().st_mode) == 0o644
+
+
+@pytest.mark.parametrize(("note", "named"), [(b"", "another process"),
+                                             (b"pid 7 on n\xff\xfe1", "pid 7 on n\ufffd\ufffd1")])
+def test_a_refusal_names_the_holder_even_when_its_note_is_empty_or_not_text(tmp_path, rows, note, named):
+    """The lock of another writer (here held apart from any run) whose note is empty, or not UTF-8 (another
+    tool, a torn write), still gives the refusal naming what it can."""
+    import fcntl
+    import os
+
+    out = tmp_path / "out"
+    out.mkdir()
+    fd = os.open(out / ".align-writer.lock", os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        os.write(fd, note)
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        run = StageRun.begin("toy", Toy(str(rows), str(out)))
+        try:
+            with pytest.raises(InputError) as refused:
+                run.start()
+        finally:
+            run.close()
+        assert f"toy: another run is writing {out} ({named}); two runs never write" in str(refused.value)
+        assert not (out / "_manifest.json").exists()
+    finally:
+        os.close(fd)
+
+
+def test_an_output_dir_that_cannot_hold_the_output_is_refused_naming_the_stage(tmp_path, rows):
+    from align.errors import ConfigError
+
+    data = tmp_path / "data"
+    data.mkdir()
+    inside = data / "rows.jsonl"
+    inside.write_bytes(rows.read_bytes())
+    with pytest.raises(ConfigError, match=rf"^toy: output_dir={str(data)!r} holds its input input="):
+        StageRun.begin("toy", Toy(str(inside), str(data)))
+    with pytest.raises(InputError, match=rf"^toy: output_dir={str(rows)!r}: .* is a file, not a directory"):
+        StageRun.begin("toy", Toy(str(tmp_path / "data" / "rows.jsonl"), str(rows)))
+
+
+def test_finish_says_where_it_wrote_and_what_by_default(tmp_path, rows, capsys):
+    out = tmp_path / "out"
+    run = StageRun.begin("toy", Toy(str(rows), str(out)))
+    run.start()
+    run.finish({"rows": 3})
+    printed = capsys.readouterr().out
+    assert f"[align toy] wrote {out}\n" in printed and '[align toy] {"rows": 3}\n' in printed
+
+
+def test_a_file_written_after_the_run_ended_is_not_the_stages(tmp_path, rows):
+    """Once the run has ended, what the library writes into the directory (a user's own notes through
+    ``write_jsonl``) is not in the stage's ledger, so an overwrite keeps it."""
+    from align.io import write_jsonl
+    from align.io.ledger import written
+
+    out = tmp_path / "out"
+    made("toy", Toy(str(rows), str(out)))
+    write_jsonl(out / "my_notes.jsonl", [{"note": "keep"}])
+    assert "my_notes.jsonl" not in written(out)
+    made("toy", Toy(str(rows), str(out), seed=1), overwrite=True)
+    assert (out / "my_notes.jsonl").exists()
+
+
+def test_a_files_digest_is_remembered_only_within_a_run(tmp_path, rows, monkeypatch):
+    """Within a run each file is hashed once; after the run it is hashed again (a file rewritten within one clock
+    tick keeps its size and times, and must not keep its old digest)."""
+    from align.io import fingerprint
+
+    monkeypatch.setattr(fingerprint, "_MEMO", [])  # not what runs other tests left open (a refused start)
+    run = StageRun.begin("toy", Toy(str(rows), str(tmp_path / "out")))
+    run.close()
+    hashed = []
+    real = fingerprint._hash_file
+    monkeypatch.setattr(fingerprint, "_hash_file", lambda path: hashed.append(path) or real(path))
+    fingerprint.file_digest(rows)
+    fingerprint.file_digest(rows)
+    assert len(hashed) == 2
+
+
+# --------------------------------------------------------------------------- a sharded job's run
+
+
+def test_a_jobs_tasks_share_the_directory_and_finish_it_with_one_output_id(tmp_path, rows):
+    """Two tasks of a sharded job write their own shards into one directory (neither holds it alone); whichever
+    finishes marks the output with an id drawn from the shards' done markers, the same for both, and a job
+    made again elsewhere gets a new id."""
+    from align.jobs.runner import run_job
+
+    def task(out: Path, index: int) -> StageRun:
+        run = StageRun.begin("toy", Toy(str(rows), str(out)), job=True)
+        records = run.read("input")
+        run.start()
+        run_job(records, lambda batch: batch, out, shard_index=index, num_shards=2)
+        return run
+
+    def output_id(out: Path) -> str:
+        return json.loads((out / "_COMPLETE.json").read_text())["output_id"]
+
+    out = tmp_path / "out"
+    first, second = task(out, 0), task(out, 1)
+    first.finish({}, announce=False)
+    once = output_id(out)
+    second.finish({}, announce=False)
+    assert output_id(out) == once
+    again = tmp_path / "again"
+    one, two = task(again, 0), task(again, 1)
+    one.finish({}, announce=False)
+    two.close()
+    assert output_id(again) != once
+
+
+def test_a_jobs_shard_writes_stop_once_another_run_took_the_directory(tmp_path, rows):
+    """A run on another node recorded its own manifest in the directory: this task's next shard write stops."""
+    from align.jobs.runner import run_job
+
+    out = tmp_path / "out"
+    run = StageRun.begin("toy", Toy(str(rows), str(out)), job=True)
+    records = run.read("input")
+    run.start()
+    manifest = json.loads((out / "_manifest.json").read_text())
+    (out / "_manifest.json").write_text(json.dumps({**manifest, "fingerprint": "another run's"}))
+    try:
+        with pytest.raises(StaleOutputError, match="taken over by another run"):
+            run_job(records, lambda batch: batch, out)
+    finally:
+        run.close()
+    assert not list(out.glob("shard-*.done.json"))
+
+
+def test_a_jobs_overwrite_is_refused_while_a_shard_is_being_written(tmp_path, rows):
+    import fcntl
+    import os
+
+    out = tmp_path / "out"
+    made("toy", Toy(str(rows), str(out)), job=True)
+    fd = os.open(out / "shard-0-of-2.lock", os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        run = StageRun.begin("toy", Toy(str(rows), str(out), seed=1), job=True, overwrite=True)
+        try:
+            with pytest.raises(InputError, match=r"^toy: overwrite=true, but shard-0-of-2 is being written by "
+                                                 "another task"):
+                run.start()
+        finally:
+            run.close()
+    finally:
+        os.close(fd)
+    assert (out / "_COMPLETE.json").exists()
+
+
+# --------------------------------------------------------------------------- one decision per launch
+
+
+class Launch:
+    """A two-rank distributed launch played in one process: what rank 0 broadcasts, rank 1 receives in order;
+    barriers are counted."""
+
+    def __init__(self, monkeypatch):
+        self.monkeypatch, self.sent, self.barriers, self.rank = monkeypatch, [], 0, 0
+
+    def as_rank(self, rank: int) -> None:
+        self.rank = rank
+        self.monkeypatch.setenv("RANK", str(rank))
+
+    def get_rank(self) -> int:
+        return self.rank
+
+    def broadcast_object_list(self, box: list, src: int = 0) -> None:
+        if self.rank == src:
+            self.sent.append(box[0])
+        else:
+            box[0] = self.sent.pop(0)
+
+    def barrier(self) -> None:
+        self.barriers += 1
+
+
+@pytest.fixture()
+def launch(monkeypatch) -> Launch:
+    from align.manifests import lifecycle
+
+    group = Launch(monkeypatch)
+    monkeypatch.setattr(lifecycle, "launch_group", lambda: group)
+    group.as_rank(0)
+    return group
+
+
+def test_the_other_ranks_follow_rank_zeros_decision_and_leave_the_writing_to_it(tmp_path, rows, launch):
+    """Rank 0 decides (here: resume a partial output), records the manifest and holds the directory; rank 1
+    takes that decision as it is, even where the inputs it would look at changed meanwhile, and neither locks,
+    records nor marks anything; both meet at the barrier after start."""
+    out = tmp_path / "out"
+    partial = StageRun.begin("toy", Toy(str(rows), str(out)))  # a launch killed earlier
+    partial.start()
+    (out / "data.txt").write_text("half\n")
+    partial.close()
+    launch.sent.clear()
+    launch.barriers = 0
+
+    zero = StageRun.begin("toy", Toy(str(rows), str(out)))
+    assert zero.resumed and not zero.skip
+    zero.start()
+    assert launch.barriers == 1 and lock_is_held(out)
+    recorded = (out / "_manifest.json").read_text()
+    rows.write_text(rows.read_text() + json.dumps(annotated("a9")) + "\n")  # after rank 0 decided
+
+    launch.as_rank(1)
+    one = StageRun.begin("toy", Toy(str(rows), str(out)))
+    assert one.resumed and not one.skip
+    one.start()
+    assert launch.barriers == 2 and (out / "_manifest.json").read_text() == recorded
+    assert one.finish({"rows": 3}) == {"rows": 3} and not (out / "_COMPLETE.json").exists()
+    launch.as_rank(0)
+    zero.finish({}, announce=False)
+    assert (out / "_COMPLETE.json").exists() and not lock_is_held(out)
+
+
+def test_a_skip_decided_on_rank_zero_is_a_skip_on_every_rank(tmp_path, rows, launch):
+    out = tmp_path / "out"
+    made("toy", Toy(str(rows), str(out)))
+    launch.sent.clear()
+    zero = StageRun.begin("toy", Toy(str(rows), str(out)))
+    launch.as_rank(1)
+    one = StageRun.begin("toy", Toy(str(rows), str(out)))
+    assert zero.skip and one.skip and not one.resumed
+
+
+def test_a_refusal_on_rank_zero_stops_every_rank(tmp_path, rows, launch):
+    """Rank 0 refuses the rerun (other settings over a finished output): the other ranks stop too, saying
+    rank 0 stopped, instead of waiting for a decision that never comes."""
+    out = tmp_path / "out"
+    made("toy", Toy(str(rows), str(out)))
+    launch.sent.clear()
+    with pytest.raises(StaleOutputError, match="made from other settings"):
+        StageRun.begin("toy", Toy(str(rows), str(out), seed=1))
+    launch.as_rank(1)
+    with pytest.raises(InputError, match=r"^toy: rank 0 stopped before the run started"):
+        StageRun.begin("toy", Toy(str(rows), str(out), seed=1))
+
+
+def edited_stage_output(tmp_path: Path, rows: Path) -> Path:
+    """A finished stage output (its rows in ``rows.jsonl``) whose rows were edited since it was made."""
+    out = tmp_path / "earlier"
+    run = StageRun.begin("toy", Toy(str(rows), str(out)))
+    run.start()
+    (out / "rows.jsonl").write_bytes(rows.read_bytes())
+    run.finish({}, announce=False)
+    with (out / "rows.jsonl").open("a") as handle:
+        handle.write(json.dumps(annotated("a9")) + "\n")
+    return out
+
+
+def test_an_edited_stage_output_is_refused_by_read_and_check(tmp_path, rows):
+    earlier = edited_stage_output(tmp_path, rows)
+    run = StageRun("next", Toy(str(earlier), str(tmp_path / "next")))
+    for use in (run.read, run.check):
+        with pytest.raises(InputError, match=rf"^next: input={str(earlier)!r}: the toy stage's output changed"):
+            use("input")
+
+
+def test_rank_zero_verifies_the_stage_outputs_it_reads_and_the_other_ranks_leave_it_to_rank_zero(
+        tmp_path, rows, launch):
+    """Rank 0 hashes the files of an earlier stage's output once for the launch (and refuses an edited one); the
+    other ranks do not hash them again."""
+    earlier = edited_stage_output(tmp_path, rows)
+    run = StageRun("next", Toy(str(earlier), str(tmp_path / "next")))
+    for use in (run.read, run.check):
+        with pytest.raises(InputError, match="the toy stage's output changed"):
+            use("input")
+    launch.as_rank(1)
+    assert len(run.read("input")) == 4 and run.check("input") == str(earlier)
+
+
+# --------------------------------------------------------------------------- reading and checking inputs
+
+
+def write_rows(path: Path, records: list[dict]) -> Path:
+    path.write_text("".join(json.dumps(r) + "\n" for r in records))
+    return path
+
+
+def test_several_paths_are_read_as_one_input(tmp_path, rows):
+    """Their rows in order; an empty file among them adds nothing; rows whose id is not a string (or that have
+    none) are never compared."""
+    first = write_rows(tmp_path / "one.jsonl", [{"id": "a", "n": 1}, {"id": 7, "n": 2}, {"n": 3}])
+    empty = write_rows(tmp_path / "empty.jsonl", [])
+    second = write_rows(tmp_path / "two.jsonl", [{"id": "b", "n": 4}, {"id": 7, "n": 5}, {"n": 6}])
+    run = StageRun("toy", Toy(str(rows), str(tmp_path / "out")))
+    assert [r["n"] for r in run.read("input", [str(first), str(empty), str(second)])] == [1, 2, 3, 4, 5, 6]
+    assert [r["n"] for r in run.read("input", [first, empty])] == [1, 2, 3]
+    assert [r["id"] for r in run.read("input")] == ["a0", "a1", "a2"]
+    assert [r["n"] for r in run.read("input", str(second))] == [4, 5, 6]
+
+
+def test_an_id_in_two_input_files_is_refused_naming_both(tmp_path, rows):
+    first = write_rows(tmp_path / "one.jsonl", [{"id": "a"}, {"id": "b"}])
+    second = write_rows(tmp_path / "two.jsonl", [{"id": "c"}, {"id": "b"}])
+    run = StageRun("toy", Toy(str(rows), str(tmp_path / "out")))
+    with pytest.raises(InputError, match=rf"^toy: id 'b' is in {first} and in {second}: the inputs of input must"):
+        run.read("input", [str(first), str(second)])
+
+
+def test_an_input_with_no_rows_is_refused_naming_it(tmp_path, rows):
+    empty = write_rows(tmp_path / "empty.jsonl", [])
+    also = write_rows(tmp_path / "also.jsonl", [])
+    run = StageRun("toy", Toy(str(rows), str(tmp_path / "out")))
+    with pytest.raises(InputError, match=rf"^toy: input={str(empty)!r} holds no rows$"):
+        run.read("input", str(empty))
+    with pytest.raises(InputError, match=r"^toy: input=\[.*'.*empty.jsonl', '.*also.jsonl'\] hold no rows$"):
+        run.read("input", [str(empty), str(also)])
+    with pytest.raises(InputError, match="holds no rows"):
+        run.read("input", [str(empty)])
+
+
+def test_a_missing_or_unfinished_input_is_refused_naming_the_stage_and_key(tmp_path, rows):
+    """By ``read`` and by ``check`` (an input the stage streams itself), for the config's path or one given."""
+    from align.errors import ConfigError, MissingInputError
+
+    missing = tmp_path / "typo.jsonl"
+    unfinished = tmp_path / "sampling"
+    unfinished.mkdir()
+    (unfinished / "_job.json").write_text("{}")
+    run = StageRun("toy", Toy(str(missing), str(tmp_path / "out")))
+    for use in (run.read, run.check):
+        with pytest.raises(MissingInputError, match=rf"^toy: input={str(missing)!r} does not exist"):
+            use("input")
+        with pytest.raises(InputError, match=rf"^toy: input={str(unfinished)!r} is an unfinished stage output"):
+            use("input", str(unfinished))
+    with pytest.raises(ConfigError, match="^toy: set input$"):
+        StageRun("toy", Toy("", str(tmp_path / "out"))).check("input")
+
+
+def test_check_hands_back_the_path_it_checked(tmp_path, rows):
+    run = StageRun("toy", Toy(str(rows), str(tmp_path / "out")))
+    other = write_rows(tmp_path / "other.jsonl", [{"id": "x"}])
+    assert run.check("input") == str(rows)
+    assert run.check("input", str(other)) == str(other)
+    assert run.check("input", other) == str(other)
+
+
+# --------------------------------------------------------------------------- an input's fingerprint
+
+
+def test_an_inputs_fingerprint_follows_its_content_not_its_path(tmp_path, rows):
+    """What a stage keys a cache of its input by (SFT's normalized rows): the same rows moved elsewhere have the
+    same fingerprint, other rows another one."""
+    def fingerprint(path: Path, out: str) -> str:
+        run = StageRun.begin("toy", Toy(str(path), str(tmp_path / out)))
+        run.close()
+        return run.input_fingerprint("input")
+
+    moved = tmp_path / "elsewhere" / "rows.jsonl"
+    moved.parent.mkdir()
+    moved.write_bytes(rows.read_bytes())
+    other = write_rows(tmp_path / "other.jsonl", [annotated("z")])
+    here = fingerprint(rows, "one")
+    assert fingerprint(moved, "two") == here
+    assert fingerprint(other, "three") != here
+
+
+def test_closing_an_abandoned_run_leaves_the_lock_of_the_run_that_took_it_over(tmp_path):
+    """A notebook keeps the object of a run that raised; a new run takes its lock over. Tidying the old
+    object up later must not free the new run's lock (another process could then write beside it), nor,
+    once the new run has ended, close a descriptor number that a file of the user's now has."""
+    import fcntl
+    import os
+
+    rows = tmp_path / "in.jsonl"
+    rows.write_text(json.dumps({"id": "a"}) + "\n")
+    out = tmp_path / "out"
+
+    @dataclass
+    class Toy:
+        input: str = ""
+        output_dir: str = ""
+        seed: int = 0
+
+    def held() -> bool:
+        fd = os.open(out / ".align-writer.lock", os.O_RDWR)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return False
+        except BlockingIOError:
+            return True
+        finally:
+            os.close(fd)
+
+    abandoned = StageRun.begin("toy", Toy(str(rows), str(out)))
+    abandoned.start()
+    again = StageRun.begin("toy", Toy(str(rows), str(out)))
+    again.start()
+    abandoned.close()
+    assert held()  # still the new run's
+    again.finish({})
+    again.close()
+    assert not held()
+    with open(tmp_path / "mine.txt", "w") as mine:  # may reuse the descriptor number the lock had
+        abandoned.close()
+        mine.write("still open")
+    assert (tmp_path / "mine.txt").read_text() == "still open"

@@ -216,7 +216,7 @@ def on_rank_zero(compute: Any) -> Any:
 
 # --------------------------------------------------------------------------- the lifecycle
 
-_HELD: dict[str, int] = {}  # writer locks this process holds: real path -> descriptor
+_HELD: dict[str, tuple[int, Any]] = {}  # writer locks this process holds: real path -> (descriptor, the run holding it)
 
 
 class StageRun:
@@ -267,7 +267,7 @@ class StageRun:
             self.begun = begin(self.stage, self.config, self.output_dir, overwrite=self.overwrite)
         except BaseException:
             if launch_group() is not None:
-                _share({"skip": False, "resumed": False, "error": True})
+                _share({"error": True})  # the other ranks raise on it, reading nothing else
             self._end()
             raise
         _share({"skip": self.begun.skip, "resumed": self.begun.resumed})
@@ -283,8 +283,9 @@ class StageRun:
         self.output_dir.mkdir(parents=True, exist_ok=True)
         path = self.output_dir / WRITER_LOCK
         key = os.path.realpath(path)
-        if key in _HELD:
-            self._lock_fd = _HELD[key]
+        if key in _HELD:  # the abandoned run keeps no claim on it: closing it later leaves the lock alone
+            self._lock_fd = _HELD[key][0]
+            _HELD[key] = (self._lock_fd, self)
             return
         fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o644)
         try:
@@ -297,7 +298,8 @@ class StageRun:
         os.ftruncate(fd, 0)
         os.pwrite(fd, f"pid {os.getpid()} on {socket.gethostname()}, since {time.strftime('%Y-%m-%d %H:%M:%S')}"
                   .encode(), 0)
-        self._lock_fd = _HELD[key] = fd
+        self._lock_fd = fd
+        _HELD[key] = (fd, self)
 
     def check(self, key: str, value: str | None = None) -> str:
         """An input the stage streams itself (too large to hold as rows): it exists, is finished and unchanged."""
@@ -355,7 +357,7 @@ class StageRun:
             return
         if not self.job:
             self._take_writer_lock()
-        if self.job and self.begun.overwrite:
+        if self.begun.overwrite:  # only job outputs hold shard locks; elsewhere there is nothing to find
             _refuse_while_shards_are_written(self.stage, self.output_dir)
         start(self.begun, self.rows)
         open_ledger(self.output_dir)
@@ -389,7 +391,7 @@ class StageRun:
             fields = completion_fields(self.begun)
             if output_id:
                 fields["output_id"] = output_id
-            names = _written_names(self.output_dir, self.begun)
+            names = _written_names(self.output_dir)
             note_names(self.output_dir, names)
             files = record_outputs(self.output_dir, names)
             mark_stage_complete(self.output_dir, stage=self.stage, config=redact(to_dict(config or self.config)),
@@ -409,19 +411,20 @@ class StageRun:
         close_ledger(self.output_dir)
         guard_writes(self.output_dir, None)
         if self._lock_fd is not None:
-            for key, fd in list(_HELD.items()):
-                if fd == self._lock_fd:
-                    del _HELD[key]
-            with contextlib.suppress(OSError):
-                fcntl.flock(self._lock_fd, fcntl.LOCK_UN)
-                os.close(self._lock_fd)
+            mine = [key for key, (_, holder) in _HELD.items() if holder is self]
+            for key in mine:
+                del _HELD[key]
+            if mine:  # a later run that took the lock over owns the descriptor now
+                with contextlib.suppress(OSError):
+                    fcntl.flock(self._lock_fd, fcntl.LOCK_UN)
+                    os.close(self._lock_fd)
             self._lock_fd = None
         if self._memo is not None:
             self._memo.close()
             self._memo = None
 
 
-def _written_names(output_dir: Path, begun: Begun) -> list[str]:
+def _written_names(output_dir: Path) -> list[str]:
     """The top-level entries this stage made: its ledger, and what is new since it started."""
     from align.io.ledger import written
 
