@@ -231,7 +231,6 @@ class StageRun:
         self.overwrite = bool(getattr(config, "overwrite", False)) if overwrite is None else overwrite
         self.rows: dict[str, list[dict[str, Any]]] = {}
         self.begun: Begun | None = None
-        self._lock_fd: int | None = None
         self._memo: contextlib.ExitStack | None = None
 
     @classmethod
@@ -284,8 +283,7 @@ class StageRun:
         path = self.output_dir / WRITER_LOCK
         key = os.path.realpath(path)
         if key in _HELD:  # the abandoned run keeps no claim on it: closing it later leaves the lock alone
-            self._lock_fd = _HELD[key][0]
-            _HELD[key] = (self._lock_fd, self)
+            _HELD[key] = (_HELD[key][0], self)
             return
         fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o644)
         try:
@@ -298,7 +296,6 @@ class StageRun:
         os.ftruncate(fd, 0)
         os.pwrite(fd, f"pid {os.getpid()} on {socket.gethostname()}, since {time.strftime('%Y-%m-%d %H:%M:%S')}"
                   .encode(), 0)
-        self._lock_fd = fd
         _HELD[key] = (fd, self)
 
     def check(self, key: str, value: str | None = None) -> str:
@@ -410,15 +407,11 @@ class StageRun:
     def _end(self) -> None:
         close_ledger(self.output_dir)
         guard_writes(self.output_dir, None)
-        if self._lock_fd is not None:
-            mine = [key for key, (_, holder) in _HELD.items() if holder is self]
-            for key in mine:
+        for key, (fd, holder) in list(_HELD.items()):
+            if holder is self:  # a lock a later run took over is that run's to release
                 del _HELD[key]
-            if mine:  # a later run that took the lock over owns the descriptor now
-                with contextlib.suppress(OSError):
-                    fcntl.flock(self._lock_fd, fcntl.LOCK_UN)
-                    os.close(self._lock_fd)
-            self._lock_fd = None
+                fcntl.flock(fd, fcntl.LOCK_UN)
+                os.close(fd)
         if self._memo is not None:
             self._memo.close()
             self._memo = None
