@@ -242,6 +242,8 @@ INTERNAL = {
     "align/eval/stats.py": ({"win_rate", "pooled_win_rate"}, "comparison outcomes (1, 0.5, 0) that the evaluation computes"),
     "align/eval/kl.py": ({"sequence_logps"}, "the evaluation's own generations, each with its end-of-turn token"),
     "rewards/validation/ranks.py": ({"kendall_tau", "spearman_rho"}, "score lists judge validation pairs up itself"),
+    "align/scoring/flex.py": ({"layout_block_mask"}, "the collators make block_ids and block_parts together, "
+                                                      "of one (rows, L) shape"),
     "align/scoring/collators.py": (
         {"_check_sequences", "collate_padding_free"},
         "sequences the pass and the trainer encode from checked rows, and the mask dtype they pass"),

@@ -22,6 +22,7 @@ from transformers import (
 )
 
 from align.chat.formats import APERTUS
+from align.errors import ConfigError
 
 BASE_SPECIAL_TOKENS = ["<unk>", "<s>", "</s>", "<pad>"]
 
@@ -129,7 +130,7 @@ def save_tiny_models(root: str | Path, *, seed: int = 0, architecture: str = "ll
     ``architecture`` picks the policy's (``ARCHITECTURES``); the reward model is a Llama.
     """
     if architecture not in ARCHITECTURES:
-        raise ValueError(f"architecture={architecture!r}: choose one of {sorted(ARCHITECTURES)}")
+        raise ConfigError(f"architecture={architecture!r}: choose one of {sorted(ARCHITECTURES)}")
     root = Path(root)
     tokenizer = build_tokenizer()
     paths = {"policy": root / "policy", "reward_model": root / "reward_model"}

@@ -44,7 +44,9 @@ def live_hidden_state_bytes(shape: torch.Size, hidden_size: int) -> tuple[int, i
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # isinstance on deprecated module attributes
         objects = gc.get_objects()
-        tensors = [o for o in objects if isinstance(o, torch.Tensor)]
+        # type(), not isinstance(): a weak proxy whose object is gone (torch.compile leaves some) raises on
+        # isinstance, and is no tensor anyway
+        tensors = [o for o in objects if issubclass(type(o), torch.Tensor)]
     for obj in tensors:
         if not isinstance(obj, torch.nn.Parameter) and tuple(obj.shape) == (*shape, hidden_size):
             count += 1
