@@ -67,17 +67,15 @@ def goal_lines(preference: dict | None) -> list[str]:
         lines.append(f"- align training MFU: {mfu:.1%} ({best['name']}; goal >= {GOALS['mfu']:.0%}): "
                      f"{'met' if mfu >= GOALS['mfu'] else 'not met'}")
     trl = ran.get("train_trl")
-    for key, ours in training.items():
-        if trl is None:
-            break
+    for ours in training.values() if trl is not None else ():
         speed = ours["tokens_per_s"] / trl["tokens_per_s"]
         memory = ours[memory_key] / trl[memory_key]
         met = speed >= GOALS["speed"] and memory <= GOALS["memory"]
         lines.append(f"- {ours['name']} vs TRL DPOTrainer (defaults): {speed:.2f}x tokens/s at {memory:.2f}x peak "
                      f"memory (goal >= {GOALS['speed']}x at <= {GOALS['memory']}x): {'met' if met else 'not met'}")
     trl_pass = ran.get("logps_trl")
-    for key, ours in ran.items():
-        if key.startswith("logps_align") and trl_pass is not None:
+    for key, ours in ran.items() if trl_pass is not None else ():
+        if key.startswith("logps_align"):
             speed = ours["tokens_per_s"] / trl_pass["tokens_per_s"]
             lines.append(f"- {ours['name']} vs TRL precompute: {speed:.2f}x tokens/s (goal >= {GOALS['pass']}x): "
                          f"{'met' if speed >= GOALS['pass'] else 'not met'}")

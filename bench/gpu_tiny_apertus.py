@@ -23,7 +23,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import random
 import subprocess
 import sys
 import tempfile
@@ -48,20 +47,6 @@ def sft_rows(count: int = 12) -> list[dict]:
             for i in range(count)]
 
 
-def pair_rows(count: int = 8, seed: int = 0) -> list[dict]:
-    from align.testing.tiny import corpus_text
-
-    rng = random.Random(seed)
-    words = corpus_text().split()
-
-    def text(lo: int, hi: int) -> str:
-        return " ".join(rng.choice(words) for _ in range(rng.randint(lo, hi)))
-
-    return [{"id": f"p{i}", "messages": [{"role": "user", "content": text(2, 8)}], "chosen": text(2, 12),
-             "rejected": text(2, 12), "chosen_quantile": 1.0, "rejected_quantile": rng.choice([0.0, 0.1, 0.2]),
-             "num_ref_rewards": 10} for i in range(count)]
-
-
 def losses(trainer) -> list[float]:
     return [entry["loss"] for entry in trainer.state.log_history if "loss" in entry]
 
@@ -71,7 +56,7 @@ def run_variant(name: str, work: Path) -> dict:
     import torch
 
     from align.logprobs import compute_ref_logprobs, load_ref_logprobs
-    from align.testing.tiny import ARCHITECTURES, build_tokenizer
+    from align.testing.tiny import ARCHITECTURES, build_tokenizer, quantile_pair_rows
     from align.trainers import PreferenceConfig, train
     from align.trainers.sft_config import SFTConfig
     from align.trainers.sft_trainer import train_sft
@@ -92,7 +77,7 @@ def run_variant(name: str, work: Path) -> dict:
     sft = train_sft(SFTConfig(output_dir=str(work / "sft"), per_device_train_batch_size=4, max_steps=3, **common),
                     sft_rows(), model, tokenizer)
     policy = sft.model
-    rows = pair_rows()
+    rows = quantile_pair_rows(8)
     compute_ref_logprobs(rows, policy, tokenizer, chat_format="apertus", batch_size=4, max_length=MAX_LENGTH,
                          output_dir=str(work / "ref"), chat_date=DATE, padding_free=True, prefix_sharing="auto")
     scored = load_ref_logprobs(str(work / "ref"), rows)

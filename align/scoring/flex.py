@@ -33,7 +33,6 @@ import torch
 
 FLEX_ATTENTION = "flex_attention"
 AUTO = "auto"
-LAYOUT_KEYS = ("block_ids", "block_parts")
 
 
 def flex_attention_available() -> bool:
@@ -85,7 +84,7 @@ def layout_block_mask(block_ids: torch.Tensor, block_parts: torch.Tensor) -> Any
 
 
 def dense_layout_mask(block_ids: torch.Tensor, block_parts: torch.Tensor) -> torch.Tensor:
-    """The boolean (rows, 1, L, L) mask the same rule gives (what sdpa gets; for checks)."""
+    """The boolean (rows, 1, L, L) mask the same rule gives: the prefix-shared layout's for sdpa and eager."""
     width = block_ids.shape[1]
     same = block_ids[:, :, None] == block_ids[:, None, :]
     visible = (block_parts[:, None, :] == 0) | (block_parts[:, :, None] == block_parts[:, None, :])

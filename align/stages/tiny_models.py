@@ -42,12 +42,9 @@ def config_from_args(args: Sequence[str]) -> Config:
 
 def run(config: Config) -> dict[str, str]:
     """Save the models, or say where they already are."""
-    from align.testing.tiny import save_tiny_models
+    from align.testing.tiny import check_architecture, save_tiny_models
 
-    from align.testing.tiny import ARCHITECTURES
-
-    if config.architecture not in ARCHITECTURES:
-        raise ConfigError(f"architecture={config.architecture!r}: choose one of {', '.join(ARCHITECTURES)}")
+    check_architecture(config.architecture)  # before an existing folder is compared with it
     root = Path(config.output_dir)
     present = [name for name in MODELS if (root / name / "config.json").is_file()]
     if len(present) == len(MODELS) and not config.overwrite:

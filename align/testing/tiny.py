@@ -8,6 +8,7 @@ accepts, and a one-label Llama sequence classifier that stands in for a reward m
 
 from __future__ import annotations
 
+import random
 from importlib import resources
 from pathlib import Path
 from typing import Any
@@ -123,14 +124,33 @@ def build_reward_model(
     return LlamaForSequenceClassification(config).eval()
 
 
+def check_architecture(name: str) -> None:
+    """A name of ``ARCHITECTURES``, or an error listing them."""
+    if name not in ARCHITECTURES:
+        raise ConfigError(f"architecture={name!r}: choose one of {', '.join(ARCHITECTURES)}")
+
+
+def quantile_pair_rows(count: int, seed: int = 0) -> list[dict]:
+    """Pair rows of corpus words (prompts 2–8 words, completions 2–12) with the quantile columns
+    QRPO reads: chosen beat every reference, rejected 0, 0.1 or 0.2 of them."""
+    rng = random.Random(seed)
+    words = corpus_text().split()
+
+    def text(lo: int, hi: int) -> str:
+        return " ".join(rng.choice(words) for _ in range(rng.randint(lo, hi)))
+
+    return [{"id": f"p{i}", "messages": [{"role": "user", "content": text(2, 8)}], "chosen": text(2, 12),
+             "rejected": text(2, 12), "chosen_quantile": 1.0, "rejected_quantile": rng.choice([0.0, 0.1, 0.2]),
+             "num_ref_rewards": 10} for i in range(count)]
+
+
 def save_tiny_models(root: str | Path, *, seed: int = 0, architecture: str = "llama") -> dict[str, Path]:
     """Build and save tokenizer + causal LM + reward model under `root`; return their dirs.
 
     The tokenizer is saved next to each model so both load with `from_pretrained(dir)`.
     ``architecture`` picks the policy's (``ARCHITECTURES``); the reward model is a Llama.
     """
-    if architecture not in ARCHITECTURES:
-        raise ConfigError(f"architecture={architecture!r}: choose one of {sorted(ARCHITECTURES)}")
+    check_architecture(architecture)
     root = Path(root)
     tokenizer = build_tokenizer()
     paths = {"policy": root / "policy", "reward_model": root / "reward_model"}

@@ -33,8 +33,8 @@ import torch
 
 from align.config import device_checks_enabled
 from align.errors import AlignError, ConfigError, MissingDependencyError, loading, optional_import
-from align.scoring.flex import resolve_attn_implementation
 from align.optim import OPTIMIZERS, build_optimizer
+from align.scoring.flex import resolve_attn_implementation
 
 __all__ = [
     "LoraFields",

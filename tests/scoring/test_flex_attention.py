@@ -14,9 +14,19 @@ import pytest
 import torch
 
 from align.errors import ConfigError
-from align.scoring import SequenceCollator, completion_logps, model_inputs, resolve_prefix_sharing
-from align.scoring import flex
-from align.scoring.flex import FLEX_ATTENTION, dense_layout_mask, layout_mask_mod, resolve_attn_implementation
+from align.scoring import (
+    SequenceCollator,
+    completion_logps,
+    flex,
+    model_inputs,
+    resolve_prefix_sharing,
+)
+from align.scoring.flex import (
+    FLEX_ATTENTION,
+    dense_layout_mask,
+    layout_mask_mod,
+    resolve_attn_implementation,
+)
 from align.testing.tiny import ARCHITECTURES
 
 GROUPS = [
@@ -25,6 +35,8 @@ GROUPS = [
     ([5, 6, 7, 8, 9, 10], ([3],)),
     ([11, 12, 13], ([14, 15], [16], [17, 18, 19])),
 ]
+# the same groups as a model's token ids: past the special tokens (pad is 3)
+MODEL_GROUPS = [([t + 3 for t in prompt], tuple([t + 3 for t in c] for c in completions)) for prompt, completions in GROUPS]
 
 
 def collate(attn: str, *, padding_free: bool, prefix_sharing: bool, max_row_tokens: int | None = None):
@@ -115,8 +127,7 @@ def flex_forward(model, batch, **options):
 @pytest.mark.parametrize("architecture", ["llama", "apertus"])
 def test_flex_log_probs_equal_masked_sdpa_in_every_layout(tiny_tokenizer, architecture):
     sdpa, on_flex = flex_pair(tiny_tokenizer, architecture)
-    groups = [([t % 500 + 3 for t in prompt], tuple([t % 500 + 3 for t in c] for c in completions))
-              for prompt, completions in GROUPS]
+    groups = MODEL_GROUPS
     padded = SequenceCollator(tiny_tokenizer.pad_token_id).collate_groups(groups)
     with torch.no_grad():
         expected = completion_logps(sdpa, padded)
@@ -149,8 +160,7 @@ def test_packed_sft_rows_on_flex_see_only_their_own_sequence(tiny_tokenizer):
 
 def test_flex_gradients_equal_masked_sdpa_where_torch_has_the_backward(tiny_tokenizer):
     sdpa, on_flex = flex_pair(tiny_tokenizer, "llama")
-    groups = [([t % 500 + 3 for t in prompt], tuple([t % 500 + 3 for t in c] for c in completions))
-              for prompt, completions in GROUPS]
+    groups = MODEL_GROUPS
     padded = SequenceCollator(tiny_tokenizer.pad_token_id).collate_groups(groups)
     batch = SequenceCollator(tiny_tokenizer.pad_token_id, padding_free=True, attn_implementation=FLEX_ATTENTION,
                              prefix_sharing=True).collate_groups(groups)

@@ -8,31 +8,18 @@ transformers sampler and generates; the memory plan counts what transformers all
 from __future__ import annotations
 
 import copy
-import random
 
 import pytest
 import torch
 
 from align.logprobs import compute_ref_logprobs, load_ref_logprobs
 from align.scoring import encode_record
-from align.testing.tiny import ARCHITECTURES, corpus_text
+from align.testing.tiny import ARCHITECTURES, quantile_pair_rows
 from align.trainers import PreferenceConfig, PreferenceTrainer, train
 
 MAX_LENGTH = 128
 DATE = "2025-09-01"
 NEW = ("apertus", "qwen3")
-
-
-def make_rows(count: int, seed: int = 0) -> list[dict]:
-    rng = random.Random(seed)
-    words = corpus_text().split()
-
-    def text(lo: int, hi: int) -> str:
-        return " ".join(rng.choice(words) for _ in range(rng.randint(lo, hi)))
-
-    return [{"id": f"p{i}", "messages": [{"role": "user", "content": text(2, 8)}], "chosen": text(2, 12),
-             "rejected": text(2, 12), "chosen_quantile": 1.0, "rejected_quantile": rng.choice([0.0, 0.1, 0.2]),
-             "num_ref_rewards": 10} for i in range(count)]
 
 
 @pytest.fixture(scope="module", params=NEW)
@@ -72,7 +59,7 @@ def test_the_architectures_are_what_the_recipes_train(arch):
 
 def test_every_layout_of_the_pass_gives_the_definition(arch, tiny_tokenizer, tmp_path):
     _, model = arch
-    rows = make_rows(8)
+    rows = quantile_pair_rows(8)
     padded = _pass(rows, model, tiny_tokenizer, tmp_path / "padded", batch_size=1)
     for row in rows[:3]:
         for side in ("chosen", "rejected"):
@@ -99,7 +86,7 @@ def _config(tmp_path, **overrides) -> PreferenceConfig:
 def test_padding_free_and_prefix_shared_batches_give_the_padded_loss_and_gradients(arch, tiny_tokenizer, tmp_path,
                                                                                    loss_type):
     _, model = arch
-    rows = list(_pass(make_rows(8), model, tiny_tokenizer, tmp_path / "ref").values())
+    rows = list(_pass(quantile_pair_rows(8), model, tiny_tokenizer, tmp_path / "ref").values())
     policy = copy.deepcopy(model)
     with torch.no_grad():
         for p in policy.parameters():
@@ -132,7 +119,7 @@ def test_two_qrpo_steps_then_the_saved_model_samples(arch, tiny_tokenizer, tmp_p
     from align.sampling.hf import TransformersSampler
 
     _, model = arch
-    rows = list(_pass(make_rows(8), model, tiny_tokenizer, tmp_path / "ref").values())
+    rows = list(_pass(quantile_pair_rows(8), model, tiny_tokenizer, tmp_path / "ref").values())
     policy = copy.deepcopy(model)
     before = {n: p.detach().clone() for n, p in policy.named_parameters()}
     trainer = train(_config(tmp_path, per_device_train_batch_size=4), rows, policy, tokenizer=tiny_tokenizer)
