@@ -27,7 +27,7 @@ NOT_RUN = (
      "the install: .ci/run runs it from scratch; tests/test_install_pairing.py resolves it"),
     (r"^pip install -e '\.\[(train|vllm)\]'",
      "a GPU node's environment: tests/test_install_pairing.py resolves it against the index"),
-    (r"^align demo$", "about 3 minutes; tests/demo runs the same command with preset=ci"),
+    (r"^align demo( reward=graded)?$", "about 4 minutes each; tests/demo runs the graded one with preset=ci"),
     (r"^python -m pytest$", "the test command itself: .ci/run runs it"),
     (r"^bash \.ci/setup_vllm_env\.sh && ", "the vLLM environment: .ci/run builds it and runs these tests"),
     (r"^accelerate launch .* recipes/apertus-70b/", "a 70B model on GPUs"),

@@ -29,13 +29,17 @@ PRESETS: dict[str, dict[str, Any]] = {
         "num_judge_prompts": 2,
     },
 }
-# The grids QRPO and DPO are each tuned over: the same number of points and the same
-# learning rates for both, beta in steps of 4 over 64x (length-normalised: QRPO's
-# beta/|y|, DPO's beta on log-ratio/|y|). DPO's range sits higher: on seed 0 its
-# validation score still rose at 16, the top of an earlier grid 1-16.
-QRPO_BETAS = (0.25, 1.0, 4.0, 16.0)
-DPO_BETAS = (1.0, 4.0, 16.0, 64.0)
-LEARNING_RATES = (3e-5, 1e-4)
+# The grids QRPO and DPO each start from: the same number of points and the same learning
+# rates for both, beta in steps of 4 (length-normalised: QRPO's beta/|y|, DPO's beta on
+# log-ratio/|y|). DPO's range sits higher: on seed 0 its validation score still rose at 16,
+# the top of an earlier grid 1-16. A chosen point without a trained neighbour gets one
+# (align.demo.grids, ``search_points``).
+QRPO_BETAS = (0.25, 1.0, 4.0)
+DPO_BETAS = (4.0, 16.0, 64.0)
+LEARNING_RATES = (3e-5, 1e-4, 3e-4)
+# The demo's rewards: "exact" checks the answer (0 or 1); "graded" is the reward-model
+# stand-in of align.demo.reward (partial credit, a length bias, a fixed per-answer noise).
+REWARDS = ("exact", "graded")
 
 
 @dataclass
@@ -67,13 +71,29 @@ class DemoConfig:
         "help": "DPO's beta grid (length-normalised: on log-ratio/|y|), as many values as qrpo_betas"})
     learning_rates: list[float] = field(default_factory=lambda: list(LEARNING_RATES), metadata={
         "help": "the AdamW learning rates of both grids"})
+    search_points: int = field(default=2, metadata={
+        "help": "points each method may add to its starting grid, one at a time, while its chosen point lacks a "
+                "trained neighbour on either side (past an edge: one more value at the grid's ratio); the same "
+                "rule and number for both methods (align/demo/grids.py); 0: the starting grids only"})
     steps: int = field(default=128, metadata={"help": "optimizer steps of every QRPO and DPO point"})
     batch_pairs: int = field(default=32, metadata={"help": "pairs per step, QRPO and DPO alike (QRPO trains on "
                                                    "both completions of a pair as two samples)"})
+    reward: str = field(default="exact", metadata={
+        "help": "what the pairs and the choice on validation are made from: 'exact' (the sorted digits, 0 or 1) or "
+                "'graded' (a reward-model stand-in: partial credit, a length bias, noise; align/demo/reward.py). The "
+                "held-out evaluation reports both"})
+    reward_noise: float = field(default=0.1, metadata={
+        "help": "graded reward: the noise's standard deviation (a fixed draw per prompt and answer)"})
+    reward_length_bias: float = field(default=0.05, metadata={
+        "help": "graded reward: the bonus per digit beyond the prompt's count (a bias a policy can exploit)"})
     metric: str = field(default="reward_sampled", metadata={
         "help": "what chooses each method's point on the validation prompts (align.sweep.METRICS)"})
     validation_samples: int = field(default=4, metadata={
         "help": "samples per validation prompt (T=1) when a grid point is scored, besides its greedy answer"})
+    along_training_checks: int = field(default=4, metadata={
+        "help": "times during each grid point's training (and once at its start) that its greedy answers to the "
+                "validation prompts are scored under both measures, exact and graded (reward against accuracy along "
+                "training); 0: none"})
     rounds: int = field(default=1, metadata={
         "help": "rounds of sampling, rewards and training: round k >= 2 samples from each method's round k-1 "
                 "policy and trains it again with round 1's chosen beta and learning rate (reference: the round "
@@ -99,10 +119,17 @@ class DemoConfig:
         if len(self.qrpo_betas) != len(self.dpo_betas):
             raise ConfigError(f"dpo_betas: {len(self.dpo_betas)} values against {len(self.qrpo_betas)} in qrpo_betas; "
                               "a fair comparison gives both methods grids of the same size")
+        if self.reward not in REWARDS:
+            raise ConfigError(f"reward: unknown {self.reward!r}; choose one of {list(REWARDS)}")
+        self.reward_provider("graded")  # its settings checked now: every run reports the graded reward too
+        if self.search_points < 0:
+            raise ConfigError(f"search_points: 0 or more, got {self.search_points}")
         if self.rounds < 1:
             raise ConfigError(f"rounds: at least 1, got {self.rounds}")
         if self.steps < 1 or self.batch_pairs < 1:
             raise ConfigError("steps, batch_pairs: at least 1")
+        if not 0 <= self.along_training_checks <= self.steps:
+            raise ConfigError(f"along_training_checks: 0 to steps ({self.steps}), got {self.along_training_checks}")
         for key in ("qrpo_betas", "dpo_betas", "learning_rates"):
             if not all(value > 0 for value in getattr(self, key)):
                 raise ConfigError(f"{key}: every value must be > 0, got {getattr(self, key)}")
@@ -114,15 +141,26 @@ class DemoConfig:
         return {"beta": list(self.qrpo_betas if method == "qrpo" else self.dpo_betas),
                 "learning_rate": list(self.learning_rates)}
 
-    def sweep_settings(self, method: str) -> Any:
-        """How a method's grid is scored and chosen: a greedy answer and ``validation_samples``
-        samples per validation prompt, the point with the best ``metric`` chosen."""
+    def sweep_settings(self, method: str, grid: dict[str, list[float]] | None = None) -> Any:
+        """How a method's grid (default: its starting grid) is scored and chosen: a greedy answer
+        and ``validation_samples`` samples per validation prompt, the point with the best ``metric`` chosen."""
         from align.eval.evaluate import EvalSettings
         from align.sweep.settings import SweepSettings
 
-        return SweepSettings(grid=self.grid(method), metric=self.metric, validation=EvalSettings(
+        return SweepSettings(grid=grid or self.grid(method), metric=self.metric, validation=EvalSettings(
             greedy=True, n=self.validation_samples, temperature=1.0, max_tokens=self.max_tokens, seed=self.seed + 1,
             batch_size=GENERATE_BATCH, kl=False, plots=False))
+
+    def reward_provider(self, reward: str | None = None) -> Any:
+        """The reward ``reward`` names (default: the one the run trains on), as a reward provider."""
+        reward = reward or self.reward
+        if reward == "exact":  # the sorted digits exactly (``0123`` is not ``00123``), as the task says
+            from rewards.verifiable import VerifiableReward
+
+            return VerifiableReward(match="exact")
+        from align.demo.reward import GradedSortingReward
+
+        return GradedSortingReward(noise=self.reward_noise, length_bias=self.reward_length_bias)
 
     @property
     def max_tokens(self) -> int:

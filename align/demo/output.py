@@ -15,7 +15,7 @@ if TYPE_CHECKING:
 
 # What a demo run writes under output_dir (listed in its manifest); a new run removes these first.
 RUN_OUTPUTS = ("data", "sft", "sample", "annotate", "pairs", "logprobs", "qrpo", "dpo", "evaluate",
-               "report.json", "training.png", "validation_grid.png")
+               "report.json", "training.png", "validation_grid.png", "reward_vs_accuracy.png")
 DEMO_MANIFEST = "_demo.json"
 
 

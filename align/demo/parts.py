@@ -8,11 +8,9 @@ from typing import Any
 from align.demo.config import DATE, GENERATE_BATCH, MAX_LENGTH, DemoConfig
 
 
-def demo_reward() -> Any:
-    """The demo's reward: the sorted digits exactly (``0123`` is not ``00123``), as the task says."""
-    from rewards.verifiable import VerifiableReward
-
-    return VerifiableReward(match="exact")
+def demo_reward(config: DemoConfig) -> Any:
+    """The reward the run trains on and chooses with (``reward``: exact or graded)."""
+    return config.reward_provider()
 
 
 def preference_config(config: DemoConfig, output_dir: Path, loss_type: str) -> Any:
@@ -62,12 +60,12 @@ def sample_into(out: Path, config: DemoConfig, prompts: list[dict], sampler: Any
                       seed=config.seed, batch_size=GENERATE_BATCH)
 
 
-def annotate_into(out: Path) -> list[dict]:
-    """The verifiable reward of every sample in ``out/sample``, into ``out/annotate``; the annotated records."""
+def annotate_into(out: Path, config: DemoConfig) -> list[dict]:
+    """The run's reward of every sample in ``out/sample``, into ``out/annotate``; the annotated records."""
     from align.io import read_output
     from rewards.annotate import annotate
 
-    annotate(read_output(out / "sample"), demo_reward(), out / "annotate", batch_size=GENERATE_BATCH)
+    annotate(read_output(out / "sample"), demo_reward(config), out / "annotate", batch_size=GENERATE_BATCH)
     return read_output(out / "annotate")
 
 

@@ -74,3 +74,38 @@ def plot_panels(panels: Sequence[Panel], path: Path, *, title: str) -> Path:
     fig.savefig(path, dpi=100)
     plt.close(fig)
     return path
+
+
+def plot_reward_vs_accuracy(along: dict[str, list[dict]], path: Path, *, title: str) -> Path:
+    """One panel per method: each grid point's path through (graded reward, exact accuracy) along
+    its training, the chosen point drawn bold; a path that moves right but not up is a policy
+    that raises the proxy and not the goal (over-optimisation)."""
+    matplotlib = optional_import("matplotlib", needed_by="the demo's figure", install="pip install 'matplotlib>=3.7'")
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, max(len(along), 1), figsize=(5.2 * max(len(along), 1), 4.2), squeeze=False)
+    for ax, (method, points) in zip(axes.flat, along.items()):
+        for point in points:
+            checks = point["checks"]
+            if not checks:
+                continue
+            xs, ys = [c["graded"] for c in checks], [100 * c["exact"] for c in checks]
+            if point["chosen"]:
+                ax.plot(xs, ys, marker="o", markersize=4, linewidth=2, color="C3", zorder=3,
+                        label=f"chosen: {point['name']}")
+                for c, x, y in zip(checks, xs, ys):
+                    ax.annotate(str(c["step"]), (x, y), textcoords="offset points", xytext=(4, -10), fontsize=7)
+            else:
+                ax.plot(xs, ys, marker=".", markersize=3, linewidth=0.8, color="gray", alpha=0.5)
+                ax.plot(xs[-1:], ys[-1:], marker=">", markersize=4, color="gray", alpha=0.6)
+        ax.plot([], [], color="gray", alpha=0.5, label="other grid points (> : end)")
+        ax.set_title(f"{method.upper()}: validation, greedy answers, along training", fontsize=10)
+        ax.set_xlabel("mean graded reward (the proxy)")
+        ax.set_ylabel("exact accuracy, % (the goal)")
+        ax.legend(fontsize=8)
+    fig.suptitle(title)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return path

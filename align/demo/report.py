@@ -11,35 +11,48 @@ from align.demo.environment import run_environment
 from align.io import write_json
 
 
-def _ci(interval: Mapping[str, Any] | None, scale: float = 100.0, signed: bool = False) -> str:
+def _ci(interval: Mapping[str, Any] | None, scale: float = 100.0, signed: bool = False, digits: int = 1) -> str:
     """``42.1 [38.0, 46.3]`` in points (percent) from an interval dict, or ``-``."""
     if not interval:
         return "-"
     sign = "+" if signed else ""
-    f = lambda v: f"{v * scale:{sign}.1f}"
+    f = lambda v: f"{v * scale:{sign}.{digits}f}"
     return f"{f(interval['estimate'])} [{f(interval['low'])}, {f(interval['high'])}]"
+
+
+# How each measure's figures are printed: its column names, scale and digits, and the unit line.
+MEASURE_FORMATS = {
+    "exact": {"what": "accuracy", "scale": 100.0, "digits": 1,
+              "unit": "accuracy in % of held-out prompts (answers), [95% bootstrap interval over prompts]"},
+    "graded": {"what": "graded reward", "scale": 1.0, "digits": 3,
+               "unit": "mean graded reward of the held-out answers, [95% bootstrap interval over prompts]"},
+}
 
 
 def summary_table(accuracy: Mapping[str, Mapping[str, Any]], gains: Mapping[str, Mapping[str, Any]],
                   head_to_head: Mapping[str, Any] | None = None, chosen: Mapping[str, str] | None = None,
-                  rounds: Mapping[str, list[Mapping[str, Any]]] | None = None) -> str:
-    """Held-out accuracy per policy and its change against SFT, in points, with 95% intervals;
-    then QRPO against DPO (``head_to_head``: the paired differences, sampled and greedy), each
-    later round against the round before (``rounds``), and the settings each was chosen with."""
+                  rounds: Mapping[str, list[Mapping[str, Any]]] | None = None, measure: str = "exact") -> str:
+    """Held-out figures of one measure (``accuracy`` in points, or the graded reward) per policy and
+    their change against SFT, with 95% intervals; then QRPO against DPO (``head_to_head``: the
+    paired differences, sampled and greedy), each later round against the round before
+    (``rounds``), and the settings each was chosen with."""
+    form = MEASURE_FORMATS[measure]
+    ci = lambda value, signed=False: _ci(value, form["scale"], signed, form["digits"])
     width = max([8] + [len(name) + 2 for name in accuracy])
-    header = f"{'policy':<{width}}{'sampled accuracy (T=1)':>26}{'greedy accuracy':>24}{'sampled gain vs SFT':>26}"
+    what = form["what"]
+    header = f"{'policy':<{width}}{f'sampled {what} (T=1)':>30}{f'greedy {what}':>26}{'sampled gain vs SFT':>26}"
     lines = [header, "-" * len(header)]
     for name, values in accuracy.items():
         gain = gains.get(name, {}).get("sampled")
-        lines.append(f"{name.upper():<{width}}{_ci(values['sampled']):>26}{_ci(values['greedy']):>24}"
-                     f"{_ci(gain, signed=True) if gain else '(baseline)':>26}")
+        lines.append(f"{name.upper():<{width}}{ci(values['sampled']):>30}{ci(values['greedy']):>26}"
+                     f"{ci(gain, signed=True) if gain else '(baseline)':>26}")
     differences = [("QRPO - DPO", head_to_head)] if head_to_head else []
     for method, later in (rounds or {}).items():
         differences += [(f"{method.upper()} round {r['round']} - {r['round'] - 1}", r) for r in later]
     for label, difference in differences:
-        lines.append(f"{label:<{width + 4}}{_ci(difference.get('sampled'), signed=True):>22}"
-                     f"{_ci(difference.get('greedy'), signed=True):>24}")
-    lines.append("accuracy in % of held-out prompts (answers), [95% bootstrap interval over prompts]")
+        lines.append(f"{label:<{width + 4}}{ci(difference.get('sampled'), signed=True):>26}"
+                     f"{ci(difference.get('greedy'), signed=True):>26}")
+    lines.append(form["unit"])
     for name, label in (chosen or {}).items():
         lines.append(f"{name.upper()}: {label}, chosen on the validation prompts")
     return "\n".join(lines)
@@ -87,6 +100,12 @@ def plot_training(state: Any) -> Path:
         Panel("DPO (chosen): reward margin, chosen minus rejected", "margin",
               {"DPO": _series(dpo_logs, "rewards/margins")}),
     ]
+    from align.demo.measures import along_training
+    from align.demo.plots import plot_reward_vs_accuracy
+
+    plot_reward_vs_accuracy({name: along_training(result) for name, result in sweeps.items()},
+                            state.out / "reward_vs_accuracy.png",
+                            title=f"align demo, seed {config.seed}, trained on the {config.reward} reward")
     return plot_panels(panels, state.out / "training.png", title=f"align demo, seed {config.seed}")
 
 
@@ -103,28 +122,40 @@ def build_report(state: Any, *, total_seconds: float) -> dict[str, Any]:
     """Every number of the run: accuracy and gains with intervals, pairs, steps, timings."""
     from collections import Counter
 
-    config, pairs, overall, sweeps = state.config, state.pairs, state.evaluation["overall"], state.sweeps
-    accuracy = {name: {"sampled": p["reward_sampled"], "greedy": p["reward_greedy"], "kl": p.get("kl")}
-                for name, p in overall["policies"].items()}
-    gains = {name: {"sampled": c["reward_difference_sampled"], "greedy": c["reward_difference_greedy"],
-                    "win_rate_sampled": c["win_rate_reward_sampled"], "verdicts": c["verdicts"]}
-             for name, c in overall["comparisons"].items()}
+    from align.demo.measures import (
+        along_training,
+        measure_summary,
+        over_optimisation,
+        reward_agreement,
+    )
+
+    config, pairs, sweeps = state.config, state.pairs, state.sweeps
+    exact = measure_summary(state.measures["exact"])
+    graded = {**measure_summary(state.measures["graded"]),
+              "later_rounds": state.measures["graded"]["round_comparisons"]}
+    along = {name: along_training(result) for name, result in sweeps.items()}
     mean = lambda xs: sum(xs) / len(xs) if xs else None
     return {
         "config": {k: getattr(config, k) for k in config.__dataclass_fields__},
+        "reward": config.reward,
         "held_out_prompts": len(state.splits["held_out"]),
         "validation_prompts": len(state.splits["validation"]),
-        "accuracy": accuracy,
-        "gains": gains,
-        "improved": {name: g["sampled"]["low"] > 0 for name, g in gains.items()},
-        "qrpo_vs_dpo": {"sampled": state.head_to_head["reward_difference_sampled"],
-                        "greedy": state.head_to_head["reward_difference_greedy"],
-                        "win_rate_sampled": state.head_to_head["win_rate_reward_sampled"],
-                        "verdicts": state.head_to_head["verdicts"]},
+        # exact accuracy (the goal), whichever reward the run trained on
+        "accuracy": exact["policies"],
+        "gains": exact["gains"],
+        "improved": exact["improved"],
+        "qrpo_vs_dpo": exact["qrpo_vs_dpo"],
+        # the same completions under the graded reward (the proxy)
+        "graded_reward": graded,
+        "reward_agreement": reward_agreement(state.annotated, config),
         "tuning": {"metric": config.metric, "steps_per_point": config.steps, "batch_pairs": config.batch_pairs,
                    "points_per_method": {name: len(result.points) for name, result in sweeps.items()}},
         "grids": {name: result.grid for name, result in sweeps.items()},
+        "search": state.search,
         "chosen": {name: result.chosen.settings for name, result in sweeps.items()},
+        "chosen_at_grid_edge": {name: result.at_edge for name, result in sweeps.items()},
+        "along_training": along,
+        "over_optimisation": {name: over_optimisation(points) for name, points in along.items()},
         "sweeps": {name: result.as_json() for name, result in sweeps.items()},
         "sft_steps": state.sft.state.global_step,
         "sft_validation": state.sft_history,
@@ -145,8 +176,8 @@ def build_report(state: Any, *, total_seconds: float) -> dict[str, Any]:
         # what a rerun must match to give the same digits (align.demo.environment)
         "environment": run_environment(),
         "evaluation": "evaluate/report.md",
-        "plots": ["training.png", "validation_grid.png", "evaluate/rewards.png", "evaluate/win_rates.png",
-                  "evaluate/reward_vs_length.png"],
+        "plots": ["training.png", "validation_grid.png", "reward_vs_accuracy.png", "evaluate/rewards.png",
+                  "evaluate/win_rates.png", "evaluate/reward_vs_length.png"],
     }
 
 
@@ -158,12 +189,51 @@ def later_rounds(state: Any) -> dict[str, list[dict[str, Any]]]:
             for method, later in state.rounds.items()}
 
 
+def edge_note(grid: Mapping[str, list], chosen: Mapping[str, Any]) -> str:
+    """Where each chosen value sits in its grid: inside, or at which edge (the best may lie beyond)."""
+    from align.sweep.grid import format_value
+
+    notes = []
+    for key, values in grid.items():
+        value, ordered = chosen[key], sorted(values)
+        if len(values) < 3:
+            where = f"one of {len(values)} values, so no interior"
+        elif value == ordered[0]:
+            where = "at the grid's lower edge"
+        elif value == ordered[-1]:
+            where = "at the grid's upper edge"
+        else:
+            where = "inside the grid"
+        notes.append(f"{key} {format_value(value)} {where}")
+    return "; ".join(notes)
+
+
 def print_summary(state: Any, report: dict[str, Any]) -> None:
     """The table, each policy's verdict, and where the files are."""
+    from align.sweep.grid import Point
+
     out = state.out
     print()
     chosen = {name: result.chosen.label for name, result in state.sweeps.items()}
+    print(f"Trained on the {report['reward']} reward. Exact accuracy (the goal):")
     print(summary_table(report["accuracy"], report["gains"], report["qrpo_vs_dpo"], chosen, report["later_rounds"]))
+    graded = report["graded_reward"]
+    print("\nThe same answers under the graded reward (the proxy):")
+    print(summary_table(graded["policies"], graded["gains"], graded["qrpo_vs_dpo"], None, None, measure="graded"))
+    for name, result in state.sweeps.items():
+        search = report["search"][name]
+        untrained = "; ".join(Point(p).label for p in search["untrained_neighbours"])
+        print(f"{name.upper()} grid ({len(result.points)} points, {len(search['added'])} added by the search): "
+              f"{edge_note(result.grid, result.chosen.settings)}"
+              + (f"; neighbours not trained (search_points ran out): {untrained}" if untrained else ""))
+    agreement = report["reward_agreement"]
+    if agreement["pearson"] is not None:
+        print(f"Graded against exact on the SFT samples: correlation {agreement['pearson']:.2f}, "
+              f"{agreement['pair_order']:.1%} of right/wrong pairs of a prompt in the right order.")
+    for name, over in report["over_optimisation"].items():
+        if over:
+            print(f"{name.upper()} (chosen) along training, greedy on validation: exact "
+                  f"{over['change']['exact'] * 100:+.1f} points, graded {over['change']['graded']:+.3f}")
     for name, gain in report["gains"].items():
         print(f"{name.upper()}: {gain['verdicts'][0]}")
     print(f"QRPO against DPO: {report['qrpo_vs_dpo']['verdicts'][0]}")
@@ -176,4 +246,4 @@ def print_summary(state: Any, report: dict[str, Any]) -> None:
         print(fallback_note(report["pair_fallbacks"], report["pairs"], report["pair_fallback_kinds"]))
     print(f"Report: {out / 'report.json'}, {out / 'evaluate' / 'report.md'}, {out / 'qrpo' / 'sweep.md'}, "
           f"{out / 'dpo' / 'sweep.md'}; plots: {out / 'training.png'}, {out / 'validation_grid.png'}, "
-          f"{out / 'evaluate'}/*.png")
+          f"{out / 'reward_vs_accuracy.png'}, {out / 'evaluate'}/*.png")

@@ -6,7 +6,7 @@ did after SFT, from that method's round k-1 policy π_{k-1}:
 
 1. n reference completions per training prompt (all of them, the same prompts every
    round) from π_{k-1}, at T = 1, with the same per-prompt seeds as round 1;
-2. the verifiable reward, quantile rewards and pairs against π_{k-1}'s own samples;
+2. the run's reward, quantile rewards and pairs against π_{k-1}'s own samples;
 3. the reference log-prob pass with π_{k-1} (the reference is the previous round's policy:
    iterative DPO with the reference updated each round, as the Llama 3 report ran it);
 4. training from π_{k-1} with the β and learning rate round 1 chose on the validation
@@ -111,7 +111,7 @@ def method_round(state: Any, method: str, round_: int) -> RoundResult:
     sample_into(out, config, state.splits["prompts"], TransformersSampler(
         model, state.tokenizer, chat_format="apertus", batch_size=GENERATE_BATCH, chat_date=DATE,
         model_name=f"demo-{policy_name(method, round_ - 1)}"))
-    pairs, skips = pairs_into(out, config, annotate_into(out), state.tokenizer)
+    pairs, skips = pairs_into(out, config, annotate_into(out, config), state.tokenizer)
     mean = lambda xs: sum(xs) / len(xs) if xs else None
     found = RoundResult(method=method, round=round_, start_dir=start, pairs=len(pairs), skipped_prompts=len(skips),
                         skip_reasons=count_reasons(s["reason"] for s in skips),
@@ -125,7 +125,7 @@ def method_round(state: Any, method: str, round_: int) -> RoundResult:
     chosen = state.sweeps[method].chosen.settings
     settings = replace(config.sweep_settings(method), grid={key: [value] for key, value in chosen.items()})
     found.result = run_sweep(preference_config(config, out / "train", method), rows, state.splits["validation"],
-                             demo_reward(), settings, model=model, tokenizer=state.tokenizer)
+                             demo_reward(config), settings, model=model, tokenizer=state.tokenizer)
     if found.result.chosen is None:
         raise RuntimeError(f"round {round_}, {method}: the trained policy could not be scored on the validation "
                            "prompts")

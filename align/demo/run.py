@@ -46,7 +46,10 @@ class DemoState:
     skips: list[dict] = field(default_factory=list)
     train_rows: list[dict] = field(default_factory=list)
     sweeps: dict[str, Any] = field(default_factory=dict)  # "qrpo" / "dpo" -> its align.sweep.SweepResult
+    search: dict[str, dict] = field(default_factory=dict)  # "qrpo" / "dpo" -> the points its search added
     evaluation: dict[str, Any] = field(default_factory=dict)
+    # per measure ("exact", "graded"): the held-out figures of align.demo.measures.held_out_figures
+    measures: dict[str, Any] = field(default_factory=dict)
     head_to_head: dict[str, Any] = field(default_factory=dict)  # QRPO against DPO on the held-out prompts
     rounds: dict[str, list] = field(default_factory=dict)  # "qrpo" / "dpo" -> its later rounds (align.demo.rounds)
     round_comparisons: dict[str, list] = field(default_factory=dict)  # each later round against the one before
@@ -150,8 +153,8 @@ def sample_references(state: DemoState) -> None:
 
 
 def reward_answers(state: DemoState) -> None:
-    """The verifiable reward: each sampled answer checked against the prompt's answer."""
-    state.annotated = annotate_into(state.out)
+    """The run's reward of each sampled answer: checked against the prompt's answer, or graded."""
+    state.annotated = annotate_into(state.out, state.config)
 
 
 def score_with_judge(state: DemoState) -> None:
@@ -201,25 +204,40 @@ def reference_logprobs(state: DemoState) -> None:
 
 def tune(state: DemoState, loss_type: str) -> None:
     """QRPO or DPO over its grid (``align.sweep``): every point from the SFT model on the same
-    pairs, for the same steps, scored on the validation prompts; the best by ``metric`` chosen."""
+    pairs, for the same steps, scored on the validation prompts; the best by ``metric`` chosen.
+    While the chosen point lacks a trained neighbour, that neighbour is trained (``align.demo.grids``)."""
+    from align.demo.grids import missing_neighbours, search
+    from align.demo.measures import along_training_callback
     from align.sweep.run import run_sweep
 
     config = state.config
-    result = run_sweep(preference_config(config, state.out / loss_type, loss_type), state.train_rows,
-                       state.splits["validation"], demo_reward(), config.sweep_settings(loss_type),
-                       model=state.sft.model, tokenizer=state.tokenizer)
+
+    def sweep(grid: dict[str, list[float]]) -> Any:
+        return run_sweep(preference_config(config, state.out / loss_type, loss_type), state.train_rows,
+                         state.splits["validation"], demo_reward(config), config.sweep_settings(loss_type, grid),
+                         model=state.sft.model, tokenizer=state.tokenizer,
+                         callbacks=lambda point: along_training_callback(config, state.splits["validation"],
+                                                                         state.tokenizer))
+
+    result, added = search(sweep, config.grid(loss_type), config.search_points)
     if result.chosen is None:
         raise RuntimeError(f"{loss_type}: no point of the grid could be scored on the validation prompts")
     state.sweeps[loss_type] = result
+    state.search[loss_type] = {
+        "start_grid": config.grid(loss_type), "added": added,
+        "untrained_neighbours": missing_neighbours(result.grid, result.chosen.settings,
+                                                   [p.settings for p in result.points])}
 
 
 def evaluate_policies(state: DemoState) -> None:
     """SFT, each method's chosen point (and its later rounds) on the held-out prompts with
-    ``align.evaluate``; QRPO against DPO, and each round against the one before, on the same
-    prompts and samples (paired comparisons)."""
-    from align.demo.rounds import round_comparisons, round_policies
+    ``align.evaluate`` and the run's reward; then the same completions under both measures
+    (exact accuracy and the graded reward): QRPO against DPO, and each round against the one
+    before, on the same prompts and samples (paired comparisons)."""
+    from align.demo.measures import MEASURES, held_out_figures
+    from align.demo.rounds import round_policies
     from align.eval.evaluate import EvalPolicy, EvalSettings, evaluate
-    from align.eval.summary import comparison_summary
+    from align.eval.rescore import rescore_rows
     from align.io import read_records
     from align.sampling.hf import TransformersSampler
 
@@ -232,11 +250,15 @@ def evaluate_policies(state: DemoState) -> None:
         for name, path in trained]
     settings = EvalSettings(greedy=True, n=config.n, temperature=1.0, max_tokens=config.max_tokens,
                             seed=config.seed + 1, batch_size=GENERATE_BATCH, kl_batch_size=512)
-    state.evaluation = evaluate(state.splits["held_out"], policies, demo_reward(), state.out / "evaluate",
+    state.evaluation = evaluate(state.splits["held_out"], policies, demo_reward(config), state.out / "evaluate",
                                 baseline="sft", settings=settings, source="held-out prompts")
     rows = read_records(state.out / "evaluate" / "eval.jsonl")
-    state.head_to_head = comparison_summary(rows, "qrpo", "dpo", settings, between=True)
-    state.round_comparisons = round_comparisons(state, rows, settings)
+    for measure in MEASURES:
+        scored = rows if measure == config.reward else rescore_rows(
+            rows, state.splits["held_out"], config.reward_provider(measure), batch_size=GENERATE_BATCH)
+        state.measures[measure] = held_out_figures(state, scored, settings)
+    state.head_to_head = state.measures["exact"]["qrpo_vs_dpo"]
+    state.round_comparisons = state.measures["exact"]["round_comparisons"]
 
 
 # The steps, in order, with the names the demo prints and reports timings under.
@@ -244,7 +266,7 @@ STEPS: tuple[tuple[str, Callable[[DemoState], None]], ...] = (
     ("data and model", make_data_and_model),
     ("SFT", supervised_finetuning),
     ("sample references", sample_references),
-    ("annotate (verifiable reward)", reward_answers),
+    ("annotate (reward)", reward_answers),
     ("judge (tiny model, path check)", score_with_judge),
     ("pairs", select_pairs),
     ("reference log-probs", reference_logprobs),

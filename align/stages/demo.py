@@ -5,25 +5,35 @@
    batches, for ``sft_max_steps`` steps or until greedy validation accuracy (checked every
    ``sft_eval_every`` steps) reaches ``sft_stop_accuracy``.
 3. Sample n = 10 reference completions per prompt (T = 1).
-4. Reward them with the verifiable provider; also score a few with the constitutional
-   judge on a tiny model, so that path runs too.
+4. Reward them with ``reward``: ``exact`` (the sorted digits, 0 or 1) or ``graded`` (a
+   reward-model stand-in with partial credit, a length bias and a fixed per-answer noise:
+   ``align/demo/reward.py``); also score a few with the constitutional judge on a tiny
+   model, so that path runs too.
 5. Quantile rewards and pairs, the offline reference log-probs.
 6. QRPO and DPO, each tuned with the same budget (``align.sweep``): a grid of
-   ``qrpo_betas`` / ``dpo_betas`` x ``learning_rates`` (4 x 2 each by default), every point
+   ``qrpo_betas`` / ``dpo_betas`` x ``learning_rates`` (3 x 3 each by default), every point
    trained from the same SFT model on the same pairs for ``steps`` steps of
    ``batch_pairs`` pairs, scored on the validation prompts (a greedy answer and
    ``validation_samples`` samples each, beside the SFT model), the point with the best
-   ``metric`` chosen. The validation prompts are none of the held-out prompts.
+   ``metric`` chosen; while the chosen point lacks a trained neighbour on either side
+   (past an edge: one more value at the grid's ratio), that neighbour is trained, at most
+   ``search_points`` per method, the same rule for both. Each
+   point's greedy validation answers are also scored under both measures along its
+   training (``along_training_checks``). The validation prompts are none of the held-out
+   prompts.
 7. `align.evaluate` on the held-out prompts: SFT (the baseline), the chosen QRPO and the
-   chosen DPO, greedy and n samples each; accuracy with 95% bootstrap intervals, paired
-   gains against SFT, win rates, KL to the SFT model, and QRPO against DPO (paired).
+   chosen DPO, greedy and n samples each, with the run's reward; then the same answers
+   under both measures (exact accuracy, the goal; the graded reward, the proxy): 95%
+   bootstrap intervals, paired gains against SFT, win rates, KL to the SFT model, and
+   QRPO against DPO (paired).
 
 Writes ``report.json`` (the grids, every point's validation figures, the choices and the
 held-out figures), ``training.png`` (five panels), ``validation_grid.png`` (each method's
-validation score over its grid), each sweep's ``qrpo/`` and ``dpo/`` (``sweep.md``,
+validation score over its grid), ``reward_vs_accuracy.png`` (each point's path through
+graded reward and exact accuracy along training), each sweep's ``qrpo/`` and ``dpo/`` (``sweep.md``,
 ``points/``, ``validation/``) and the evaluation's ``evaluate/`` (``report.md``,
 ``eval.jsonl``, reward, win-rate and length plots) to ``output_dir``, and prints a summary
-table. ``preset=ci`` shrinks every stage for a quick path check (the same grids, 8 steps a
+tables. ``preset=ci`` shrinks every stage for a quick path check (the same grids, 8 steps a
 point). A new run first removes what the previous demo run wrote (``_demo.json`` lists
 it), after its settings are checked; an ``output_dir`` holding any other file is refused.
 

@@ -1,7 +1,9 @@
-"""`align demo` end to end with the quick CI preset (fewer examples, prompts and steps), in two rounds.
+"""`align demo reward=graded` end to end with the quick CI preset (fewer examples, prompts and steps), in two rounds.
 
-The preset checks that every stage runs, that QRPO and DPO are each tuned over a grid of
-the same size (4 betas x 2 learning rates, the defaults' grids, over 8 steps a point) and
+The preset checks that every stage runs on the graded reward, that both measures (exact
+accuracy and the graded reward) are reported for the same answers, that QRPO and DPO each
+start from a grid of the same size (3 betas x 3 learning rates, the defaults' grids, over 8
+steps a point, grown past an edge by the same rule) and
 chosen on validation prompts that are none of the held-out prompts, and that the report is
 complete and well formed; it is too small to show a reliable gain, so no test asserts one
 (nor any timing, nor which method wins). The statistics themselves are tested on fixed data
@@ -20,6 +22,7 @@ import pytest
 
 # The trained policies the held-out evaluation compares with SFT: round 1's chosen points and round 2's.
 POLICIES = ("qrpo", "dpo", "qrpo-round-2", "dpo-round-2")
+COMMAND = ("preset=ci", "rounds=2", "reward=graded")
 
 
 @pytest.fixture(scope="module")
@@ -27,7 +30,7 @@ def demo_report(tmp_path_factory) -> tuple[Path, dict, str]:
     out = tmp_path_factory.mktemp("demo")
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     proc = subprocess.run(
-        [sys.executable, "-m", "align", "demo", "preset=ci", "rounds=2", f"output_dir={out}"],
+        [sys.executable, "-m", "align", "demo", *COMMAND, f"output_dir={out}"],
         capture_output=True, text=True, env=env, timeout=1500, check=False,
     )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
@@ -54,7 +57,7 @@ def test_the_same_command_gives_the_same_report(demo_report, tmp_path):
     out, first, _ = demo_report
     again = tmp_path / "again"
     proc = subprocess.run(
-        [sys.executable, "-m", "align", "demo", "preset=ci", "rounds=2", f"output_dir={again}"],
+        [sys.executable, "-m", "align", "demo", *COMMAND, f"output_dir={again}"],
         capture_output=True, text=True, env={**os.environ, "PYTHONUNBUFFERED": "1"}, timeout=1500, check=False,
     )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
@@ -76,7 +79,7 @@ def _interval(value: dict) -> None:
 
 def test_demo_runs_every_stage_and_reports_numbers(demo_report):
     out, report, stdout = demo_report
-    for stage in ("SFT", "sample references", "annotate (verifiable reward)", "judge (tiny model, path check)",
+    for stage in ("SFT", "sample references", "annotate (reward)", "judge (tiny model, path check)",
                   "pairs", "reference log-probs", "QRPO sweep", "DPO sweep", "round 2", "evaluate (align.evaluate)"):
         assert stage in report["seconds"], stage
     assert report["pairs"] > 0 and report["sft_steps"] > 0 and report["steps"] == {"qrpo": 8, "dpo": 8}
@@ -111,7 +114,7 @@ def test_demo_writes_the_evaluation_and_readable_plots(demo_report):
         assert (out / "evaluate" / name).stat().st_size > 0
     rows = [json.loads(line) for line in (out / "evaluate" / "eval.jsonl").read_text().splitlines()]
     assert len(rows) == 100 and set(rows[0]["policies"]) == {"sft", *POLICIES}
-    assert len(report["plots"]) == 5 and "validation_grid.png" in report["plots"]
+    assert len(report["plots"]) == 6 and {"validation_grid.png", "reward_vs_accuracy.png"} <= set(report["plots"])
     for name in report["plots"]:
         data = (out / name).read_bytes()
         assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 5000, name
@@ -137,15 +140,28 @@ def test_the_fallback_note_counts_each_kind_most_common_first():
 
 def test_both_methods_are_tuned_on_grids_of_the_same_size_and_chosen_by_validation(demo_report):
     out, report, _ = demo_report
-    grids = report["grids"]
-    assert grids == {"qrpo": {"beta": [0.25, 1.0, 4.0, 16.0], "learning_rate": [3e-05, 1e-04]},
-                     "dpo": {"beta": [1.0, 4.0, 16.0, 64.0], "learning_rate": [3e-05, 1e-04]}}
+    grids, search = report["grids"], report["search"]
+    assert [search["qrpo"]["start_grid"], search["dpo"]["start_grid"]] == [
+        {"beta": [0.25, 1.0, 4.0], "learning_rate": [3e-05, 1e-04, 3e-04]},
+        {"beta": [4.0, 16.0, 64.0], "learning_rate": [3e-05, 1e-04, 3e-04]}]
+    points = {}
+    for name in ("qrpo", "dpo"):
+        added = search[name]["added"]
+        assert len(added) <= 2  # search_points: the same for both methods
+        points[name] = 9 + len(added)
+        trained = [p["settings"] for p in report["sweeps"][name]["points"]]
+        assert trained[9:] == added and all(a in trained for a in added)
+        for key in ("beta", "learning_rate"):  # the grid reported: each key's values trained
+            assert grids[name][key] == sorted({s[key] for s in trained})
+        if len(added) < 2:  # the search stopped on its own: every neighbour of the chosen point was trained
+            assert search[name]["untrained_neighbours"] == []
+            assert report["chosen_at_grid_edge"][name] == {"beta": False, "learning_rate": False}
     assert report["tuning"] == {"metric": "reward_sampled", "steps_per_point": 8, "batch_pairs": 16,
-                                "points_per_method": {"qrpo": 8, "dpo": 8}}
+                                "points_per_method": points}
     for name in ("qrpo", "dpo"):
         sweep = report["sweeps"][name]
         assert sweep == json.loads((out / name / "sweep.json").read_text())
-        assert len(sweep["points"]) == 8 and {p["steps"] for p in sweep["points"]} == {8}
+        assert len(sweep["points"]) == points[name] and {p["steps"] for p in sweep["points"]} == {8}
         assert all(p["settings"]["beta"] in grids[name]["beta"] for p in sweep["points"])
         scores = [p["score"] for p in sweep["points"]]
         assert None not in scores and sweep["chosen"]["score"] == max(scores)
@@ -200,3 +216,41 @@ def test_round_two_starts_from_round_one_and_is_compared_with_it(demo_report):
         assert later["verdicts"][0].startswith(f"{method}-round-2 − {method}, mean sampled reward")
         assert f"{method.upper()} round 2 - 1" in stdout
     assert json.loads((out / "_demo.json").read_text())["outputs"][-1] == "round-2"
+
+
+def test_both_measures_are_reported_for_the_same_answers(demo_report):
+    """Exact accuracy recomputed by hand from eval.jsonl's texts, and the graded reward read from
+    its scores (the run's reward), equal the report's figures; the reward's agreement with
+    accuracy on the SFT samples and each point's checks along training are there."""
+    out, report, stdout = demo_report
+    assert report["reward"] == "graded"
+    rows = [json.loads(line) for line in (out / "evaluate" / "eval.jsonl").read_text().splitlines()]
+    answers = {json.loads(line)["id"]: json.loads(line)["answer"]
+               for line in (out / "data" / "held_out.jsonl").read_text().splitlines()}
+    for name in ("sft", *POLICIES):
+        right = [sum(s["text"].strip() == answers[r["id"]] for s in r["policies"][name]["samples"])
+                 / len(r["policies"][name]["samples"]) for r in rows]
+        assert report["accuracy"][name]["sampled"]["estimate"] == pytest.approx(sum(right) / len(right))
+        graded = [sum(s["score"] for s in r["policies"][name]["samples"]) / len(r["policies"][name]["samples"])
+                  for r in rows]
+        assert report["graded_reward"]["policies"][name]["sampled"]["estimate"] == pytest.approx(
+            sum(graded) / len(graded))
+        assert report["graded_reward"]["policies"][name]["kl"] == report["accuracy"][name]["kl"]
+    head = report["graded_reward"]["qrpo_vs_dpo"]["sampled"]["estimate"]
+    assert head == pytest.approx(report["graded_reward"]["policies"]["qrpo"]["sampled"]["estimate"]
+                                 - report["graded_reward"]["policies"]["dpo"]["sampled"]["estimate"])
+    assert set(report["graded_reward"]["later_rounds"]) == {"qrpo", "dpo"}
+    agreement = report["reward_agreement"]
+    assert agreement["samples"] == report["prompts"] * report["config"]["n"]
+    assert -1.0 <= agreement["pearson"] <= 1.0 and 0.0 <= agreement["pair_order"] <= 1.0
+    for name in ("qrpo", "dpo"):
+        along = report["along_training"][name]
+        assert len(along) == report["tuning"]["points_per_method"][name] and sum(p["chosen"] for p in along) == 1
+        for point in along:  # the start and every 2 of the 8 steps (along_training_checks=4)
+            assert [c["step"] for c in point["checks"]] == [0, 2, 4, 6, 8]
+            assert all(0.0 <= c["exact"] <= 1.0 for c in point["checks"])
+        starts = {json.dumps(p["checks"][0], sort_keys=True) for p in along}
+        assert len(starts) == 1  # every point starts from the same SFT answers
+        over = report["over_optimisation"][name]
+        assert over["change"]["exact"] == pytest.approx(over["end"]["exact"] - over["start"]["exact"])
+    assert "The same answers under the graded reward (the proxy):" in stdout and "QRPO grid (" in stdout and "added by the search): beta " in stdout

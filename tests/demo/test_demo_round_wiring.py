@@ -19,7 +19,15 @@ import pytest
 from align.demo import rounds
 from align.demo.config import DATE, GENERATE_BATCH, DemoConfig
 from align.demo.parts import demo_reward
-from align.demo.rounds import RoundResult, previous_policy, round_comparisons, round_policies, run_round
+from align.demo.reward import GradedSortingReward
+from align.demo.rounds import (
+    RoundResult,
+    previous_policy,
+    round_comparisons,
+    round_policies,
+    run_round,
+)
+from rewards.verifiable import VerifiableReward
 
 
 @dataclass
@@ -75,7 +83,7 @@ def parts(monkeypatch):
         (model.path, tokenizer, kw.pop("model_name"), kw)) or "SAMPLER")
     monkeypatch.setattr(demo_parts, "sample_into", lambda out, config, prompts, sampler: calls["sample"].append(
         (out, config.rounds, prompts, sampler)))
-    monkeypatch.setattr(demo_parts, "annotate_into", lambda out: ["ANNOTATED", out])
+    monkeypatch.setattr(demo_parts, "annotate_into", lambda out, config: ["ANNOTATED", out, config.reward])
     monkeypatch.setattr(demo_parts, "pairs_into", lambda out, config, annotated, tok: calls["pairs"].append(
         (out, config.rounds, annotated, tok)) or (box["pairs"], box["skips"]))
     monkeypatch.setattr(demo_parts, "reference_rows", lambda out, pairs, model, tok: calls["references"].append(
@@ -112,7 +120,7 @@ def test_each_round_starts_from_the_round_before_for_each_method(tmp_path, parts
                for *_, kw in calls["sampler"])
     assert calls["sample"][3] == (tmp_path / "round-3" / "dpo", 4, ["P"], "SAMPLER")
     out = tmp_path / "round-3" / "dpo"
-    assert calls["pairs"][3] == (out, 4, ["ANNOTATED", out], "TOKENIZER")
+    assert calls["pairs"][3] == (out, 4, ["ANNOTATED", out, "exact"], "TOKENIZER")
     assert calls["references"][3] == (out, 2, f"{tmp_path}/round-2/dpo/train/point", "TOKENIZER")
     assert calls["train"][:2] == [(4, tmp_path / "round-2" / "qrpo" / "train", "qrpo"),
                                   (4, tmp_path / "round-2" / "dpo" / "train", "dpo")]
@@ -130,7 +138,7 @@ def test_a_round_trains_once_with_the_settings_round_one_chose(tmp_path, parts):
     assert qrpo["config"] == tmp_path / "round-2" / "qrpo" / "train" and qrpo["validation"] == ["V"] and qrpo["tokenizer"] == "TOKENIZER"
     assert qrpo["rows"] == [("ROWS", tmp_path / "round-2" / "qrpo", "/runs/qrpo/beta-4")]  # π_{k-1} is the reference
     assert qrpo["model"] == "/runs/qrpo/beta-4"
-    assert qrpo["reward"] == demo_reward().fingerprint()
+    assert qrpo["reward"] == demo_reward(s.config).fingerprint() == VerifiableReward(match="exact").fingerprint()
     assert dpo["settings"] == replace(s.config.sweep_settings("dpo"), grid={"beta": [0.1], "learning_rate": [3e-4]})
     found = s.rounds["qrpo"][0]
     assert (found.pairs, found.skipped_prompts, found.skip_reasons) == (2, 3, {"no contrast": 2, "too long": 1})
@@ -191,3 +199,15 @@ def test_the_evaluation_lists_every_later_round_and_compares_each_with_the_one_b
 def test_a_demo_of_one_round_has_no_later_policies_or_comparisons(tmp_path):
     s = state(tmp_path)
     assert round_policies(s) == [] and round_comparisons(s, [], None) == {}
+
+
+def test_a_graded_run_trains_every_round_on_the_graded_reward(tmp_path, parts):
+    """``reward=graded``: the annotation, and the one-point sweep's validation, use the graded reward
+    with the run's noise and bias, in every later round."""
+    calls, _ = parts
+    s = state(tmp_path)
+    s.config = DemoConfig(rounds=4, reward="graded", reward_noise=0.3, reward_length_bias=0.2)
+    run_round(s, 2)
+    expected = GradedSortingReward(noise=0.3, length_bias=0.2).fingerprint()
+    assert [sweep["reward"] for sweep in calls["sweep"]] == [expected, expected]
+    assert calls["pairs"][0][2][2] == "graded"

@@ -45,14 +45,19 @@ def test_sft_trainer_logs_generation_metrics_at_start_and_every_eval_steps(token
     from rewards.verifiable import VerifiableReward
 
     install_format(tokenizer)
-    callback = GenerationEvalCallback(prompts(), VerifiableReward(), tokenizer, eval_steps=2, chat_date=DATE, max_tokens=4)
+    callback = GenerationEvalCallback(prompts(), VerifiableReward(), tokenizer, eval_steps=2, chat_date=DATE, max_tokens=4,
+                                      also={"same": VerifiableReward(), "parity": ParityReward()})
     config = SFTConfig(output_dir=str(tmp_path), use_cpu=True, bf16=False, report_to=[], seed=0,
                        per_device_train_batch_size=4, max_steps=4, learning_rate=1e-3, logging_steps=1,
                        save_strategy="no", chat_date=DATE, max_length=512, disable_tqdm=True)
     trainer = train_sft(config, sft_rows(), build_causal_lm(tokenizer), tokenizer, callbacks=[callback])
     assert [entry["step"] for entry in callback.history] == [0, 2, 4]
-    assert set(callback.history[0]) == {"step", "reward_start", "length"}
-    assert {"reward", "win_rate", "length"} <= set(callback.history[1])
+    assert set(callback.history[0]) == {"step", "reward_start", "length", "also/same", "also/parity"}
+    assert {"reward", "win_rate", "length", "also/same", "also/parity"} <= set(callback.history[1])
+    # an ``also`` provider scores the same completions: the main reward again gives the same means
+    assert callback.history[0]["also/same"] == callback.history[0]["reward_start"]
+    assert [e["also/same"] for e in callback.history[1:]] == [e["reward"] for e in callback.history[1:]]
+    assert all(0.0 <= e["also/parity"] <= 1.0 for e in callback.history)
     logged = [e for e in trainer.state.log_history if any(k.startswith("gen_eval/") for k in e)]
     assert [e["step"] for e in logged] == [0, 2, 4]
     assert "gen_eval/win_rate" in logged[-1]
@@ -74,3 +79,14 @@ def test_prompts_without_the_providers_answer_are_refused(tokenizer):
     del bad[1]["answer"]
     with pytest.raises(RecordError, match="record 'q1': field 'answer'"):
         GenerationEvalCallback(bad, VerifiableReward(), tokenizer, eval_steps=1)
+    with pytest.raises(RecordError, match="record 'q1': field 'answer'"):  # an ``also`` provider's field too
+        GenerationEvalCallback(bad, ParityReward(), tokenizer, eval_steps=1, also={"exact": VerifiableReward()})
+
+
+def test_also_means_leave_out_skips_and_name_each_provider(tokenizer):
+    callback = GenerationEvalCallback(prompts(3), ParityReward(), tokenizer, eval_steps=1,
+                                      also={"a": ParityReward(), "b": ParityReward()})
+    callback.also_scores = {"q0": {"a": 1.0, "b": None}, "q1": {"a": 0.0, "b": 0.5}, "q2": {"a": 0.5, "b": None}}
+    assert callback.also_means() == {"also/a": pytest.approx(0.5), "also/b": 0.5}
+    callback.also_scores = {"q0": {"a": None, "b": None}}
+    assert callback.also_means() == {}
