@@ -412,11 +412,12 @@ def make_pairs(
 
 
 def fallback_note(fallbacks: int, pairs: int, kinds: Mapping[str, int]) -> str:
-    """What the pair fallbacks are, and that they are no defect: with a 0/1 reward a wrong
-    answer among several wrong references sits above the low bucket's cut. ``kinds``: how
+    """What the pair fallbacks are, and that they are no defect: a completion tied with other
+    references (a 0/1 reward, or the same text sampled several times under any reward) sits
+    above the low bucket's cut. ``kinds``: how
     many of each ``pair_fallback`` (the demo's summary and ``align pairs`` print it)."""
     listed = ", ".join(f"{count} {kind}" for kind, count in sorted(kinds.items(), key=lambda kv: (-kv[1], kv[0])))
     return (f"({fallbacks} of the {pairs} pairs are fallbacks ({listed}): the preferred bucket was empty, so the "
-            "next was used. Expected with a 0/1 reward, where a wrong answer tied with other wrong references "
-            "has a quantile above the low cut; every pair still prefers the higher reward (docs/method.md, "
-            "Pair selection).)")
+            "next was used. Expected when references tie (a 0/1 reward, or one text sampled several times): a "
+            "completion tied with others has a quantile above the low cut; every pair still prefers the higher "
+            "reward (docs/method.md, Pair selection).)")

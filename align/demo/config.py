@@ -94,6 +94,9 @@ class DemoConfig:
         "help": "times during each grid point's training (and once at its start) that its greedy answers to the "
                 "validation prompts are scored under both measures, exact and graded (reward against accuracy along "
                 "training); 0: none"})
+    along_training_prompts: int = field(default=100, metadata={
+        "help": "how many of the validation prompts (the first ones) those checks answer: each check is a greedy "
+                "answer to each"})
     rounds: int = field(default=1, metadata={
         "help": "rounds of sampling, rewards and training: round k >= 2 samples from each method's round k-1 "
                 "policy and trains it again with round 1's chosen beta and learning rate (reference: the round "
@@ -128,6 +131,8 @@ class DemoConfig:
             raise ConfigError(f"rounds: at least 1, got {self.rounds}")
         if self.steps < 1 or self.batch_pairs < 1:
             raise ConfigError("steps, batch_pairs: at least 1")
+        if self.along_training_prompts < 1:
+            raise ConfigError(f"along_training_prompts: at least 1, got {self.along_training_prompts}")
         if not 0 <= self.along_training_checks <= self.steps:
             raise ConfigError(f"along_training_checks: 0 to steps ({self.steps}), got {self.along_training_checks}")
         for key in ("qrpo_betas", "dpo_betas", "learning_rates"):

@@ -21,14 +21,15 @@ LOG_KEYS = {measure: f"gen_eval/also/{measure}" for measure in MEASURES}
 
 
 def along_training_callback(config: DemoConfig, validation: Sequence[Mapping[str, Any]], tokenizer: Any) -> list:
-    """The callback (none when ``along_training_checks`` is 0) that scores greedy validation answers
-    under both measures at the start and ``along_training_checks`` times during a point's training."""
+    """The callback (none when ``along_training_checks`` is 0) that scores greedy answers to the first
+    ``along_training_prompts`` validation prompts under both measures at the start and
+    ``along_training_checks`` times during a point's training."""
     from align.eval.callback import GenerationEvalCallback
 
     if config.along_training_checks == 0:
         return []
     return [GenerationEvalCallback(
-        validation, config.reward_provider(), tokenizer, eval_steps=max(1, config.steps // config.along_training_checks),
+        validation[: config.along_training_prompts], config.reward_provider(), tokenizer, eval_steps=max(1, config.steps // config.along_training_checks),
         chat_format="apertus", chat_date=DATE, temperature=0.0, max_tokens=config.max_tokens,
         batch_size=GENERATE_BATCH, seed=config.seed + 1,
         also={measure: config.reward_provider(measure) for measure in MEASURES})]
@@ -59,6 +60,27 @@ def measure_summary(figures: Mapping[str, Any]) -> dict[str, Any]:
             "improved": {name: g["sampled"]["low"] > 0 for name, g in gains.items()},
             "qrpo_vs_dpo": {"sampled": head["reward_difference_sampled"], "greedy": head["reward_difference_greedy"],
                             "win_rate_sampled": head["win_rate_reward_sampled"], "verdicts": head["verdicts"]}}
+
+
+def answer_lengths(rows: Sequence[Mapping[str, Any]], prompts: Sequence[Mapping[str, Any]]) -> dict[str, dict]:
+    """Per policy, the share of its sampled held-out answers with more digits than the prompt
+    (what the graded reward's length bias pays for: a policy exploiting it shows here) and
+    with fewer."""
+    from align.demo.reward import DIGITS, problem_of
+
+    problems = {p["id"]: len(problem_of(p["messages"])) for p in prompts}
+    counts: dict[str, list[int]] = {}
+    for row in rows:
+        for name, entry in row["policies"].items():
+            seen = counts.setdefault(name, [0, 0, 0])
+            for sample in entry["samples"]:
+                digits = sum(c in DIGITS for c in sample["text"])
+                seen[0] += 1
+                seen[1] += digits > problems[row["id"]]
+                seen[2] += digits < problems[row["id"]]
+    return {name: {"answers": total, "longer": longer / total if total else None,
+                   "shorter": shorter / total if total else None}
+            for name, (total, longer, shorter) in counts.items()}
 
 
 def reward_agreement(annotated: Sequence[Mapping[str, Any]], config: DemoConfig) -> dict[str, Any]:
@@ -122,5 +144,5 @@ def over_optimisation(points: Sequence[Mapping[str, Any]]) -> dict[str, Any] | N
             "best_exact_step": best["step"], "exact_below_its_best_at_end": checks[-1]["exact"] < best["exact"]}
 
 
-__all__ = ["MEASURES", "along_training", "along_training_callback", "held_out_figures", "measure_summary",
+__all__ = ["MEASURES", "along_training", "answer_lengths", "along_training_callback", "held_out_figures", "measure_summary",
            "over_optimisation", "reward_agreement", "training_series"]

@@ -124,10 +124,12 @@ def build_report(state: Any, *, total_seconds: float) -> dict[str, Any]:
 
     from align.demo.measures import (
         along_training,
+        answer_lengths,
         measure_summary,
         over_optimisation,
         reward_agreement,
     )
+    from align.io import read_records
 
     config, pairs, sweeps = state.config, state.pairs, state.sweeps
     exact = measure_summary(state.measures["exact"])
@@ -148,6 +150,8 @@ def build_report(state: Any, *, total_seconds: float) -> dict[str, Any]:
         # the same completions under the graded reward (the proxy)
         "graded_reward": graded,
         "reward_agreement": reward_agreement(state.annotated, config),
+        # what the graded reward's length bias pays for, per policy (an exploit shows as "longer" rising)
+        "answer_digits": answer_lengths(read_records(state.out / "evaluate" / "eval.jsonl"), state.splits["held_out"]),
         "tuning": {"metric": config.metric, "steps_per_point": config.steps, "batch_pairs": config.batch_pairs,
                    "points_per_method": {name: len(result.points) for name, result in sweeps.items()}},
         "grids": {name: result.grid for name, result in sweeps.items()},
@@ -230,6 +234,8 @@ def print_summary(state: Any, report: dict[str, Any]) -> None:
     if agreement["pearson"] is not None:
         print(f"Graded against exact on the SFT samples: correlation {agreement['pearson']:.2f}, "
               f"{agreement['pair_order']:.1%} of right/wrong pairs of a prompt in the right order.")
+    longer = ", ".join(f"{name.upper()} {d['longer']:.1%}" for name, d in report["answer_digits"].items())
+    print(f"Held-out answers with more digits than the prompt (what the length bias pays for): {longer}")
     for name, over in report["over_optimisation"].items():
         if over:
             print(f"{name.upper()} (chosen) along training, greedy on validation: exact "

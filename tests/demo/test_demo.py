@@ -253,4 +253,11 @@ def test_both_measures_are_reported_for_the_same_answers(demo_report):
         assert len(starts) == 1  # every point starts from the same SFT answers
         over = report["over_optimisation"][name]
         assert over["change"]["exact"] == pytest.approx(over["end"]["exact"] - over["start"]["exact"])
+    held = {json.loads(line)["id"]: len(json.loads(line)["messages"][-1]["content"])
+            for line in (out / "data" / "held_out.jsonl").read_text().splitlines()}
+    for name in ("sft", *POLICIES):  # the length bias's exploit, counted by hand
+        texts = [(r["id"], s["text"]) for r in rows for s in r["policies"][name]["samples"]]
+        longer = sum(sum(c in "0123456789" for c in t) > held[i] for i, t in texts) / len(texts)
+        assert report["answer_digits"][name]["longer"] == pytest.approx(longer)
+    assert "Held-out answers with more digits than the prompt" in stdout
     assert "The same answers under the graded reward (the proxy):" in stdout and "QRPO grid (" in stdout and "added by the search): beta " in stdout

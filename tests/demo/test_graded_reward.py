@@ -116,8 +116,24 @@ def test_the_demo_config_checks_the_reward_settings():
         DemoConfig(reward_length_bias=float("nan"))
     with pytest.raises(ConfigError, match="along_training_checks"):
         DemoConfig(steps=4, along_training_checks=5)
+    with pytest.raises(ConfigError, match="along_training_prompts"):
+        DemoConfig(along_training_prompts=0)
     graded = DemoConfig(reward="graded", reward_noise=0.2, reward_length_bias=0.0).reward_provider()
     assert graded.fingerprint() == {"provider": "demo-graded-sorting", "noise": 0.2, "length_bias": 0.0,
                                     "max_answer_chars": 1000}
     assert DemoConfig().reward_provider().fingerprint()["provider"] == "verifiable"
     assert DemoConfig(reward="graded").reward_provider("exact").fingerprint()["provider"] == "verifiable"
+
+
+def test_the_checks_along_training_answer_the_first_validation_prompts_under_both_measures(tokenizer):
+    from align.demo.measures import along_training_callback
+
+    prompts = [{"id": f"v{i}", "messages": [{"role": "user", "content": f"{i:05d}"}], "answer": f"{i:05d}"}
+               for i in range(5)]
+    config = DemoConfig(reward="graded", steps=8, along_training_checks=2, along_training_prompts=3)
+    (callback,) = along_training_callback(config, prompts, tokenizer)
+    assert [p["id"] for p in callback.prompts] == ["v0", "v1", "v2"] and callback.eval_steps == 4
+    assert callback.provider.fingerprint()["provider"] == "demo-graded-sorting" and set(callback.also) == {
+        "exact", "graded"}
+    assert callback.temperature == 0.0 and callback.max_tokens == config.max_tokens
+    assert along_training_callback(DemoConfig(along_training_checks=0), prompts, tokenizer) == []
