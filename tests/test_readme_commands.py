@@ -30,7 +30,6 @@ NOT_RUN = (
     (r"^align demo( reward=graded)?$", "about 4 minutes each; tests/demo runs the graded one with preset=ci"),
     (r"^python -m pytest$", "the test command itself: .ci/run runs it"),
     (r"^bash \.ci/setup_vllm_env\.sh && ", "the vLLM environment: .ci/run builds it and runs these tests"),
-    (r"^accelerate launch .* recipes/apertus-70b/", "a 70B model on GPUs"),
     (r"^align submit recipes/apertus-8b/pipeline\.yaml$",
      "submits to a SLURM cluster with GPUs; tests/slurm submits the tiny graph to a one-machine cluster"),
     (r"^align judge-validate .*charter/my_charter\.md$", "a placeholder for the reader's own charter and an 8B judge"),
