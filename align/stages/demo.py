@@ -32,8 +32,8 @@ held-out figures), ``training.png`` (five panels), ``validation_grid.png`` (each
 validation score over its grid), ``reward_vs_accuracy.png`` (each point's path through
 graded reward and exact accuracy along training), each sweep's ``qrpo/`` and ``dpo/`` (``sweep.md``,
 ``points/``, ``validation/``) and the evaluation's ``evaluate/`` (``report.md``,
-``eval.jsonl``, reward, win-rate and length plots) to ``output_dir``, and prints a summary
-tables. ``preset=ci`` shrinks every stage for a quick path check (the same grids, 8 steps a
+``eval.jsonl``, reward, win-rate and length plots) to ``output_dir``, and prints the
+summary tables. ``preset=ci`` shrinks every stage for a quick path check (the same grids, 8 steps a
 point). A new run first removes what the previous demo run wrote (``_demo.json`` lists
 it), after its settings are checked; an ``output_dir`` holding any other file is refused.
 
