@@ -38,12 +38,27 @@ def ema(values: Sequence[float], weight: float = 0.8) -> list[float]:
     return out
 
 
-def plot_panels(panels: Sequence[Panel], path: Path, *, title: str) -> Path:
-    """Draw up to six panels (two rows of three) into one PNG."""
+def _pyplot():
+    """matplotlib's pyplot on the file-only backend (an install hint where matplotlib is missing)."""
     matplotlib = optional_import("matplotlib", needed_by="the demo's figure", install="pip install 'matplotlib>=3.7'")
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    return plt
+
+
+def _save(fig, path: Path, title: str) -> Path:
+    """Title, lay out, write and close one figure."""
+    fig.suptitle(title)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    _pyplot().close(fig)
+    return path
+
+
+def plot_panels(panels: Sequence[Panel], path: Path, *, title: str) -> Path:
+    """Draw up to six panels (two rows of three) into one PNG."""
+    plt = _pyplot()
     panels = [p for p in panels if any(p.series.values())]
     if len(panels) > MAX_PANELS:
         raise RuntimeError(f"{len(panels)} panels: a figure a person reads holds at most {MAX_PANELS}")
@@ -69,22 +84,14 @@ def plot_panels(panels: Sequence[Panel], path: Path, *, title: str) -> Path:
             ax.legend(fontsize=8)
     for ax in list(axes.flat)[len(panels):]:
         ax.axis("off")
-    fig.suptitle(title)
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
-    return path
+    return _save(fig, path, title)
 
 
 def plot_reward_vs_accuracy(along: dict[str, list[dict]], path: Path, *, title: str) -> Path:
     """One panel per method: each grid point's path through (graded reward, exact accuracy) along
     its training, the chosen point drawn bold; a path that moves right but not up is a policy
     that raises the proxy and not the goal (over-optimisation)."""
-    matplotlib = optional_import("matplotlib", needed_by="the demo's figure", install="pip install 'matplotlib>=3.7'")
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, axes = plt.subplots(1, max(len(along), 1), figsize=(5.2 * max(len(along), 1), 4.2), squeeze=False)
+    fig, axes = _pyplot().subplots(1, max(len(along), 1), figsize=(5.2 * max(len(along), 1), 4.2), squeeze=False)
     for ax, (method, points) in zip(axes.flat, along.items()):
         for point in points:
             checks = point["checks"]
@@ -104,8 +111,4 @@ def plot_reward_vs_accuracy(along: dict[str, list[dict]], path: Path, *, title: 
         ax.set_xlabel("mean graded reward (the proxy)")
         ax.set_ylabel("exact accuracy, % (the goal)")
         ax.legend(fontsize=8)
-    fig.suptitle(title)
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
-    return path
+    return _save(fig, path, title)

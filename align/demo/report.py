@@ -100,11 +100,9 @@ def plot_training(state: Any) -> Path:
         Panel("DPO (chosen): reward margin, chosen minus rejected", "margin",
               {"DPO": _series(dpo_logs, "rewards/margins")}),
     ]
-    from align.demo.measures import along_training
     from align.demo.plots import plot_reward_vs_accuracy
 
-    plot_reward_vs_accuracy({name: along_training(result) for name, result in sweeps.items()},
-                            state.out / "reward_vs_accuracy.png",
+    plot_reward_vs_accuracy(state.along, state.out / "reward_vs_accuracy.png",
                             title=f"align demo, seed {config.seed}, trained on the {config.reward} reward")
     return plot_panels(panels, state.out / "training.png", title=f"align demo, seed {config.seed}")
 
@@ -122,20 +120,12 @@ def build_report(state: Any, *, total_seconds: float) -> dict[str, Any]:
     """Every number of the run: accuracy and gains with intervals, pairs, steps, timings."""
     from collections import Counter
 
-    from align.demo.measures import (
-        along_training,
-        answer_lengths,
-        measure_summary,
-        over_optimisation,
-        reward_agreement,
-    )
-    from align.io import read_records
+    from align.demo.measures import measure_summary, over_optimisation, reward_agreement
 
     config, pairs, sweeps = state.config, state.pairs, state.sweeps
     exact = measure_summary(state.measures["exact"])
     graded = {**measure_summary(state.measures["graded"]),
               "later_rounds": state.measures["graded"]["round_comparisons"]}
-    along = {name: along_training(result) for name, result in sweeps.items()}
     mean = lambda xs: sum(xs) / len(xs) if xs else None
     return {
         "config": {k: getattr(config, k) for k in config.__dataclass_fields__},
@@ -151,15 +141,15 @@ def build_report(state: Any, *, total_seconds: float) -> dict[str, Any]:
         "graded_reward": graded,
         "reward_agreement": reward_agreement(state.annotated, config),
         # what the graded reward's length bias pays for, per policy (an exploit shows as "longer" rising)
-        "answer_digits": answer_lengths(read_records(state.out / "evaluate" / "eval.jsonl"), state.splits["held_out"]),
+        "answer_digits": state.answer_digits,
         "tuning": {"metric": config.metric, "steps_per_point": config.steps, "batch_pairs": config.batch_pairs,
                    "points_per_method": {name: len(result.points) for name, result in sweeps.items()}},
         "grids": {name: result.grid for name, result in sweeps.items()},
         "search": state.search,
         "chosen": {name: result.chosen.settings for name, result in sweeps.items()},
         "chosen_at_grid_edge": {name: result.at_edge for name, result in sweeps.items()},
-        "along_training": along,
-        "over_optimisation": {name: over_optimisation(points) for name, points in along.items()},
+        "along_training": state.along,
+        "over_optimisation": {name: over_optimisation(points) for name, points in state.along.items()},
         "sweeps": {name: result.as_json() for name, result in sweeps.items()},
         "sft_steps": state.sft.state.global_step,
         "sft_validation": state.sft_history,
@@ -188,7 +178,7 @@ def build_report(state: Any, *, total_seconds: float) -> dict[str, Any]:
 def later_rounds(state: Any) -> dict[str, list[dict[str, Any]]]:
     """Each method's rounds 2..K: pairs, settings, validation score, and on the held-out prompts the
     paired difference against the round before (``sampled``, ``greedy``)."""
-    compared = state.round_comparisons
+    compared = state.measures["exact"]["round_comparisons"]
     return {method: [{**r.as_json(), **compared[method][i]} for i, r in enumerate(later)]
             for method, later in state.rounds.items()}
 

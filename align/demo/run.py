@@ -47,12 +47,11 @@ class DemoState:
     train_rows: list[dict] = field(default_factory=list)
     sweeps: dict[str, Any] = field(default_factory=dict)  # "qrpo" / "dpo" -> its align.sweep.SweepResult
     search: dict[str, dict] = field(default_factory=dict)  # "qrpo" / "dpo" -> the points its search added
-    evaluation: dict[str, Any] = field(default_factory=dict)
+    along: dict[str, list] = field(default_factory=dict)  # "qrpo" / "dpo" -> each point's checks along training
     # per measure ("exact", "graded"): the held-out figures of align.demo.measures.held_out_figures
     measures: dict[str, Any] = field(default_factory=dict)
-    head_to_head: dict[str, Any] = field(default_factory=dict)  # QRPO against DPO on the held-out prompts
+    answer_digits: dict[str, Any] = field(default_factory=dict)  # per policy: held-out answers longer / shorter
     rounds: dict[str, list] = field(default_factory=dict)  # "qrpo" / "dpo" -> its later rounds (align.demo.rounds)
-    round_comparisons: dict[str, list] = field(default_factory=dict)  # each later round against the one before
 
 
 # --------------------------------------------------------------------------- checks during training
@@ -207,7 +206,7 @@ def tune(state: DemoState, loss_type: str) -> None:
     pairs, for the same steps, scored on the validation prompts; the best by ``metric`` chosen.
     While the chosen point lacks a trained neighbour, that neighbour is trained (``align.demo.grids``)."""
     from align.demo.grids import missing_neighbours, search
-    from align.demo.measures import along_training_callback
+    from align.demo.measures import along_training, along_training_callback
     from align.sweep.run import run_sweep
 
     config = state.config
@@ -227,6 +226,7 @@ def tune(state: DemoState, loss_type: str) -> None:
         "start_grid": config.grid(loss_type), "added": added,
         "untrained_neighbours": missing_neighbours(result.grid, result.chosen.settings,
                                                    [p.settings for p in result.points])}
+    state.along[loss_type] = along_training(result)
 
 
 def evaluate_policies(state: DemoState) -> None:
@@ -234,7 +234,7 @@ def evaluate_policies(state: DemoState) -> None:
     ``align.evaluate`` and the run's reward; then the same completions under both measures
     (exact accuracy and the graded reward): QRPO against DPO, and each round against the one
     before, on the same prompts and samples (paired comparisons)."""
-    from align.demo.measures import MEASURES, held_out_figures
+    from align.demo.measures import MEASURES, answer_lengths, held_out_figures
     from align.demo.rounds import round_policies
     from align.eval.evaluate import EvalPolicy, EvalSettings, evaluate
     from align.eval.rescore import rescore_rows
@@ -250,15 +250,14 @@ def evaluate_policies(state: DemoState) -> None:
         for name, path in trained]
     settings = EvalSettings(greedy=True, n=config.n, temperature=1.0, max_tokens=config.max_tokens,
                             seed=config.seed + 1, batch_size=GENERATE_BATCH, kl_batch_size=512)
-    state.evaluation = evaluate(state.splits["held_out"], policies, demo_reward(config), state.out / "evaluate",
-                                baseline="sft", settings=settings, source="held-out prompts")
+    evaluate(state.splits["held_out"], policies, demo_reward(config), state.out / "evaluate", baseline="sft",
+             settings=settings, source="held-out prompts")
     rows = read_records(state.out / "evaluate" / "eval.jsonl")
     for measure in MEASURES:
         scored = rows if measure == config.reward else rescore_rows(
             rows, state.splits["held_out"], config.reward_provider(measure), batch_size=GENERATE_BATCH)
         state.measures[measure] = held_out_figures(state, scored, settings)
-    state.head_to_head = state.measures["exact"]["qrpo_vs_dpo"]
-    state.round_comparisons = state.measures["exact"]["round_comparisons"]
+    state.answer_digits = answer_lengths(rows, state.splits["held_out"])
 
 
 # The steps, in order, with the names the demo prints and reports timings under.
