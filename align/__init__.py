@@ -54,7 +54,7 @@ _LAZY: dict[str, tuple[str, str]] = {
     "SweepResult": ("align.sweep.report", "SweepResult"),
     "decontaminate": ("align.data.decontaminate", "decontaminate"),
     "read_records": ("align.io", "read_records"),
-    "pipeline": ("align.stages.pipeline", "pipeline"),
+    "pipeline": ("align.drivers.pipeline", "pipeline"),
     "read_output": ("align.io", "read_output"),
     # the errors a user can fix (align.errors): each also its former built-in
     "AlignError": ("align.errors", "AlignError"),

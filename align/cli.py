@@ -11,8 +11,7 @@ import sys
 from collections.abc import Sequence
 
 from align.errors import AlignError
-from align.stages import STAGES, stage_module
-from align.stages.common import stage_config
+from align.stage_table import command_module, parses_own_args, summaries
 
 USAGE = """usage: align STAGE [RECIPE.yaml] [key=value ...]
        align STAGE --help
@@ -27,15 +26,16 @@ YAML). `align STAGE --help` lists every key with its type and default."""
 
 
 def _usage() -> str:
-    width = max(map(len, STAGES))
-    return USAGE.format(stages="\n".join(f"  {n.ljust(width)}  {s}" for n, (_, s) in STAGES.items()))
+    lines = summaries()
+    width = max(map(len, lines))
+    return USAGE.format(stages="\n".join(f"  {n.ljust(width)}  {s}" for n, s in lines.items()))
 
 
 def stage_help(name: str) -> str:
     """The stage's docstring, then every recipe key with type, default and meaning."""
     from align.config import describe
 
-    module = stage_module(name)
+    module = command_module(name)
     doc = (module.__doc__ or "").strip()
     usage = getattr(module, "USAGE", f"align {name} [RECIPE.yaml] [key=value ...]")
     keys = getattr(module, "KEYS_TITLE", "Recipe keys")
@@ -70,17 +70,19 @@ def _main(argv: Sequence[str] | None = None) -> int:
         from align.demo.environment import pin_cpu_kernels
 
         pin_cpu_kernels()
-    if name not in STAGES:
+    if name not in summaries():
         print(f"align: unknown stage {name!r}\n\n{_usage()}", file=sys.stderr)
         return 2
     if any(a in ("-h", "--help") for a in rest):
         print(stage_help(name))
         return 0
-    module = stage_module(name)
+    module = command_module(name)
     try:
-        if hasattr(module, "config_from_args"):  # a command whose recipe is its input (pipeline, plan, status)
+        if parses_own_args(name):  # a driver (its recipe is its input) or a tool with arguments of its own
             config = module.config_from_args(rest)
         else:
+            from align.drivers.args import stage_config
+
             config = stage_config(name, rest)
         module.run(config)
     except AlignError as exc:  # a mistake the user can fix (align.errors); anything else is a bug

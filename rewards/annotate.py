@@ -21,7 +21,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from align.data.records import record_id, validate_prompt
+from align.data.records import passing_skips, record_id, skip_reason, validate_prompt
 from align.errors import InputError, RecordError
 from align.jobs import JobResult, run_job
 from rewards.base import RewardProvider, Score, checked
@@ -30,7 +30,11 @@ from rewards.verifiable import reference_problem
 
 
 def validate_for_annotation(record: Mapping[str, Any], index: int, reference_field: str | None) -> None:
-    """A prompt, a non-empty list of completions with string `text`, and the reference if needed."""
+    """A prompt, a non-empty list of completions with string `text`, and the reference if needed; a skip row
+    (a stage before could not make its completions: ``skip_reason``) needs only its id."""
+    if skip_reason(record) is not None:
+        record_id(record, index)
+        return
     validate_prompt(record, index)
     rid = record_id(record, index)
     try:
@@ -39,7 +43,8 @@ def validate_for_annotation(record: Mapping[str, Any], index: int, reference_fie
         raise RecordError(rid, "messages", str(error)) from None
     completions = record.get("completions")
     if not isinstance(completions, list) or not completions:
-        raise RecordError(rid, "completions", "missing or not a non-empty list (run sampling first)")
+        raise RecordError(rid, "completions", "missing or not a non-empty list, and the row is no skip row (no "
+                          "skip_reason): run sampling first")
     for i, completion in enumerate(completions):
         if not isinstance(completion, Mapping) or not isinstance(completion.get("text"), str):
             raise RecordError(rid, f"completions[{i}].text", f"expected a string, got {completion!r:.80}")
@@ -48,7 +53,8 @@ def validate_for_annotation(record: Mapping[str, Any], index: int, reference_fie
 
 
 def score_records(records: Sequence[Mapping[str, Any]], provider: RewardProvider) -> list[dict[str, Any]]:
-    """Score one batch of records; returns them with rewards, skips and details added."""
+    """Score one batch of records; returns them with rewards, skips and details added (a skip row passes on as
+    it came: ``annotate`` runs this through ``passing_skips``)."""
     field = provider.reference_field
     for index, record in enumerate(records):
         validate_for_annotation(record, index, field)
@@ -96,12 +102,12 @@ def annotate(
         validate_for_annotation(dict(records[index]), index, provider.reference_field)
     return run_job(
         records,
-        lambda batch: score_records(batch, provider),
+        passing_skips(lambda batch: score_records(batch, provider)),
         output_dir,
         shard_index=shard_index,
         num_shards=num_shards,
         batch_size=batch_size,
-        sort_key=lambda r: sum(len(c["text"]) for c in r["completions"]),
+        sort_key=lambda r: sum(len(c["text"]) for c in r.get("completions") or []),
         desc=f"annotate ({provider.name})",
         fingerprint=provider.fingerprint(),
     )

@@ -211,11 +211,12 @@ def classify_records(
     batch_size: int = 32,
 ) -> Any:
     """The classification stage over a dataset, resumable through `align.jobs`."""
+    from align.data.records import passing_skips
     from align.jobs import run_job
 
     return run_job(
         records,
-        classifier.annotate_records,
+        passing_skips(classifier.annotate_records),
         output_dir,
         shard_index=shard_index,
         num_shards=num_shards,

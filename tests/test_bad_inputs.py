@@ -671,7 +671,7 @@ CASES: list[Case] = [
          "RecordError", ("record 'a'", "'id'", "duplicate id (", "given.jsonl")),
     Case("evaluate: fewer given completions than n", "evaluate",
          lambda ws: _given(ws, [prompt('a', answer='yes') | {'completions': [completion('yes')]}]),
-         "RecordError", ("record 'a'", "'completions'", "1 completions", "n=2")),
+         "InputError", ("every prompt was left out", "1 completions, n=2 are evaluated", "smaller n")),
     # --- reruns: what an output was made from (docs/bad-inputs.md, "Reruns and manifests") ---------
     Case("rerun: pairs with another setting", "pairs",
          lambda ws: [*_done_pairs(ws), "seed=1"],

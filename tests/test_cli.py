@@ -9,7 +9,9 @@ import sys
 import pytest
 
 from align.cli import main
-from align.stages import STAGES
+from align.stage_table import summaries
+
+STAGES = summaries()  # every command: the stages, the drivers and the tools
 
 
 def test_top_level_help_lists_every_stage(capsys):
@@ -58,7 +60,7 @@ def test_help_names_the_keys_to_set_first_and_each_is_a_real_key(stage, capsys):
     """`align train --help` is hundreds of lines: the keys no default stands for come first."""
     import dataclasses
 
-    from align.stages import stage_module
+    from align.stage_table import command_module as stage_module
 
     module = stage_module(stage)
     required = getattr(module, "REQUIRED_KEYS", {})
@@ -74,7 +76,7 @@ def test_help_names_the_keys_to_set_first_and_each_is_a_real_key(stage, capsys):
 
 
 def test_the_training_stages_name_their_keys_to_set():
-    from align.stages import stage_module
+    from align.stage_table import command_module as stage_module
 
     for stage in ("sft", "sample", "logprobs", "train", "evaluate", "sweep"):
         assert stage_module(stage).REQUIRED_KEYS, stage

@@ -147,7 +147,7 @@ def test_apply_defaults_and_default_keys(stand_ins):
 
 
 def test_pipeline_defaults_reach_the_real_stages_nested_sections(tmp_path):
-    from align.stages import load_recipe
+    from align.drivers import load_recipe
 
     recipe = tmp_path / "p.yaml"
     recipe.write_text("defaults: {chat_date: '2026-01-01', dtype: float32, max_tokens: 5}\n"
@@ -193,10 +193,10 @@ def test_unquoted_yaml_dates_become_iso_strings(tmp_path):
     assert load_config(Dated, None, ["chat_date=2026-01-01"]).chat_date == "2026-01-01"
 
 
-@pytest.mark.parametrize("stage", sorted(__import__("align.stages", fromlist=["STAGES"]).STAGES))
+@pytest.mark.parametrize("stage", sorted(__import__("align.stage_table", fromlist=["summaries"]).summaries()))
 def test_every_key_of_every_stage_has_help_text_nested_ones_too(stage):
     from align.config import field_docs
-    from align.stages import stage_module
+    from align.stage_table import command_module as stage_module
 
     rows = field_docs(stage_module(stage).Config)
     assert rows, stage
@@ -206,7 +206,7 @@ def test_every_key_of_every_stage_has_help_text_nested_ones_too(stage):
 
 def test_help_lists_nested_keys_under_their_parent():
     from align.config import describe
-    from align.stages import stage_module
+    from align.stage_table import command_module as stage_module
 
     sample = describe(stage_module("sample").Config)
     assert "  sampler.model (str, default '')" in sample and "  sampler.enable_prefix_caching (bool" in sample

@@ -8,7 +8,9 @@ from pathlib import Path
 import pytest
 
 from align.cli import stage_help
-from align.stages import STAGES
+from align.stage_table import summaries
+
+STAGES = summaries()  # every command: the stages, the drivers and the tools
 
 ROOT = Path(__file__).resolve().parents[1]
 PATH = re.compile(r"(?<![\w/.-])((?:recipes|charter|examples|bench|docs)/[\w./-]*[\w-]\.(?:yaml|sbatch|sh|md|py|ipynb|txt))")

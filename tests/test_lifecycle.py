@@ -176,8 +176,8 @@ def test_a_url_with_credentials_is_printed_without_them():
 
 
 def test_the_submitted_recipe_leaves_the_hub_token_out(tmp_path, monkeypatch):
-    from align.stages import load_recipe
-    from align.stages.submit import write_recipe
+    from align.drivers import load_recipe
+    from align.drivers.submit import write_recipe
 
     recipe = load_recipe({"output_dir": "runs/x", "steps": {"pairs": {"stage": "pairs", "input": "a.jsonl"}},
                           "slurm": {"env": {"HF_HOME": "/scratch/hf"}}})
@@ -1136,10 +1136,10 @@ class Launch:
 
 @pytest.fixture()
 def launch(monkeypatch) -> Launch:
-    from align.manifests import lifecycle
+    from align import ranks
 
     group = Launch(monkeypatch)
-    monkeypatch.setattr(lifecycle, "launch_group", lambda: group)
+    monkeypatch.setattr(ranks, "launch_group", lambda: group)
     group.as_rank(0)
     return group
 

@@ -1394,7 +1394,7 @@ def computed(calls: list):
 
 
 def test_rank_0_of_a_launch_computes_and_every_other_rank_receives_its_value(launch):
-    from align.manifests.lifecycle import launch_group, on_rank_zero
+    from align.ranks import launch_group, on_rank_zero
 
     launch(0)
     assert launch_group() is not None
@@ -1408,7 +1408,7 @@ def test_rank_0_of_a_launch_computes_and_every_other_rank_receives_its_value(lau
 def test_without_a_launch_whose_group_is_up_each_process_computes_its_own(launch, world, up):
     """No ``WORLD_SIZE``, a launch of one process, or ranks whose process group is not (yet) up: nothing is
     broadcast, and every process computes for itself."""
-    from align.manifests.lifecycle import launch_group, on_rank_zero
+    from align.ranks import launch_group, on_rank_zero
 
     launch(1, world=world, up=up, sent={})
     assert launch_group() is None

@@ -21,7 +21,7 @@ from align.plan.memory import GIB, Launch, TrainingJob, model_states, training_m
 from align.plan.optimizer_states import optimizer_layout
 from align.plan.recipe_header import header_lines, launch_from_header
 from align.plan.shapes import build_on_meta, count_on_meta, count_params, model_shape
-from align.stages.plan import Config, plan_recipe
+from align.drivers.plan import Config, plan_recipe
 
 ROOT = Path(__file__).resolve().parents[1]
 SHIPPED = sorted((ROOT / "recipes" / "apertus-8b").glob("*.yaml")) + sorted((ROOT / "recipes" / "apertus-70b").glob("*.yaml"))

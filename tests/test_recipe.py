@@ -9,7 +9,7 @@ import yaml
 
 from align.config import ConfigError
 from align.recipe import IDENTITY_KEYS
-from align.stages import load_recipe
+from align.drivers import load_recipe
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -213,7 +213,7 @@ def test_a_login_node_reads_a_bf16_recipe_and_its_job_checks_the_device():
 
 
 def test_a_stage_command_on_a_pipeline_runs_its_one_step_of_that_stage():
-    from align.stages.common import stage_config
+    from align.drivers.args import stage_config
 
     config = stage_config("pairs", [str(REPO / "recipes" / "tiny" / "pipeline.yaml"), "seed=5"])
     assert (config.input, config.seed) == ("runs/tiny/annotate", 5)

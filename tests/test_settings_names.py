@@ -3,7 +3,7 @@
 ``MEANINGS`` is the table of docs/settings.md: meaning -> the one name -> the names it
 must never have again. The names checked are collected from
 
-- every stage's ``Config`` (``align.stages.STAGES``), nested component configs (``sampler``,
+- every stage's ``Config`` (``align.stage_table.STAGES``), nested component configs (``sampler``,
   ``reward``, ``generator``) and list items (``policies[]``, ``benchmarks[]``) included;
 - the public API: every name ``align`` and ``rewards`` export (a function's parameters, a
   class's constructor parameters and dataclass fields, and the parameters of its public
@@ -29,7 +29,9 @@ import pytest
 import align
 import rewards
 from align.config import RENAMED_KEYS, ConfigError, from_dict
-from align.stages import STAGES, stage_module
+from align.stage_table import command_module as stage_module, summaries
+
+STAGES = summaries()  # every command: the stages, the drivers and the tools
 
 
 class Meaning(NamedTuple):

@@ -43,7 +43,7 @@ from typing import Any
 from align.chat.formats import get_format
 from align.chat.template import TOKENIZER_FORMAT
 from align.data.quantiles import quantile_rewards
-from align.data.records import record_id, validate_rewards, with_completion_defaults
+from align.data.records import record_id, skip_reason, validate_rewards, with_completion_defaults
 from align.errors import ConfigError, InputError, RecordError
 
 __all__ = ["TRUNCATED_POLICIES", "Pair", "Skip", "is_truncated", "make_pairs", "select_pair",
@@ -345,6 +345,8 @@ def make_pairs(
     from the completions no earlier pair of the prompt used (a completion is never reused
     within a prompt); pair k > 1 gets the id ``<id>#k``. The first pair is the one
     ``num_pairs_per_prompt=1`` gives.
+    A skip row (``skip_reason``: sampling could not make the prompt's completions) gives the
+    skip row ``{"id", "reason": its skip_reason, "upstream": true}``.
     ``chat_format``: the format the log-prob pass and the trainer will encode the pairs in
     (an ``align.chat`` format; None: no check). A completion whose text that format cannot
     encode (``special_token_problem``: a turn delimiter or BOS in the text) is never picked;
@@ -377,6 +379,14 @@ def make_pairs(
     seen: dict[str, int] = {}
     pair_ids: set[str] = set()
     for index, record in enumerate(records):
+        upstream = skip_reason(record)
+        if upstream is not None:  # a stage before could not make this row: recorded here with its reason
+            rid = record_id(record, index)
+            if rid in seen:
+                raise RecordError(rid, "id", f"duplicate id (rows {seen[rid]} and {index})")
+            seen[rid] = index
+            skips.append({"id": rid, "reason": upstream, "upstream": True})
+            continue
         validate_rewards(record, index)
         record = with_completion_defaults(record)
         if any(r is not None and type(r) is not float for r in record["rewards"]):  # numpy / torch scalars, ints

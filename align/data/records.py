@@ -39,10 +39,11 @@ from __future__ import annotations
 import json
 import math
 import numbers
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 from align.errors import RecordError
+from align.stage_table import SKIP_FIELD
 
 COMPLETION_FIELDS: dict[str, type | tuple[type, ...]] = {
     "text": str,
@@ -235,3 +236,27 @@ def validate_all(records: Iterable[Mapping[str, Any]], check) -> None:
     """Run one of the validators above over a dataset, naming the first bad row."""
     for index, record in enumerate(records):
         check(record, index)
+
+
+def same_value(found: Any, wanted: Any) -> bool:
+    """A field's value as ``where`` names it: true is not 1, null only null, and the text "false" not false."""
+    if isinstance(found, bool) or isinstance(wanted, bool) or found is None or wanted is None:
+        return found is wanted
+    return type(found) is type(wanted) and found == wanted
+
+
+def skip_reason(row: Mapping[str, Any]) -> str | None:
+    """Why a stage before could not do its work for this row (a skip row), or None for a row to work on."""
+    reason = row.get(SKIP_FIELD) if isinstance(row, Mapping) else None
+    return reason if isinstance(reason, str) and reason else None
+
+
+def passing_skips(process: Callable[[list[dict]], list[dict]]) -> Callable[[list[dict]], list[dict]]:
+    """``process`` over the rows of a batch that are not skip rows; each skip row passes on unchanged, in its
+    place (a stage never fails on, nor works on, a row a stage before it could not make)."""
+    def run(batch: list[dict]) -> list[dict]:
+        live = [row for row in batch if skip_reason(row) is None]
+        done = iter(process(live) if live else [])
+        return [dict(row) if skip_reason(row) is not None else next(done) for row in batch]
+
+    return run

@@ -88,3 +88,12 @@ def reference_rows(out: Path, pairs: list[dict], model: Any, tokenizer: Any) -> 
     compute_ref_logprobs(pairs, model, tokenizer, chat_format="apertus", batch_size=128, max_length=MAX_LENGTH,
                          output_dir=out / "logprobs", chat_date=DATE)
     return load_ref_logprobs(out / "logprobs", pairs)
+
+
+def count_reasons(items: Any) -> dict[str, int]:
+    """How many skips of each reason (the text before its first colon)."""
+    counts: dict[str, int] = {}
+    for item in items:
+        key = str(item).split(":")[0]
+        counts[key] = counts.get(key, 0) + 1
+    return counts

@@ -8,6 +8,7 @@ from typing import Any
 
 from align.data.pairs import fallback_note
 from align.demo.environment import run_environment
+from align.demo.parts import count_reasons
 from align.io import write_json
 
 
@@ -105,15 +106,6 @@ def plot_training(state: Any) -> Path:
     plot_reward_vs_accuracy(state.along, state.out / "reward_vs_accuracy.png",
                             title=f"align demo, seed {config.seed}, trained on the {config.reward} reward")
     return plot_panels(panels, state.out / "training.png", title=f"align demo, seed {config.seed}")
-
-
-def count_reasons(items: Any) -> dict[str, int]:
-    """How many skips of each reason (the text before its first colon)."""
-    counts: dict[str, int] = {}
-    for item in items:
-        key = str(item).split(":")[0]
-        counts[key] = counts.get(key, 0) + 1
-    return counts
 
 
 def build_report(state: Any, *, total_seconds: float) -> dict[str, Any]:

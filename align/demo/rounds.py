@@ -94,13 +94,13 @@ def method_round(state: Any, method: str, round_: int) -> RoundResult:
     from align.demo.config import DATE, GENERATE_BATCH
     from align.demo.parts import (
         annotate_into,
+        count_reasons,
         demo_reward,
         pairs_into,
         preference_config,
         reference_rows,
         sample_into,
     )
-    from align.demo.report import count_reasons
     from align.sampling.hf import TransformersSampler
     from align.sweep.run import run_sweep
 

@@ -187,7 +187,7 @@ def select_pairs(state: DemoState) -> None:
     """Quantile rewards against the references, then chosen/rejected pairs."""
     state.pairs, state.skips = pairs_into(state.out, state.config, state.annotated, state.tokenizer)
     if not state.pairs:
-        from align.demo.report import count_reasons
+        from align.demo.parts import count_reasons
 
         reasons = count_reasons(s["reason"] for s in state.skips)
         raise ConfigError(

@@ -29,6 +29,7 @@ from align.io.shards import (
     shard_name,
 )
 from align.jobs.sharding import check_shard, shard_of
+from align.ranks import is_writer
 
 ProcessBatch = Callable[[list[dict]], list[dict]]
 # output directory (real path) -> a check that raises when the directory is no longer this run's
@@ -49,16 +50,6 @@ def _check_guard(output_dir: Path) -> None:
     check = _GUARDS.get(os.path.realpath(output_dir))
     if check is not None:
         check()
-
-
-def is_replica_process() -> bool:
-    """True on a non-main process of a distributed launch (``accelerate launch``, torchrun).
-
-    Such a process keeps its progress bar to itself: N ranks drawing N bars on one
-    terminal (or one SLURM log) bury the main one. A SLURM array task is a launch of its
-    own (no ``RANK``), so each keeps its bar in its own log.
-    """
-    return os.environ.get("RANK", "0") != "0"
 
 
 @dataclass(frozen=True)
@@ -180,7 +171,7 @@ def run_job(
         label = desc or f"shard {shard_index}/{num_shards}"
         processed = 0
         with tqdm(total=len(mine), initial=already, desc=label, unit="rec", dynamic_ncols=True,
-                  disable=is_replica_process()) as bar:
+                  disable=not is_writer()) as bar:  # one bar per launch, not N on one log
             for start in range(0, len(pending), batch_size):
                 chunk = pending[start : start + batch_size]
                 batch = [source[i] for i in chunk]

@@ -34,7 +34,6 @@ from align.manifests.rerun import (
     StaleOutputError,
     begin,
     completion_fields,
-    is_writer,
     start,
 )
 from align.manifests.settings import NEUTRAL_KEYS, PATH_KEYS, STAGE_NEUTRAL_KEYS, is_path_key
@@ -58,7 +57,6 @@ __all__ = [
     "fingerprint_input",
     "is_path_key",
     "is_secret_key",
-    "is_writer",
     "recorded_manifest",
     "redact",
     "row_digests",

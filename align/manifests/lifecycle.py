@@ -43,10 +43,12 @@ import json
 import os
 import socket
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from align import ranks, stage_table
 from align.config import to_dict
 from align.errors import ConfigError, InputError, MissingInputError
 from align.io import STAGE_COMPLETE_MARKER, mark_stage_complete, read_records, stage_completion_info
@@ -56,13 +58,10 @@ from align.io.records import is_marker, looks_local
 from align.jobs.runner import guard_writes
 from align.manifests.outputs import changed_outputs, record_outputs
 from align.manifests.redaction import redact
-from align.manifests.rerun import Begun, StaleOutputError, begin, completion_fields, is_writer, start
+from align.manifests.rerun import Begun, StaleOutputError, begin, completion_fields, start
 from align.manifests.settings import flatten, init_settings, looks_like_path
 from align.manifests.state import MANIFEST_FILE, WRITER_LOCK, read_json
-# Stage outputs that hold more than one kind of row: reading the whole directory would mix
-# them (skipped prompts into pairs, contaminated rows into the training set).
-DATA_FILES = {"pairs": "pairs.jsonl", "decontaminate": "kept.jsonl"}
-
+from align.stage_table import data_file_of
 
 # --------------------------------------------------------------------------- input checks
 
@@ -105,8 +104,9 @@ def check_stage_input(path: str | Path, stage: str, key: str, *, verify: bool = 
                          f"was made ({'; '.join(changed[:5])}); rerun that stage (overwrite=true redoes it), or, to "
                          "read edited rows as data of your own, copy the data files (not the _*.json markers) to a "
                          "directory of their own and read that")
-    if path.is_dir() and info.get("stage") in DATA_FILES:
-        wanted = path / DATA_FILES[info["stage"]]
+    data_file = data_file_of(info.get("stage"))
+    if path.is_dir() and data_file is not None:
+        wanted = path / data_file
         raise InputError(
             f"{stage}: {key}={str(path)!r} is the {info['stage']} stage's output, which holds more than one "
             f"kind of row; name the file instead: {key}={wanted}"
@@ -180,40 +180,6 @@ def check_apart(stage: str, config: Any, output_dir: Path) -> None:
                               "output_dir")
 
 
-# --------------------------------------------------------------------------- distributed launches
-
-
-def launch_group() -> Any:
-    """torch.distributed when this process is a rank of a launch whose process group is up, else None."""
-    if int(os.environ.get("WORLD_SIZE", "1")) <= 1:
-        return None
-    try:
-        import torch.distributed as dist
-    except ImportError:
-        return None
-    return dist if dist.is_available() and dist.is_initialized() else None
-
-
-def _share(value: Any) -> Any:
-    """Rank 0's ``value`` on every rank of the launch (unchanged outside one)."""
-    dist = launch_group()
-    if dist is None:
-        return value
-    box = [value]
-    dist.broadcast_object_list(box, src=0)
-    return box[0]
-
-
-def on_rank_zero(compute: Any) -> Any:
-    """``compute()`` on rank 0 of a launch, its value shared with every rank (a fingerprint the launch
-    needs once, not once per rank); outside a launch, ``compute()``."""
-    dist = launch_group()
-    if dist is None:
-        return compute()
-    value = compute() if dist.get_rank() == 0 else None
-    return _share(value)
-
-
 # --------------------------------------------------------------------------- the lifecycle
 
 _HELD: dict[str, tuple[int, Any]] = {}  # writer locks this process holds: real path -> (descriptor, the run holding it)
@@ -226,10 +192,13 @@ class StageRun:
                  overwrite: bool | None = None):
         self.stage = stage
         self.config = config
-        self.output_dir = Path(output_dir if output_dir is not None else config.output_dir)
+        target = output_dir if output_dir is not None else getattr(config, "output_dir", None)
+        # None: an output kept under its cache key (the log-prob pass with cache_dir), made with no manifest
+        self.output_dir = None if target is None else Path(target)
         self.job = job
         self.overwrite = bool(getattr(config, "overwrite", False)) if overwrite is None else overwrite
-        self.rows: dict[str, list[dict[str, Any]]] = {}
+        self.rows: dict[str, list[dict[str, Any]]] = {}  # each input key's rows, read before start
+        self.held: dict[str, Any] = {}  # what a stage's prepare read or decided, for its work
         self.begun: Begun | None = None
         self._memo: contextlib.ExitStack | None = None
 
@@ -249,12 +218,15 @@ class StageRun:
         return bool(self.begun and self.begun.resumed)
 
     def _begin(self) -> None:
-        check_output_dir(self.output_dir, self.stage)
-        check_apart(self.stage, self.config, self.output_dir)
+        if self.output_dir is not None:
+            check_output_dir(self.output_dir, self.stage)
+            check_apart(self.stage, self.config, self.output_dir)
         self._memo = contextlib.ExitStack()
         self._memo.enter_context(remembered())
-        if launch_group() is not None and not is_writer():
-            decided = _share(None)
+        if self.output_dir is None:  # a keyed output: nothing to decide here (its cache key decides)
+            return
+        if ranks.launch_group() is not None and not ranks.is_writer():
+            decided = ranks.share(None)
             if decided.get("error"):
                 self._end()
                 raise InputError(f"{self.stage}: rank 0 stopped before the run started (its error is in its log)")
@@ -265,11 +237,11 @@ class StageRun:
         try:
             self.begun = begin(self.stage, self.config, self.output_dir, overwrite=self.overwrite)
         except BaseException:
-            if launch_group() is not None:
-                _share({"error": True})  # the other ranks raise on it, reading nothing else
+            if ranks.launch_group() is not None:
+                ranks.share({"error": True})  # the other ranks raise on it, reading nothing else
             self._end()
             raise
-        _share({"skip": self.begun.skip, "resumed": self.begun.resumed})
+        ranks.share({"skip": self.begun.skip, "resumed": self.begun.resumed})
         if self.begun.skip:
             self._end()
 
@@ -304,7 +276,7 @@ class StageRun:
         if not value:
             raise ConfigError(f"{self.stage}: set {key}")
         check_input_exists(value, self.stage, key)
-        check_stage_input(value, self.stage, key, verify=launch_group() is None or is_writer())
+        check_stage_input(value, self.stage, key, verify=ranks.launch_group() is None or ranks.is_writer())
         return str(value)
 
     def input_fingerprint(self, key: str) -> str:
@@ -313,7 +285,7 @@ class StageRun:
             entry = (self.begun.manifest.inputs.get(key) if self.begun and self.begun.manifest else None) or {}
             return json_digest({k: v for k, v in entry.items() if k not in ("path", "files")})
 
-        return on_rank_zero(compute)
+        return ranks.on_rank_zero(compute)
 
     def read(self, key: str, value: str | Sequence[str] | None = None) -> list[dict[str, Any]]:
         """The rows of input ``key`` (default: the config's value): it exists, is finished and unchanged, and
@@ -324,7 +296,7 @@ class StageRun:
             raise ConfigError(f"{self.stage}: set {key}")
         rows: list[dict[str, Any]] = []
         seen: dict[str, str] = {}
-        verify = launch_group() is None or is_writer()
+        verify = ranks.launch_group() is None or ranks.is_writer()
         for path in paths:
             check_input_exists(path, self.stage, key)
             check_stage_input(path, self.stage, key, verify=verify)
@@ -348,8 +320,8 @@ class StageRun:
         """Record the manifest (the writer cleans first under ``overwrite``); the other ranks wait for it."""
         if self.begun is None or self.begun.skip:
             return
-        dist = launch_group()
-        if dist is not None and not is_writer():
+        dist = ranks.launch_group()
+        if dist is not None and not ranks.is_writer():
             dist.barrier()
             return
         if not self.job:
@@ -378,7 +350,7 @@ class StageRun:
         job is complete when its last shard lands, on whichever task that is.
         """
         try:
-            if not (self.job or is_writer()) or self.begun is None or self.begun.manifest is None:
+            if not (self.job or ranks.is_writer()) or self.begun is None or self.begun.manifest is None:
                 return summary
             self.check_owner()
             output_id = None
@@ -405,8 +377,9 @@ class StageRun:
         self._end()
 
     def _end(self) -> None:
-        close_ledger(self.output_dir)
-        guard_writes(self.output_dir, None)
+        if self.output_dir is not None:
+            close_ledger(self.output_dir)
+            guard_writes(self.output_dir, None)
         for key, (fd, holder) in list(_HELD.items()):
             if holder is self:  # a lock a later run took over is that run's to release
                 del _HELD[key]
@@ -447,3 +420,78 @@ def _refuse_while_shards_are_written(stage: str, output_dir: Path) -> None:
 def redacted_settings(config: Any) -> Mapping[str, Any]:
     """The settings as written into markers and logs (secrets removed)."""
     return redact(to_dict(config))
+
+
+# --------------------------------------------------------------------------- a stage inside its lifecycle
+
+
+@dataclass
+class Unfinished:
+    """What a stage's work returns when its output is not complete yet (a job shard whose siblings are still
+    running, a rank other than the writer): the run ends without marking the output, and ``summary`` is
+    what the stage reports."""
+
+    summary: dict[str, Any] = field(default_factory=dict)
+
+
+def run_stage(name: str, config: Any, work: Callable[[StageRun], dict[str, Any] | Unfinished], *,
+              prepare: Callable[[StageRun], None] | None = None) -> dict[str, Any]:
+    """Run a stage's ``work`` inside the one lifecycle every stage shares.
+
+    What the stage reads comes from its entry in ``align.stage_table``: each input key is
+    checked to be set, then, after the rerun rules decided (skip, resume, refuse, redo), read
+    (``rows``: every row, checked, in ``run.rows[KEY]``), checked (``stream``: the stage
+    streams it) or looked up (``model``). ``prepare`` checks what only the stage knows, still
+    before ``start`` may remove an earlier output. A stage launched over several ranks has
+    its process group up before rank 0 decides for all. ``work`` returns the summary (the
+    output is marked complete with it) or ``Unfinished``; an error ends the run, leaving the
+    output unmarked and its lock released.
+    """
+    entry = stage_table.spec(name)
+    for key, reads in entry.reads.items():
+        if reads.how != "none" and not _setting(config, key):
+            raise ConfigError(f"{name}: set {key} ({reads.what}; an empty path is never read as the current "
+                              "directory)")
+    if entry.launches:
+        ranks.start_process_group(config)
+    run = StageRun.begin(name, config, job=entry.shards)
+    if run.skip:
+        return {}
+    try:
+        for key, reads in entry.reads.items():
+            value = _setting(config, key)
+            if reads.how == "rows":
+                run.read(key)
+            elif reads.how == "stream":
+                run.check(key)
+            elif reads.how == "model":
+                check_model_path(value, name, key)
+        if prepare is not None:
+            prepare(run)
+        run.start()
+        result = work(run)
+    except BaseException:
+        run.close()
+        raise
+    if isinstance(result, Unfinished):
+        run.close()
+        return result.summary
+    return run.finish(result)
+
+
+def _setting(config: Any, key: str) -> Any:
+    """A config's value at a dotted key (``sampler.model``)."""
+    value = config
+    for part in key.split("."):
+        value = value.get(part) if isinstance(value, Mapping) else getattr(value, part, None)
+    return value
+
+
+def mark_complete_unmanaged(stage: str, config: Any, output_dir: str | Path, summary: dict[str, Any]) -> dict[str, Any]:
+    """Mark an output complete that has no manifest of its own (a sweep: each of its points has one)."""
+    if not ranks.is_writer():
+        return summary
+    mark_stage_complete(output_dir, stage=stage, config=redact(to_dict(config)), summary=redact(summary))
+    print(f"[align {stage}] wrote {output_dir}")
+    print(f"[align {stage}] " + json.dumps(redact(summary), default=str))
+    return summary

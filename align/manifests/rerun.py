@@ -16,7 +16,6 @@
 
 from __future__ import annotations
 
-import os
 import time
 import uuid
 from collections.abc import Mapping, Sequence
@@ -24,6 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from align import ranks
 from align.errors import InputError
 from align.io import stage_completion_info, write_json
 from align.manifests.differences import explain
@@ -110,7 +110,7 @@ def start(begun: Begun, rows_by_key: Mapping[str, Sequence[Mapping[str, Any]]] |
     if begun.skip:
         return
     output_dir, manifest = begun.output_dir, begun.manifest
-    if not is_writer():
+    if not ranks.is_writer():
         _wait_for_manifest(output_dir, manifest)
         return
     with locked(output_dir):
@@ -136,11 +136,6 @@ def start(begun: Begun, rows_by_key: Mapping[str, Sequence[Mapping[str, Any]]] |
         wanted = {key: row_digests(rows) for key, rows in (rows_by_key or {}).items() if key in manifest.inputs}
         if wanted and wanted != read_json(output_dir / ROWS_FILE):
             write_json(output_dir / ROWS_FILE, wanted)
-
-
-def is_writer() -> bool:
-    """Rank 0 of a distributed launch (or a plain process, or a SLURM array task)."""
-    return int(os.environ.get("RANK", "0")) == 0
 
 
 def _wait_for_manifest(output_dir: Path, manifest: Manifest, timeout: float = 1800.0) -> None:

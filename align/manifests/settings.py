@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from align.config import to_dict
+from align.stage_table import neutral_keys
 
 # Keys that cannot change what a stage writes: where it writes, how it reports progress or
 # logs, how often it saves checkpoints, which shard of a job this process takes, and the
@@ -30,19 +31,10 @@ NEUTRAL_KEYS = frozenset({
     "concurrency",  # requests in flight to an OpenAI-compatible server
 })
 
-# Per stage: keys that group work without changing any result. The job batch of sample,
-# annotate, evaluate and judge-validate is how many records one append holds (each record
-# is computed on its own; model batches have their own keys); the log-prob pass's batch
-# size and layout, and whether a model is held whole or partitioned over ranks (the pass's
-# sharding, evaluate's kl_sharding, and kl_only: the KL step in a launch of its own), are
-# documented not to change its numbers (tests compare them).
-STAGE_NEUTRAL_KEYS = {
-    "sample": frozenset({"batch_size"}),
-    "annotate": frozenset({"batch_size"}),
-    "evaluate": frozenset({"batch_size", "kl_sharding", "kl_only"}),
-    "judge-validate": frozenset({"batch_size"}),
-    "logprobs": frozenset({"batch_size", "padding_free", "max_row_tokens", "sharding"}),
-}
+# Per stage: keys that group work without changing any result (the stage table says which and
+# why: a job's batch of records per append, the log-prob pass's batch layout and sharding,
+# evaluate's KL placement; tests compare them).
+STAGE_NEUTRAL_KEYS = neutral_keys()
 
 # The settings whose value is a path to read (or a hub name): their content counts, not their
 # spelling. A leaf key is one of these, or ends in ``_path``, ``_file`` or ``_dir``.

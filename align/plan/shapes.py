@@ -10,7 +10,6 @@ count wherever transformers knows the architecture, the formula otherwise.
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
@@ -244,7 +243,3 @@ def linear_shapes(config: Any) -> list[tuple[str, int, int]]:
         return []
     return [(name, m.in_features, m.out_features) for name, m in model.named_modules()
             if isinstance(m, torch.nn.Linear)]
-
-
-def as_dict(shape: ModelShape) -> dict[str, Any]:
-    return dataclasses.asdict(shape)

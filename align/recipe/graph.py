@@ -8,6 +8,7 @@ it is first asked for.
 
 from __future__ import annotations
 
+import heapq
 import os
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
@@ -17,6 +18,7 @@ from typing import Any
 from align.config import apply_defaults, default_keys, deferred_device_checks, from_dict, renamed_key_hint
 from align.errors import ConfigError
 from align.recipe.settings import PipelineSettings
+from align.stage_table import STAGES, phase
 
 # Keys that say which work a step does (its model, its data, where it writes, how much it
 # holds at once): a value in ``defaults`` would reach every step and nested section with the
@@ -24,8 +26,6 @@ from align.recipe.settings import PipelineSettings
 IDENTITY_KEYS = frozenset({"model", "model_name_or_path", "ref_model_name_or_path", "input", "prompts",
                            "completions", "policies", "output_dir", "cache_dir", "tokenizer", "base_url",
                            "initial_policy", "kl_reference_model", "resume_from_checkpoint"})
-# The job a step's phase runs as: evaluate with kl_sharding=zero3 is three jobs (docs/slurm.md).
-PHASE_KINDS = {"kl": "launch", "report": "single"}
 
 ConfigClass = Callable[[str], type]
 
@@ -54,10 +54,10 @@ class Step:
         return None if value is None else str(value)
 
     def job_kind(self) -> str:
-        """How the step runs as a SLURM job: ``array``, ``launch`` or ``single``."""
-        from align.slurm import kind_of
-
-        return PHASE_KINDS.get(self.phase or "", None) or kind_of(self.stage)
+        """How the step runs as a SLURM job: ``array``, ``launch`` or ``single`` (a phase has its own)."""
+        if self.phase:
+            return phase(self.stage, self.phase).job
+        return STAGES[self.stage].job
 
 
 @dataclass
@@ -94,14 +94,6 @@ class Recipe:
         """Every step's config, so a mistake in the last step stops the run before the first."""
         for step in self.steps:
             self.config(step)
-
-    def dependents(self, name: str) -> list[str]:
-        """The steps that read ``name``'s output, directly or through others."""
-        found: list[str] = []
-        for step in self.steps:
-            if name in step.needs or any(n in step.needs for n in found):
-                found.append(step.name)
-        return found
 
 
 BUILDS: list[str] = []  # step names, one per config built (tests count them)
@@ -166,8 +158,20 @@ def _leaf_keys(value: Mapping[str, Any]) -> Iterator[str]:
 
 
 def path_key(value: str) -> str:
-    """One spelling per path (relative or absolute, ``a/./b``), for matching outputs to inputs."""
-    return os.path.normpath(os.path.abspath(os.path.expanduser(value)))
+    """One spelling per path: absolute, ``..`` and ``.`` resolved and symbolic links followed (two steps that
+    name one directory through a link are caught), for matching outputs to inputs."""
+    found = _REAL.get(value)
+    if found is None:
+        found = _REAL[value] = os.path.realpath(os.path.expanduser(value))
+    return found
+
+
+_REAL: dict[str, str] = {}  # path as written -> its real path (a recipe names the same paths many times)
+
+
+def clear_path_cache() -> None:
+    """Forget the real paths seen (a link may point elsewhere by the time the next recipe is read)."""
+    _REAL.clear()
 
 
 def string_values(value: Any) -> Iterator[str]:
@@ -182,40 +186,110 @@ def string_values(value: Any) -> Iterator[str]:
             yield from string_values(inner)
 
 
-def reads_from(keys: Mapping[str, Any], outputs: Mapping[str, str]) -> list[str]:
-    """The earlier steps (``outputs``: name -> output directory) whose output one of ``keys``' values names."""
-    found = []
-    for name, directory in outputs.items():
-        root = path_key(directory)
-        for text in string_values({k: v for k, v in keys.items() if k != "output_dir"}):
-            if not text or "\n" in text or len(text) > 4096:
-                continue
-            candidate = path_key(text)
-            if candidate == root or candidate.startswith(root + os.sep):
-                found.append(name)
-                break
-    return found
+def _could_be_path(text: str) -> bool:
+    return bool(text) and "\n" not in text and len(text) <= 4096 and not text.startswith("@")
+
+
+class OutputIndex:
+    """Which step writes a path: every step's output directory by its real path, so that finding the step
+    behind a path costs one lookup per directory above it (reading a recipe is linear in its steps)."""
+
+    def __init__(self, steps: list[Step]):
+        self.owners: dict[str, str] = {}
+        for step in steps:
+            if step.output_dir is not None:
+                self.owners.setdefault(path_key(step.output_dir), _owner(step))
+
+    def owner(self, text: str) -> tuple[str, str] | None:
+        """(the step whose output ``text`` is or lies in, that output's real path), or None."""
+        if not _could_be_path(text):
+            return None
+        key = path_key(text)
+        while True:
+            if key in self.owners:
+                return self.owners[key], key
+            parent = os.path.dirname(key)
+            if parent == key:
+                return None
+            key = parent
+
+
+def _owner(step: Step) -> str:
+    """The step an output belongs to: the phases of one evaluate step share its directory."""
+    return step.name.removesuffix(f".{step.phase}") if step.phase else step.name
+
+
+def reads_from(keys: Mapping[str, Any], index: OutputIndex, itself: str = "") -> list[str]:
+    """The steps (other than ``itself``) whose output one of ``keys``' values names, in the order found."""
+    found: dict[str, None] = {}
+    for text in string_values({k: v for k, v in keys.items() if k != "output_dir"}):
+        hit = index.owner(text)
+        if hit is not None and hit[0] != itself:
+            found[hit[0]] = None
+    return list(found)
 
 
 def check_outputs(steps: list[Step]) -> None:
-    """No two steps write one directory (the phases of one evaluate step are one step), and no step
-    writes inside another's output."""
-    seen: dict[str, str] = {}
+    """No two steps write one directory (compared by real path: a symbolic link or ``..`` does not hide it; the
+    phases of one evaluate step are one step), and no step writes inside another's output."""
+    seen: dict[str, tuple[str, str]] = {}  # real path -> (owner, the output_dir as written)
     for step in steps:
         if step.output_dir is None:
             continue
-        key = path_key(step.output_dir)
-        owner = step.name.removesuffix(f".{step.phase}") if step.phase else step.name
-        for other_key, other in seen.items():
-            if other == owner:
-                continue
-            if key == other_key:
-                raise ConfigError(f"steps {other!r} and {step.name!r} both write {step.output_dir}: give each its "
-                                  "own output_dir")
-            if key.startswith(other_key + os.sep) or other_key.startswith(key + os.sep):
-                raise ConfigError(f"step {step.name!r} writes {step.output_dir}, inside (or around) step "
-                                  f"{other!r}'s output: give each a directory of its own")
-        seen.setdefault(key, owner)
+        key, owner = path_key(step.output_dir), _owner(step)
+        if key in seen and seen[key][0] != owner:
+            other, written = seen[key]
+            same = "" if written == step.output_dir else f" ({written} and {step.output_dir} are one directory: " \
+                f"{key})"
+            raise ConfigError(f"steps {other!r} and {step.name!r} both write {step.output_dir}{same}: give each "
+                              "its own output_dir")
+        seen.setdefault(key, (owner, step.output_dir))
+    for key, (owner, written) in seen.items():
+        parent = os.path.dirname(key)
+        while parent != key:
+            if parent in seen and seen[parent][0] != owner:
+                raise ConfigError(f"step {owner!r} writes {written}, inside (or around) step {seen[parent][0]!r}'s "
+                                  "output: give each a directory of its own")
+            key, parent = parent, os.path.dirname(parent)
+
+
+def in_order(steps: list[Step]) -> list[Step]:
+    """The steps in an order where each runs after every step it reads (its ``needs``), keeping the order
+    they were written in wherever the reads allow; a cycle is an error naming its steps."""
+    by_name = {step.name: step for step in steps}
+    position = {step.name: i for i, step in enumerate(steps)}
+    waiting = {step.name: {n for n in step.needs if n in by_name and n != step.name} for step in steps}
+    readers: dict[str, list[str]] = {}
+    for name, needs in waiting.items():
+        for need in needs:
+            readers.setdefault(need, []).append(name)
+    ready = [position[name] for name, needs in waiting.items() if not needs]
+    heapq.heapify(ready)
+    out: list[Step] = []
+    while ready:
+        step = steps[heapq.heappop(ready)]
+        out.append(step)
+        for reader in readers.get(step.name, ()):
+            waiting[reader].discard(step.name)
+            if not waiting[reader]:
+                heapq.heappush(ready, position[reader])
+    if len(out) < len(steps):
+        left = [s.name for s in steps if waiting[s.name]]
+        cycle = _a_cycle(left, waiting)
+        raise ConfigError(f"steps {' -> '.join(cycle)} read each other's outputs in a cycle: no order runs each "
+                          "after the steps it reads; give one of them another input")
+    return out
+
+
+def _a_cycle(names: list[str], waiting: Mapping[str, set[str]]) -> list[str]:
+    """One cycle among steps that all still wait, as a path that returns to its start."""
+    path, seen = [names[0]], {names[0]: 0}
+    while True:
+        nxt = sorted(waiting[path[-1]])[0]
+        if nxt in seen:
+            return [*path[seen[nxt]:], nxt]
+        seen[nxt] = len(path)
+        path.append(nxt)
 
 
 def expand_phases(step: Step, config_class: ConfigClass) -> list[Step]:
@@ -225,9 +299,9 @@ def expand_phases(step: Step, config_class: ConfigClass) -> list[Step]:
             or step.keys.get("kl_only"):
         return [step]
     kl = Step(f"{step.name}.kl", step.stage, {**step.keys, "kl_only": True}, step.round, (*step.needs, step.name),
-              "KL of every policy, the models partitioned over the launch's ranks", "kl", step.base)
+              phase(step.stage, "kl").what, "kl", step.base)
     report = Step(f"{step.name}.report", step.stage, dict(step.keys), step.round, (*step.needs, kl.name),
-                  "the report, once the KL step is done", "report", step.base)
+                  phase(step.stage, "report").what, "report", step.base)
     return [step, kl, report]
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import os
 import re
 from collections.abc import Mapping, Sequence
@@ -14,17 +15,22 @@ from align.errors import ConfigError
 from align.recipe import graph
 from align.recipe.graph import (
     ConfigClass,
+    OutputIndex,
     Recipe,
     Step,
     check_defaults,
     check_outputs,
+    clear_path_cache,
     expand_phases,
+    in_order,
     reads_from,
     references_in,
     resolve_references,
 )
-from align.recipe.rounds import ROUND_SECTIONS, graph_rounds, section_rounds
+from align.recipe.rounds import POLICY_TOKENS, ROUND_SECTIONS, graph_rounds, section_rounds
+from align.recipe.checks import check_graph
 from align.recipe.settings import EXTRA_SECTIONS, SECTIONS, PipelineSettings
+from align.stage_table import STAGES
 
 PIPELINE_KEYS = frozenset(f.name for f in dataclasses.fields(PipelineSettings))
 # Keys whose value is a path: $VAR and ${VAR} in them are the environment's ($SCRATCH/runs/x)
@@ -34,6 +40,8 @@ _PATH_LEAVES = frozenset({"input", "prompts", "model", "model_name_or_path", "re
                           "validation_prompts", "kl_reference_model", "resume_from_checkpoint", "logging_dir",
                           "path"})
 _VARIABLE = re.compile(r"\$(\w+|\{\w+\})")
+# A step's name: it becomes an argument of its job (`align step RECIPE NAME`) and part of paths and job names.
+STEP_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_-]*")
 
 
 def expand_paths(value: Any, where: str = "", key: str = "") -> Any:
@@ -74,6 +82,7 @@ def read_recipe(source: str | Path | Mapping[str, Any], overrides: Sequence[str]
     ``stage``: the stage a stage file is for (required for that shape). ``devices``: ``check``
     where the steps run, ``defer`` where they are only read (status, plan, submit on a login node).
     """
+    clear_path_cache()
     where = str(source) if isinstance(source, (str, Path)) else None
     data = read_yaml(source) if isinstance(source, (str, Path)) else dict(source or {})
     extra = parse_overrides(overrides) if not isinstance(overrides, Mapping) else dict(overrides)
@@ -90,6 +99,7 @@ def read_recipe(source: str | Path | Mapping[str, Any], overrides: Sequence[str]
     if isinstance(data.get("steps"), Mapping):  # NAME.key=value: a step's key
         named = {k: v for k, v in extra.items() if k in data["steps"] and (k in SECTIONS or k not in PIPELINE_KEYS)}
         extra = {k: v for k, v in extra.items() if k not in named}
+        _check_step_overrides(data["steps"], extra)
         if named:
             extra = merge(extra, {"steps": named})
     data = merge(data, extra)
@@ -100,9 +110,7 @@ def read_recipe(source: str | Path | Mapping[str, Any], overrides: Sequence[str]
         raise unknown_key_error(PipelineSettings, unknown[0], "")
     settings = from_dict(PipelineSettings, top)
     if settings.steps is not None:
-        from align.slurm.config import STEP_STAGES
-
-        expanded = {name: _step_keys(name, keys, base, STEP_STAGES) for name, keys in settings.steps.items()}
+        expanded = {name: _step_keys(name, keys, base, tuple(STAGES)) for name, keys in settings.steps.items()}
         settings.steps = expanded
         data = {**data, "steps": expanded}
         steps = _graph_steps(settings, base, config_class)
@@ -114,19 +122,19 @@ def read_recipe(source: str | Path | Mapping[str, Any], overrides: Sequence[str]
     check_defaults(settings.defaults, steps, config_class)
     steps = [phase for step in steps for phase in expand_phases(step, config_class)]
     check_outputs(steps)
+    check_graph(steps, settings.defaults, config_class)
     _check_slurm_names(settings, steps)
     steps = steps[: _stop_index(settings, steps) + 1]
     return Recipe(settings, steps, config_class, where, "pipeline", devices, data)
 
 
 def _with_needs(steps: list[Step]) -> list[Step]:
-    """Each step's ``needs``: the earlier steps whose output directory one of its values names."""
-    outputs: dict[str, str] = {}
+    """Each step's ``needs`` (the steps whose output directory one of its values names, wherever they are
+    listed), and the steps in an order where each runs after the steps it reads."""
+    index = OutputIndex(steps)
     for step in steps:
-        step.needs = tuple(dict.fromkeys([*step.needs, *reads_from(step.keys, outputs)]))
-        if step.output_dir is not None:
-            outputs[step.name] = step.output_dir
-    return steps
+        step.needs = tuple(dict.fromkeys([*step.needs, *reads_from(step.keys, index, step.name)]))
+    return in_order(steps)
 
 
 def _section_steps(settings: PipelineSettings, config_class: ConfigClass,
@@ -143,11 +151,13 @@ def _section_steps(settings: PipelineSettings, config_class: ConfigClass,
 
 def _step_keys(name: str, keys: Any, base: Path, stages: Sequence[str]) -> dict[str, Any]:
     """A step's keys as written, with the stage file its ``from`` names underneath."""
+    if not isinstance(name, str) or not STEP_NAME.fullmatch(name) or name.startswith("round-") or \
+            name in POLICY_TOKENS:
+        raise ConfigError(f"steps: {name!r} is not a step name: a name is letters, digits, _ and -, starting with a "
+                          "letter or _ (no '.', '/', '=', '@' or leading '-'; not round-K, policy, reference or "
+                          "initial): it becomes a command-line argument of the step's job")
     if not isinstance(keys, Mapping):
         raise ConfigError(f"steps.{name}: expected a mapping ({{stage: TYPE, ...}}), got {keys!r}")
-    if not isinstance(name, str) or not name or "." in name or "/" in name or name.startswith(("@", "round-")):
-        raise ConfigError(f"steps: {name!r} is not a step name (letters, digits, _ and -; no '.', '/', a leading "
-                          "'@' or 'round-')")
     stage = keys.get("stage")
     if stage not in stages:
         raise ConfigError(f"steps.{name}.stage: {stage!r} is not a stage; one of {sorted(stages)}")
@@ -167,53 +177,93 @@ def _graph_steps(settings: PipelineSettings, base: Path, config_class: ConfigCla
     raw = dict(settings.steps or {})  # each step's keys, its from: file merged in
     if not raw:
         raise ConfigError("steps: give at least one step")
-    order = list(raw)
-    tokens = ("policy", "reference", "initial") if settings.rounds is not None else ()
-    for i, name in enumerate(order):
-        for ref in sorted(references_in(raw[name])):
-            if ref in tokens:
-                continue
-            if ref not in raw:
-                raise ConfigError(f"step {name!r}: @{ref} names no step (steps: {order})")
-            if order.index(ref) >= i:
-                raise ConfigError(f"step {name!r}: @{ref} names a step that runs later (or itself); a step reads "
-                                  "earlier steps' outputs")
-    outputs: dict[str, str | None] = {}
-    steps: list[Step] = []
+    tokens = POLICY_TOKENS if settings.rounds is not None else ()
+    for name, keys in raw.items():
+        for ref in sorted(references_in(keys)):
+            if ref not in tokens and ref not in raw:
+                raise ConfigError(f"step {name!r}: @{ref} names no step (steps: {list(raw)})")
     if settings.rounds is None:
-        for name in order:
-            steps.append(_graph_step(settings, name, raw[name], outputs))
-        return _with_needs(steps)
-    once, repeated = graph_rounds(settings, raw, _once_outputs(settings, raw, order), order)
+        outputs = _outputs(settings, raw, list(raw))
+        return _with_needs([_graph_step(name, raw[name], outputs) for name in raw])
+    order = _raw_order(settings, raw)
+    outputs = _outputs(settings, raw, order, rounds=True)
+    once, repeated = graph_rounds(settings, raw, outputs, order)
+    once_outputs = {name: outputs[name] for name in once}
+    steps: list[Step] = []
     for name in once:
         tokens_here = None
         if references_in(raw[name]) & {"initial", "reference"}:  # π₀ (and, under reference: initial, π_ref)
-            initial = resolve_references(settings.initial_policy, outputs, "initial_policy")
+            initial = resolve_references(settings.initial_policy, once_outputs, "initial_policy")
             tokens_here = {"initial": initial, **({"reference": initial} if settings.reference == "initial" else {})}
-        steps.append(_graph_step(settings, name, raw[name], outputs, tokens_here))
+        steps.append(_graph_step(name, raw[name], once_outputs, tokens_here))
     for k, name, keys in repeated:
         steps.append(Step(f"round-{k}.{name}", raw[name]["stage"], keys, k, (), f"round {k}", base=name))
     return _with_needs(steps)
 
 
-def _once_outputs(settings: PipelineSettings, raw: Mapping[str, dict[str, Any]], order: list[str]) -> dict[str, str]:
-    """Every step's output directory as if it ran once (what ``@NAME`` of a once-step means)."""
-    return {name: str(raw[name].get("output_dir") or Path(settings.output_dir or "") / name) for name in order}
+def _outputs(settings: PipelineSettings, raw: Mapping[str, dict[str, Any]], order: list[str], *,
+             rounds: bool = False) -> dict[str, str | None]:
+    """Every step's output directory (as if it ran once, with rounds: what ``@NAME`` of a once-step means):
+    its own ``output_dir`` (None: a keyed output), else the recipe's ``output_dir/NAME``."""
+    out: dict[str, str | None] = {}
+    for name in order:
+        if "output_dir" in raw[name]:
+            value = raw[name]["output_dir"]
+            if isinstance(value, str) and value.startswith("@"):
+                raise ConfigError(f"step {name!r}: output_dir={value!r}: a step writes a directory of its own, not "
+                                  "another step's output")
+            out[name] = None if value is None else str(value)
+        elif settings.output_dir:
+            out[name] = str(Path(settings.output_dir) / name)
+        elif rounds:
+            out[name] = name
+        else:
+            raise ConfigError(f"step {name!r}: set its output_dir, or the recipe's output_dir (step NAME then writes "
+                              "to output_dir/NAME)")
+    return out
 
 
-def _graph_step(settings: PipelineSettings, name: str, keys: dict[str, Any], outputs: dict[str, str | None],
+def _raw_order(settings: PipelineSettings, raw: Mapping[str, dict[str, Any]]) -> list[str]:
+    """The steps of a graph with rounds in an order where each comes after the steps it names (``@NAME``)."""
+    steps = [Step(name, str(keys.get("stage")), {}, needs=tuple(sorted(references_in(keys) & set(raw))))
+             for name, keys in raw.items()]
+    return [step.name for step in in_order(steps)]
+
+
+def _graph_step(name: str, keys: dict[str, Any], outputs: Mapping[str, str | None],
                 tokens: dict[str, str] | None = None) -> Step:
-    """One step of a graph without rounds (or one that runs once, before them)."""
+    """One step of a graph without rounds (or one that runs once, before them), every ``@NAME`` resolved."""
     stage = keys["stage"]
     values = {k: v for k, v in keys.items() if k != "stage"}
     values = resolve_references(values, outputs, f"step {name!r}", tokens)
     if "output_dir" not in values:
-        if not settings.output_dir:
-            raise ConfigError(f"step {name!r}: set its output_dir, or the recipe's output_dir (step NAME then writes "
-                              "to output_dir/NAME)")
-        values["output_dir"] = str(Path(settings.output_dir) / name)
-    outputs[name] = None if values["output_dir"] is None else str(values["output_dir"])
+        values["output_dir"] = outputs[name]
     return Step(name, stage, values, base=name)
+
+
+def _check_step_overrides(steps: Mapping[str, Any], extra: Mapping[str, Any]) -> None:
+    """An override of a step graph names a step (``qrpo.beta=3``) or a top-level key; a stage's name
+    (``train.beta=3``) names the steps of that stage it could mean, a misspelt step the steps there are."""
+    for key, value in extra.items():
+        if key in PIPELINE_KEYS and key not in SECTIONS:
+            continue
+        if not isinstance(value, Mapping):
+            continue  # an unknown top-level key: refused with the pipeline's keys below
+        inner = ".".join(_first_path(value))
+        if key in STAGES:
+            mine = [name for name, keys in steps.items() if isinstance(keys, Mapping) and keys.get("stage") == key]
+            raise ConfigError(f"{key}.{inner}=...: this recipe is a step graph, where {key} is a stage, not a step; "
+                              + (f"its {key} steps are {mine}: set {' or '.join(f'{n}.{inner}=...' for n in mine)}"
+                                 if mine else f"it has no {key} step (steps: {list(steps)})"))
+        close = difflib.get_close_matches(key, list(steps), n=1)
+        raise ConfigError(f"{key}.{inner}=...: {key!r} names no step of this recipe"
+                          + (f"; did you mean {close[0]}.{inner}?" if close else "") + f" (steps: {list(steps)})")
+
+
+def _first_path(value: Mapping[str, Any]) -> list[str]:
+    key = next(iter(value), "")
+    inner = value.get(key) if key else None
+    return [str(key), *(_first_path(inner) if isinstance(inner, Mapping) and inner else [])]
 
 
 def _check_slurm_names(settings: PipelineSettings, steps: list[Step]) -> None:

@@ -29,19 +29,13 @@ from align.config import merge
 from align.errors import ConfigError
 from align.recipe.graph import ConfigClass, Step, references_in, resolve_references
 from align.recipe.settings import PipelineSettings
+from align.stage_table import STAGES, round_stages
 
 INITIAL_NAME = "sft"  # π₀'s name among the policies each round evaluates (recipes of sections)
-# With rounds: the sections each round runs (decontaminate and sft run once, before the rounds).
-ROUND_SECTIONS = ("sample", "annotate", "pairs", "logprobs", "train", "evaluate")
-# The keys a rounds pipeline of sections sets in every round: the recipe leaves them out.
-ROUND_KEYS: dict[str, tuple[str, ...]] = {
-    "sample": ("output_dir", "sampler.model"),
-    "annotate": ("input", "output_dir"),
-    "pairs": ("input", "output_dir"),
-    "logprobs": ("input", "model_name_or_path", "output_dir", "cache_dir"),
-    "train": ("input", "model_name_or_path", "ref_model_name_or_path", "output_dir"),
-    "evaluate": ("policies", "kl_reference", "output_dir"),
-}
+# With rounds: the sections each round runs (decontaminate and sft run once, before the rounds), and the
+# keys a rounds pipeline of sections sets in every round, which the recipe leaves out (the stage table's).
+ROUND_SECTIONS = round_stages()
+ROUND_KEYS: dict[str, tuple[str, ...]] = {name: STAGES[name].round_keys or () for name in ROUND_SECTIONS}
 POLICY_TOKENS = ("policy", "reference", "initial")
 
 
@@ -158,14 +152,17 @@ def section_rounds(settings: PipelineSettings, once: list[Step], config_class: C
 def per_round(steps: dict[str, dict[str, Any]], reference: str) -> set[str]:
     """The steps that run every round: they read the policy (or π_ref, when it moves), or a step that does."""
     moving = {"policy"} | ({"reference"} if reference == "previous" else set())
+    readers: dict[str, list[str]] = {}  # a name (a step, or a policy token) -> the steps that read it
+    for name, keys in steps.items():
+        for ref in references_in(keys):
+            readers.setdefault(ref, []).append(name)
     found: set[str] = set()
-    changed = True
-    while changed:
-        changed = False
-        for name, keys in steps.items():
-            if name not in found and references_in(keys) & (moving | found):
-                found.add(name)
-                changed = True
+    todo = [reader for token in moving for reader in readers.get(token, ())]
+    while todo:
+        name = todo.pop()
+        if name not in found:
+            found.add(name)
+            todo.extend(readers.get(name, ()))
     return found
 
 

@@ -2,38 +2,40 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, make_dataclass
 
 from align.errors import ConfigError
 from align.slurm import SlurmConfig
+from align.stage_table import sections
 
-# The stage sections of a pipeline recipe of the first shape, in the order they run.
-SECTIONS = ("decontaminate", "sft", "sample", "annotate", "pairs", "logprobs", "train", "evaluate")
+# The stage sections of a pipeline recipe of the first shape, in the order they run (the stage table's).
+SECTIONS = sections("main")
 # Stages that may have a section too, after those above (a sweep over the pipeline's outputs, a judge's
 # validation); a recipe of only these is still read by section: `align sweep recipes/tiny/sweep.yaml`.
-EXTRA_SECTIONS = ("judge-validate", "sweep", "split", "join")
+EXTRA_SECTIONS = sections("extra")
 REFERENCES = ("previous", "initial")  # π_ref of round k: π_{k-1}, or π₀ throughout
 ROUND_PROMPTS = ("all", "split")
 
 
 @dataclass
-class PipelineSettings:
-    """``align pipeline``'s keys (and ``align status`` / ``align submit``'s, which read the same recipe)."""
-
+class _Graph:
     steps: dict | None = field(default=None, metadata={
         "help": "named steps, each {stage: TYPE, ...its keys} (or from: a stage file); @NAME is step NAME's "
                 "output (docs/pipeline.md)"})
     defaults: dict = field(default_factory=dict, metadata={
         "help": "keys merged under every step and its nested sections (sampler, reward) that have them; keys "
                 "naming a step's own work (model, input, output_dir, batch sizes...) are refused here"})
-    decontaminate: dict | None = field(default=None, metadata={"help": "`align decontaminate` keys"})
-    sft: dict | None = field(default=None, metadata={"help": "`align sft` keys"})
-    sample: dict | None = field(default=None, metadata={"help": "`align sample` keys"})
-    annotate: dict | None = field(default=None, metadata={"help": "`align annotate` keys"})
-    pairs: dict | None = field(default=None, metadata={"help": "`align pairs` keys"})
-    logprobs: dict | None = field(default=None, metadata={"help": "`align logprobs` keys"})
-    train: dict | None = field(default=None, metadata={"help": "`align train` keys"})
-    evaluate: dict | None = field(default=None, metadata={"help": "`align evaluate` keys"})
+
+
+# one field per section, in the stage table's order: `sft: {...}` holds `align sft`'s keys
+_Sections = make_dataclass("_Sections", [(name, dict | None, field(default=None, metadata={
+    "help": f"`align {name}` keys"})) for name in SECTIONS], bases=(_Graph,))
+
+
+@dataclass
+class PipelineSettings(_Sections):  # type: ignore[valid-type, misc]
+    """``align pipeline``'s keys (and ``align status`` / ``align submit``'s, which read the same recipe)."""
+
     output_dir: str | None = field(default=None, metadata={
         "help": "steps: where a step without an output_dir of its own writes (output_dir/NAME); with rounds: "
                 "round k writes under output_dir/round-k/"})

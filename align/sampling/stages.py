@@ -12,8 +12,14 @@ Output rows are the input prompt records plus:
     num_ref_dropped: (reference sampling) how many of the n reference samples overlong="drop"
                    removed, so the pairs stage expects n - num_ref_dropped references; the
                    offline stage passes it through unchanged
-    skip_reason:   set (and no completions added) when the prompt alone fills the model's
-                   context, so nothing can be generated; such a record is not lost
+    skip_reason:   set (and no completions added) when nothing can be generated for the
+                   prompt: its text holds a token the chat format reads as structure, it fills
+                   the model's context, a server refused it, or every completion ran past
+                   max_tokens and overlong="drop" removed it; such a record is not lost (a
+                   skip row: every later stage passes it on with this reason). A row that came
+                   in as a skip row is passed on as it came, not sampled.
+    skipped_variants: (offline sampling) {system prompt tag: why} for the variants that could
+                   not be sampled while others were
 """
 
 from __future__ import annotations
@@ -23,7 +29,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, Literal
 
-from align.data.records import record_id, validate_all, validate_prompt
+from align.data.records import passing_skips, record_id, skip_reason, validate_all, validate_prompt
 from align.errors import ConfigError, InputError, RecordError
 from align.io import read_output
 from align.jobs import run_job
@@ -65,7 +71,7 @@ def preflight(records: Sequence[Mapping[str, Any]] | Any, sampler: Sampler, vari
 
     reasons: dict[tuple[str, str], str] = {}
     for record in records:
-        if shard_of(record["id"], num_shards) != shard_index:
+        if shard_of(record["id"], num_shards) != shard_index or skip_reason(record) is not None:
             continue
         for tag, conversation in variants(record):
             reason = structure_text_problem([conversation, record.get("tools")], sampler.encoder.chat_format) \
@@ -89,6 +95,10 @@ def _fits(sampler: Sampler, record: Mapping[str, Any], conversation: Sequence[Ma
     if length >= sampler.max_model_len:
         return f"prompt has {length} tokens; the model's context length is {sampler.max_model_len}"
     return None
+
+
+def _all_dropped(n: int, max_tokens: int) -> str:
+    return f"all {n} completions ran past max_tokens={max_tokens} and overlong=drop removed them"
 
 
 def _keep(completions: list[Completion], overlong: Overlong) -> tuple[list[Completion], int]:
@@ -125,7 +135,7 @@ def sample_references(
 
     def process(batch: list[dict]) -> list[dict]:
         skips = {r["id"]: skipped.get((r["id"], "")) for r in batch}
-        todo = [r for r in batch if skips[r["id"]] is None]
+        todo = [r for r in batch if skips[r["id"]] is None]  # skip rows never reach here (passing_skips)
         drawn = sampler.sample(
             [r["messages"] for r in todo], n, temperature=temperature, top_p=top_p,
             max_tokens=max_tokens, seed=[derive_seed(seed, r["id"]) for r in todo],
@@ -144,6 +154,8 @@ def sample_references(
                 kept, row["num_overlong"] = _keep(by_id[record["id"]], overlong)
                 row["num_ref_dropped"] += len(by_id[record["id"]]) - len(kept)
                 row["completions"] += [c.to_record(is_reference=True, seed=seed) for c in kept]
+                if not row["completions"]:
+                    row["skip_reason"] = _all_dropped(len(by_id[record["id"]]), max_tokens)
             out.append(row)
         return out
 
@@ -153,7 +165,7 @@ def sample_references(
         "top_p": top_p, "max_tokens": max_tokens, "seed": seed, "overlong": overlong,
     }
     run_job(
-        prompts, process, output_dir, shard_index=shard_index, num_shards=num_shards,
+        prompts, passing_skips(process), output_dir, shard_index=shard_index, num_shards=num_shards,
         batch_size=batch_size, sort_key=_prompt_chars, desc="reference completions",
         fingerprint=fingerprint,
     )
@@ -252,18 +264,19 @@ def sample_offline(
     options = {"seed": seed, "controversial_field": controversial_field, "personas": personas,
                "default_prompt": default_prompt, "charter_persona": charter_persona,
                "on_unclassified": on_unclassified}
-    for record in prompts:  # bad flags fail now, not hours into the job
-        _controversial(record, controversial_field, on_unclassified)
+    for record in prompts:  # bad flags fail now, not hours into the job (a skip row is passed on as it came)
+        if skip_reason(record) is None:
+            _controversial(record, controversial_field, on_unclassified)
     skipped = preflight(prompts, sampler, lambda r: offline_variants(r, **options), shard_index, num_shards)
 
     def process(batch: list[dict]) -> list[dict]:
         jobs = []  # (record id, tag, conversation)
-        skips: dict[str, str] = {}
+        skips: dict[str, dict[str, str]] = {r["id"]: {} for r in batch}  # id -> {variant tag: why not sampled}
         for record in batch:
             for tag, conversation in offline_variants(record, **options):
                 reason = skipped.get((record["id"], tag))
                 if reason is not None:
-                    skips.setdefault(record["id"], f"{tag}: {reason}")
+                    skips[record["id"]][tag] = reason
                     continue
                 jobs.append((record, tag, conversation))
         drawn = sampler.sample(
@@ -273,7 +286,7 @@ def sample_offline(
         ) if jobs else []
         for index, reason in (sampler.refusals if jobs else {}).items():  # a server refused it: skipped
             record, tag, _ = jobs[index]
-            skips.setdefault(record["id"], f"{tag}: {reason}")
+            skips[record["id"]][tag] = reason
         new: dict[str, list[dict]] = {r["id"]: [] for r in batch}
         overlong_counts = {r["id"]: 0 for r in batch}
         for (record, tag, _), completions in zip(jobs, drawn):
@@ -284,8 +297,12 @@ def sample_offline(
         for record in batch:
             row = {**record, "completions": _existing_completions(record) + new[record["id"]],
                    "num_overlong": overlong_counts[record["id"]]}
-            if record["id"] in skips:
-                row["skip_reason"] = skips[record["id"]]
+            missed = skips[record["id"]]
+            if missed:
+                row["skipped_variants"] = missed
+            if not row["completions"]:  # nothing to score for this prompt: a skip row, with the first reason
+                tag, reason = next(iter(missed.items())) if missed else ("", _all_dropped(n, max_tokens))
+                row["skip_reason"] = f"{tag}: {reason}" if tag else reason
             out.append(row)
         return out
 
@@ -297,7 +314,7 @@ def sample_offline(
         "charter_persona": charter_persona, "num_personas": len(personas), "on_unclassified": on_unclassified,
     }
     run_job(
-        prompts, process, output_dir, shard_index=shard_index, num_shards=num_shards,
+        prompts, passing_skips(process), output_dir, shard_index=shard_index, num_shards=num_shards,
         batch_size=batch_size, sort_key=_prompt_chars, desc="offline completions",
         fingerprint=fingerprint,
     )
@@ -313,5 +330,6 @@ def sampling_summary(output_dir: str | Path, *, is_reference: bool) -> dict[str,
             sum(c.get("is_reference") is is_reference for c in r.get("completions", [])) for r in rows
         ),
         "overlong": sum(r.get("num_overlong", 0) for r in rows),
-        "skipped_prompts": sum("skip_reason" in r for r in rows),
+        "skipped_prompts": sum(skip_reason(r) is not None for r in rows),
+        "skipped_variants": sum(len(r.get("skipped_variants") or {}) for r in rows),
     }

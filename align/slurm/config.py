@@ -20,13 +20,15 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from align.config import ConfigError, from_dict
+from align.stage_table import STAGES, stages_of_job
 
-# How each stage runs as a job: an array of shards, one launch over nodes, or one task.
-ARRAY_STAGES = ("sample", "annotate", "evaluate")
-LAUNCH_STAGES = ("sft", "logprobs", "train")
-SINGLE_STAGES = ("decontaminate", "pairs", "split", "join", "judge-validate", "sweep")
+# How each stage runs as a job (the stage table's ``job``): an array of shards, one launch over
+# nodes, or one task.
+ARRAY_STAGES = stages_of_job("array")
+LAUNCH_STAGES = stages_of_job("launch")
+SINGLE_STAGES = stages_of_job("single")
 # Every stage a recipe step may run.
-STEP_STAGES = (*ARRAY_STAGES, *LAUNCH_STAGES, *SINGLE_STAGES)
+STEP_STAGES = tuple(STAGES)
 
 
 @dataclass

@@ -26,11 +26,11 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
-from align.errors import ConfigError
+from align.data.records import same_value, skip_reason
 from align.manifests import StageRun
-from align.manifests.lifecycle import check_model_path
+from align.manifests.lifecycle import Unfinished, check_model_path, run_stage
 from rewards.config import RewardProviderConfig, build_reward_provider
 
 # what `align annotate --help` lists first: the keys no default can stand for
@@ -50,7 +50,11 @@ class Config(RewardProviderConfig):
     where: dict = field(default_factory=dict, metadata={
         "help": "annotate only the records whose fields have these values: {FIELD: value or [values]} (e.g. "
                 "{controversial: true} for the judge, {controversial: [false, null]} for the reward model); the "
-                "others are left out of this output, counted in its summary"})
+                "others are left out of this output, counted in its summary; a recipe checks the values against the "
+                "labels the step before writes"})
+    where_rest: Literal["refuse", "drop"] = field(default="refuse", metadata={
+        "help": "in a recipe, the rows whose label no annotate step's where selects: refuse (the recipe is refused "
+                "when read, naming the labels left out) | drop (left out on purpose); changes no result"})
     batch_size: int = field(default=16, metadata={"help": "prompt records per job batch"})
     shard_index: int | None = field(default=None, metadata={"help": "this shard (default: from SLURM/RANK env)"})
     num_shards: int | None = field(default=None, metadata={"help": "number of shards (default: from env)"})
@@ -65,7 +69,7 @@ def selected(records: list[dict[str, Any]], where: Mapping[str, Any]) -> list[di
     def matches(row: Mapping[str, Any]) -> bool:
         for name, wanted in where.items():
             allowed = wanted if isinstance(wanted, list) else [wanted]
-            if row.get(name) not in allowed:
+            if not any(same_value(row.get(name), value) for value in allowed):
                 return False
         return True
 
@@ -74,25 +78,31 @@ def selected(records: list[dict[str, Any]], where: Mapping[str, Any]) -> list[di
 
 def run(config: Config) -> dict:
     """Annotate this shard; mark the output complete once every record is in."""
+    return run_stage("annotate", config, _annotate, prepare=_select)
+
+
+def _select(run: StageRun) -> None:
+    """The records ``where`` selects; the model is a saved model (or a hub name) unless a server holds it."""
+    config = run.config
+    everything = run.rows["input"]
+    run.held["records"] = selected(everything, config.where)
+    if config.where:
+        print(f"[align annotate] where={config.where}: {len(run.held['records'])} of {len(everything)} records "
+              "selected")
+    if config.provider != "verifiable" and config.backend != "openai":
+        check_model_path(config.model, "annotate", "model")
+
+
+def _annotate(run: StageRun) -> dict[str, Any] | Unfinished:
     # Not `rewards.annotate(...)`: once the submodule rewards.annotate is imported, that
     # attribute of the package is the module, not the function.
     from align.io import job_is_complete, read_output
     from align.jobs import resolve_shard
+    from align.jobs.sharding import shard_of
     from rewards.annotate import annotate
     from rewards.classifier import classify_records
 
-    if not config.input:
-        raise ConfigError("annotate: set input (records with completions, e.g. the sample stage's output)")
-    run = StageRun.begin("annotate", config, job=True)
-    if run.skip:
-        return {}
-    everything = run.read("input")
-    records = selected(everything, config.where)
-    if config.where:
-        print(f"[align annotate] where={config.where}: {len(records)} of {len(everything)} records selected")
-    if config.provider != "verifiable" and config.backend != "openai":
-        check_model_path(config.model, "annotate", "model")
-    run.start()
+    config, everything, records = run.config, run.rows["input"], run.held["records"]
     index, count = resolve_shard(config.shard_index, config.num_shards)
     provider = build_reward_provider(config)
     common = {"shard_index": index, "num_shards": count, "batch_size": config.batch_size}
@@ -100,12 +110,15 @@ def run(config: Config) -> dict:
         classify_records(records, provider, config.output_dir, **common)
     else:
         annotate(records, provider, config.output_dir, **common)
+    if passed_on := sum(skip_reason(r) is not None for r in records if shard_of(r["id"], count) == index):
+        print(f"[align annotate] {passed_on} rows of this shard were skipped by a stage before: passed on with "
+              "their reason (skip_reason)")
     if not job_is_complete(config.output_dir, records, count):
         print(f"[align annotate] shard {index} of {count} written to {config.output_dir}; other shards still to run")
-        run.close()
-        return {"shard": index}
+        return Unfinished({"shard": index})
     rows = read_output(config.output_dir)
-    summary: dict[str, Any] = {"records": len(rows), "provider": config.provider}
+    summary: dict[str, Any] = {"records": len(rows), "provider": config.provider,
+                               "upstream_skipped": sum(skip_reason(r) is not None for r in rows)}
     if config.where:
         summary["not_selected"] = len(everything) - len(records)
     if config.provider == "classifier":
@@ -119,4 +132,4 @@ def run(config: Config) -> dict:
         summary["empty_completions"] = sum("empty_completion" in d for d in details)
         if config.provider == "reward_model":
             summary["truncated_inputs"] = sum(d.get("truncated") is True for d in details)
-    return run.finish(summary)
+    return summary

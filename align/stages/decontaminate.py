@@ -26,6 +26,7 @@ from align.errors import ConfigError, InputError, MissingInputError, RecordError
 from align.io import iter_jsonl, read_records, write_json, write_jsonl
 from align.io.records import data_suffix
 from align.manifests import StageRun
+from align.manifests.lifecycle import run_stage
 
 # what `align decontaminate --help` lists first: the keys no default can stand for
 REQUIRED_KEYS = {
@@ -201,24 +202,32 @@ def _columns_from_rows(
 # --------------------------------------------------------------------------- the stage
 
 
-def decontaminate_files(config: DecontaminationConfig, run: StageRun | None = None) -> dict[str, Any]:
+def decontaminate_files(config: DecontaminationConfig) -> dict[str, Any]:
     """Load the training set and benchmarks named in the config, write the three outputs.
 
     Writes ``kept.jsonl`` (records unchanged), ``removed.jsonl`` (see
     ``align.data.decontaminate.decontaminate``) and ``summary.json`` into
-    ``config.output_dir``; returns the summary. With ``run`` (the stage's lifecycle), every
-    input is read and checked before ``run.start()`` may remove an earlier output.
+    ``config.output_dir``; returns the summary.
     """
+    train, benches = read_inputs(config)
+    return write_outputs(config, train, benches)
+
+
+def read_inputs(config: DecontaminationConfig) -> tuple[list[dict[str, Any]], list[BenchmarkPrompts]]:
+    """The training rows and every benchmark's prompts, read before anything is written."""
     config.check_file_run()
     benches = [load_benchmark(spec) for spec in config.benchmarks]
-    train = read_rows(config.input, split=config.split)
-    if run is not None:
-        run.start()
+    return read_rows(config.input, split=config.split), benches
+
+
+def write_outputs(config: DecontaminationConfig, train: list[dict[str, Any]], benches: list[BenchmarkPrompts],
+                  check_owner: Any = None) -> dict[str, Any]:
+    """Match, then write kept.jsonl, removed.jsonl and summary.json (``check_owner`` first, when given)."""
     kept, removed, summary = decontaminate(train, benches, config, source=config.input)
     summary["train"]["source"] = config.input
     out = Path(config.output_dir)
-    if run is not None:
-        run.check_owner()
+    if check_owner is not None:
+        check_owner()
     write_jsonl(out / "kept.jsonl", kept, default=str)
     write_jsonl(out / "removed.jsonl", removed, default=str)
     write_json(out / "summary.json", summary)
@@ -229,11 +238,16 @@ def run(config: DecontaminationConfig) -> dict:
     """Decontaminate the training file against every benchmark in the recipe."""
     if config.output_dir is None:
         raise ConfigError("decontaminate: output_dir is required (where kept.jsonl and removed.jsonl go)")
-    stage_run = StageRun.begin("decontaminate", config)
-    if stage_run.skip:
-        return {}
-    logger.info("decontaminate config: %s", json.dumps(asdict(config), default=repr))
-    summary = decontaminate_files(config, stage_run)
+    return run_stage("decontaminate", config, _write, prepare=_read)
+
+
+def _read(run: StageRun) -> None:
+    logger.info("decontaminate config: %s", json.dumps(asdict(run.config), default=repr))
+    run.held["train"], run.held["benchmarks"] = read_inputs(run.config)
+
+
+def _write(run: StageRun) -> dict[str, Any]:
+    summary = write_outputs(run.config, run.held["train"], run.held["benchmarks"], run.check_owner)
     for line in summary_lines(summary):
         logger.info("%s", line)
-    return stage_run.finish(summary)
+    return summary

@@ -26,10 +26,12 @@ from pathlib import Path
 from typing import Any
 
 from align.config import from_dict, merge, to_dict
+from align.data.records import skip_reason
 from align.errors import ConfigError, InputError, MissingInputError
 from align.eval.evaluate import EvalSettings
+from align.io import write_jsonl
 from align.manifests import StageRun
-from align.manifests.lifecycle import check_stage_input
+from align.manifests.lifecycle import Unfinished, check_stage_input, run_stage
 from align.sampling.config import SamplerConfig
 from rewards.config import RewardProviderConfig, build_reward_provider
 
@@ -179,38 +181,70 @@ def _model_exists(model: str | None) -> bool:
     return not (model.startswith((".", "/", "~")) or model.count("/") > 1)
 
 
-def _without_structure_text(prompts: list[dict], chat_format: str) -> tuple[list[dict], list[dict]]:
-    """The prompts the policies' format can render, and {id, reason} for each left out (its text holds a
-    token the format reads as structure: a recorded skip, as in every stage)."""
+def _left_out(prompts: list[dict], config: Config) -> tuple[list[dict], list[dict]]:
+    """The prompts every policy can be evaluated on, and {id, reason} for each left out (a recorded skip, as in
+    every stage, written to skipped.jsonl): a skip row of a stage before (its reason kept), a prompt whose
+    text holds a token the format reads as structure, or one a policy's given completions skipped or hold
+    fewer than n of (each policy is compared on the same prompts)."""
     from align.chat import structure_text_problem
 
+    given = _given_rows(config)
     kept, left_out = [], []
     for row in prompts:
-        reason = structure_text_problem([row.get("messages"), row.get("tools")], chat_format)
+        reason = skip_reason(row) or structure_text_problem([row.get("messages"), row.get("tools")],
+                                                              config.sampler.chat_format)
+        for name, rows in given.items():
+            if reason is None and row.get("id") in rows:
+                reason = _given_problem(rows[row["id"]], name, max(config.n, 1))
         (left_out.append({"id": row.get("id"), "reason": reason}) if reason else kept.append(row))
     if left_out:
         print(f"[align evaluate] {len(left_out)} of {len(prompts)} prompts left out: {left_out[0]['reason']} "
-              f"(e.g. {left_out[0]['id']!r})")
+              f"(e.g. {left_out[0]['id']!r}; all in skipped.jsonl)")
     if not kept:
-        raise InputError("evaluate: every prompt holds text the chat format reads as structure; nothing to evaluate")
+        raise InputError(f"evaluate: every prompt was left out ({left_out[0]['reason']}, ...); nothing to evaluate")
     return kept, left_out
+
+
+def _given_rows(config: Config) -> dict[str, dict[str, dict]]:
+    """Each policy given as completions: its rows by id (read here only to find the skipped prompts)."""
+    from align.io import read_records
+
+    out = {}
+    for spec in config.policies:
+        if spec.completions is not None and Path(spec.completions).exists():
+            out[spec.name] = {r["id"]: r for r in read_records(spec.completions)
+                              if isinstance(r, dict) and isinstance(r.get("id"), str)}
+    return out
+
+
+def _given_problem(row: dict, name: str, n: int) -> str | None:
+    """Why a policy's given completions of a prompt cannot be evaluated (None: they can)."""
+    reason = skip_reason(row)
+    if reason is not None:
+        return f"policy {name}: {reason}"
+    completions = row.get("completions")
+    if isinstance(completions, list) and len(completions) < n:
+        return (f"policy {name}: {len(completions)} completions, n={n} are evaluated (sample at least n per prompt, "
+                "or evaluate with a smaller n)")
+    return None
 
 
 def run(config: Config) -> dict:
     """Evaluate this shard; the task that completes the last shard writes the report."""
-    from align.eval.evaluate import check_policies, evaluate
-    from align.jobs import resolve_shard
+    from align.eval.evaluate import check_policies
 
     if not config.prompts:
         raise ConfigError("evaluate: set prompts (the held-out prompt records)")
     if not Path(config.prompts).exists():
         raise MissingInputError(f"evaluate: prompts={config.prompts!r} does not exist")
     check_policies([p.name for p in config.policies], config.baseline)  # before loading any model
-    run = StageRun.begin("evaluate", config, job=True)
-    if run.skip:
-        return {}
-    prompts = run.read("prompts")
-    prompts, left_out = _without_structure_text(prompts, config.sampler.chat_format)
+    return run_stage("evaluate", config, _evaluate, prepare=_check_policies)
+
+
+def _check_policies(run: StageRun) -> None:
+    """Every policy's model or completions exist and are finished, before an overwrite removes anything; the
+    prompts whose text the chat format reads as structure are left out, with their reason."""
+    config = run.config
     for i, spec in enumerate(config.policies):  # every input is checked before an overwrite removes anything
         if spec.completions is not None:
             if not Path(spec.completions).exists():
@@ -220,7 +254,14 @@ def run(config: Config) -> dict:
         elif not _model_exists(spec.model):
             raise MissingInputError(f"policies[{i}] ({spec.name!r}): model={spec.model!r} does not exist (a "
                                     "directory with config.json, or a model name)")
-    run.start()
+    run.held["prompts"], run.held["left_out"] = _left_out(run.rows["prompts"], config)
+
+
+def _evaluate(run: StageRun) -> dict[str, Any] | Unfinished:
+    from align.eval.evaluate import evaluate
+    from align.jobs import resolve_shard
+
+    config, prompts, left_out = run.config, run.held["prompts"], run.held["left_out"]
     index, count = _kl_launch_shard(config) or resolve_shard(config.shard_index, config.num_shards)
     settings = config.eval_settings(index, count)
     # The reward provider is built by evaluate() after every policy has generated and released
@@ -233,11 +274,13 @@ def run(config: Config) -> dict:
     report = evaluate(prompts, build_policies(config), provider, config.output_dir, baseline=config.baseline,
                       settings=settings, source=config.prompts)
     if report.get("complete") is False:
-        run.close()
-        return report
+        return Unfinished(report)
+    if left_out:
+        run.check_owner()
+        write_jsonl(Path(config.output_dir) / "skipped.jsonl", left_out)
     summary = {"prompts": report["prompts"], "report": str(Path(config.output_dir) / "report.md"),
-               **({"skipped_prompts": len(left_out), "skipped": left_out[:20]} if left_out else {}),
+               **({"skipped_prompts": len(left_out), "skipped": "skipped.jsonl"} if left_out else {}),
                "verdicts": [v for c in report["overall"]["comparisons"].values() for v in c["verdicts"]]}
     for verdict in summary["verdicts"]:
         print(f"[align evaluate] {verdict}")
-    return run.finish(summary)
+    return summary

@@ -24,9 +24,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from align.errors import ConfigError, InputError, RecordError
+from align.data.records import skip_reason
+from align.errors import InputError, RecordError
 from align.io import write_jsonl
 from align.manifests import StageRun
+from align.manifests.lifecycle import run_stage
 
 # what `align join --help` lists first: the keys no default can stand for
 REQUIRED_KEYS = {
@@ -85,27 +87,26 @@ def join_records(references: Sequence[Mapping[str, Any]],
         added = [{**c, "is_reference": False} for c in other.get("completions") or []]
         row = {**ref, "completions": [*(ref.get("completions") or []), *added],
                "num_overlong": (ref.get("num_overlong") or 0) + (other.get("num_overlong") or 0)}
-        if "skip_reason" in other and "skip_reason" not in ref:
-            row["skip_reason"] = other["skip_reason"]
+        reasons = [f"{side}: {reason}" for side, reason in (("input", skip_reason(ref)),
+                                                             ("completions", skip_reason(other))) if reason]
+        if reasons:  # either side missing makes the round's comparison impossible for this prompt: a skip row
+            row["skip_reason"] = "; ".join(reasons)
         out.append(row)
     return out
 
 
 def run(config: Config) -> dict[str, Any]:
     """Join the two sample outputs; mark the output complete."""
-    if not config.input or not config.completions:
-        raise ConfigError("join: set input (π_ref's reference samples) and completions (the policy's samples)")
-    run = StageRun.begin("join", config)
-    if run.skip:
-        return {}
-    references = run.read("input")
-    candidates = run.read("completions")
-    run.start()
+    return run_stage("join", config, _join)
+
+
+def _join(run: StageRun) -> dict[str, Any]:
+    config, references, candidates = run.config, run.rows["input"], run.rows["completions"]
     rows = join_records(references, candidates)
     run.check_owner()
     write_jsonl(Path(config.output_dir) / OUTPUT_FILE, rows)
-    summary = {"prompts": len(rows),
+    summary = {"prompts": len(rows), "skipped": sum(skip_reason(r) is not None for r in rows),
                "reference_completions": sum(bool(c.get("is_reference")) for r in references
                                             for c in r.get("completions") or []),
                "added_completions": sum(len(r.get("completions") or []) for r in candidates)}
-    return run.finish(summary)
+    return summary

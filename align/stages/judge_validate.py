@@ -24,7 +24,7 @@ from typing import Any, Literal
 
 from align.errors import ConfigError
 from align.manifests import StageRun
-from align.manifests.lifecycle import check_model_path
+from align.manifests.lifecycle import check_model_path, run_stage
 from rewards.config import GeneratorConfig, JudgeModelConfig, build_generator, build_judge
 
 # what `align judge-validate --help` lists first: the keys no default can stand for
@@ -91,19 +91,21 @@ def build_degrader(config: Config) -> Any:
 
 def run(config: Config) -> dict:
     """Build ladders, score them with the judge, write the report and the verdicts."""
-    from rewards.validation import validate_judge
-
-    if not config.input:
-        raise ConfigError("judge-validate: set input (prompts with good completions)")
     if not config.model:
         raise ConfigError("judge-validate: set model (the judge to validate: a model path or name)")
-    run = StageRun.begin("judge-validate", config)
-    if run.skip:
-        return {}
-    records = run.read("input")
-    if config.backend != "openai" and config.model:
-        check_model_path(config.model, "judge-validate", "model")
-    run.start()
+    return run_stage("judge-validate", config, _validate, prepare=_check_model)
+
+
+def _check_model(run: StageRun) -> None:
+    """The judge is a saved model (or a hub name), unless a server holds it."""
+    if run.config.backend != "openai":
+        check_model_path(run.config.model, "judge-validate", "model")
+
+
+def _validate(run: StageRun) -> dict[str, Any]:
+    from rewards.validation import validate_judge
+
+    config, records = run.config, run.rows["input"]
     if config.max_prompts:
         records = records[: config.max_prompts]
     judge = build_judge(config)
@@ -124,4 +126,4 @@ def run(config: Config) -> dict:
         "kendall_tau": {mode: round(iv["estimate"], 4) for mode, iv in tau.items() if iv},
         "qualified": {group: v["qualified"] for group, v in report["verdicts"].items()},
     }
-    return run.finish(summary)
+    return summary

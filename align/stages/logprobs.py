@@ -25,7 +25,7 @@ from pathlib import Path
 
 import torch
 
-from align.errors import ConfigError, InputError, loading
+from align.errors import ConfigError, loading
 from align.io import job_is_complete, read_records
 from align.jobs import shard_from_env
 from align.logprobs import (
@@ -36,12 +36,8 @@ from align.logprobs import (
     weights_fingerprint,
 )
 from align.manifests import StageRun
-from align.manifests.lifecycle import (
-    check_input_exists,
-    check_model_path,
-    check_stage_input,
-    on_rank_zero,
-)
+from align.manifests.lifecycle import Unfinished, check_input_exists, check_stage_input, run_stage
+from align.ranks import on_rank_zero
 from align.scoring import check_over_max_length_policy, check_truncated_policy
 from align.scoring.sharded import (
     all_ranks_agree,
@@ -145,38 +141,24 @@ def run(config: Config) -> dict:
     """Compute (or reuse) reference log-probs; mark the output complete when all rows are in."""
     check_input_exists(config.input, "logprobs", "input")
     check_stage_input(config.input, "logprobs", "input")
-    if int(os.environ.get("WORLD_SIZE", "1")) > 1:
-        init_distributed()  # rank 0 decides for the launch (align.manifests.lifecycle), the others follow
-    stage_run = None
-    if config.output_dir is not None:
-        stage_run = StageRun.begin("logprobs", config, job=True)  # shards: ranks or array tasks
-        if stage_run.skip:
-            return {}
-    check_model_path(config.model_name_or_path, "logprobs", "model_name_or_path")
-    if stage_run is not None:
-        records = stage_run.read("input")
-        stage_run.start()
-    else:
-        records = read_records(config.input)
-        if not records:
-            raise InputError(f"logprobs: input={config.input!r} holds no rows (a directory is read as job "
-                             "shards, shard-*.jsonl; for the pairs stage's output name the file: .../pairs.jsonl)")
+    # the lifecycle decides on rank 0 of a launch (the others follow); without output_dir the output is kept
+    # under its cache key, which decides whether it is made
+    return run_stage("logprobs", config, _score)
+
+
+def _score(run: StageRun) -> dict | Unfinished:
+    config, records = run.config, run.rows["input"]
     output_dir = run_pass(config)
     missing = missing_ids(output_dir, records)
     if missing:  # another shard (SLURM array task) has not finished yet
         print(f"[align logprobs] this shard is done; {len(missing)} rows wait for other shards in {output_dir}")
-        if stage_run is not None:
-            stage_run.close()
-        return {"missing": len(missing)}
+        return Unfinished({"missing": len(missing)})
     skipped = over_max_length_skips(output_dir, records)
     if skipped:
         print(f"[align logprobs] {len(skipped)} of {len(records)} rows exceed max_length={config.max_length} and "
               f"are not scored (over_max_length=exclude; column ref_skip), e.g. {skipped[:5]}; the trainer "
               "excludes them too")
-    summary = {"rows": len(records), "over_max_length_skipped": len(skipped)}
-    if stage_run is None:
-        return summary
-    return stage_run.finish(summary)
+    return {"rows": len(records), "over_max_length_skipped": len(skipped)}
 
 
 def over_max_length_skips(output_dir: str | Path, records) -> list[str]:

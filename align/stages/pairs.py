@@ -21,6 +21,7 @@ from typing import Any, Literal
 from align.errors import ConfigError
 from align.io import write_jsonl
 from align.manifests import StageRun
+from align.manifests.lifecycle import run_stage
 
 
 @dataclass
@@ -68,13 +69,13 @@ class Config:
 
 def run(config: Config) -> dict:
     """Select pairs for every annotated prompt; record why a prompt gave none."""
+    return run_stage("pairs", config, _pairs)
+
+
+def _pairs(run: StageRun) -> dict[str, Any]:
     from align.data.pairs import is_truncated, make_pairs
 
-    run = StageRun.begin("pairs", config)
-    if run.skip:
-        return {}
-    records = run.read("input")
-    run.start()
+    config, records = run.config, run.rows["input"]
     pairs, skips = make_pairs(
         records, seed=config.seed, low_threshold=config.low_threshold, num_ref_rewards=config.num_ref_rewards,
         truncated=config.truncated, num_pairs_per_prompt=config.num_pairs_per_prompt,
@@ -90,12 +91,13 @@ def run(config: Config) -> dict:
                            for p in pairs)
     left_out = sum(len(s.get("left_out") or []) for s in skips)  # completions never paired for their text
     summary = {"prompts": len(records), "pairs": len(pairs), "skipped": sum(not s.get("paired") for s in skips),
+               "upstream_skipped": sum(bool(s.get("upstream")) for s in skips),
                "fallbacks": fallbacks, "truncated_completions": truncated, "truncated_in_pairs": paired_truncated,
                "special_token_text": left_out}
     kinds = Counter(p["pair_fallback"] for p in pairs if p.get("pair_fallback"))
     for line in summary_notes(summary, config.chat_format, kinds):
         print(f"[align pairs] {line}")
-    return run.finish(summary)
+    return summary
 
 
 def summary_notes(summary: dict[str, Any], chat_format: str, kinds: Mapping[str, int]) -> list[str]:
@@ -111,6 +113,8 @@ def summary_notes(summary: dict[str, Any], chat_format: str, kinds: Mapping[str,
                      "text, it would teach a turn boundary that is not one (skipped.jsonl, left_out; "
                      "docs/your-data.md)")
     if summary["skipped"]:
+        upstream = summary.get("upstream_skipped") or 0
         notes.append(f"{summary['skipped']} prompts gave no pair (all rewards equal, or too few scored "
-                     "completions): skipped.jsonl says why for each")
+                     "completions" + (f"; {upstream} of them skipped by a stage before, with its reason" if upstream
+                                      else "") + "): skipped.jsonl says why for each")
     return notes

@@ -16,9 +16,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Literal
 
-from align.errors import ConfigError
 from align.manifests import StageRun
-from align.manifests.lifecycle import check_model_path
+from align.manifests.lifecycle import Unfinished, check_model_path, run_stage
 from align.sampling.config import SamplerConfig
 
 # what `align sample --help` lists first: the keys no default can stand for
@@ -57,20 +56,22 @@ class Config:
 
 def run(config: Config) -> dict:
     """Sample this shard's prompts; mark the output complete once every prompt is in."""
+    return run_stage("sample", config, _sample, prepare=_check_model)
+
+
+def _check_model(run: StageRun) -> None:
+    """The policy is a saved model (or a hub name), unless a server holds it."""
+    if run.config.sampler.backend != "openai":
+        check_model_path(run.config.sampler.model, "sample", "sampler.model")
+
+
+def _sample(run: StageRun) -> dict | Unfinished:
     from align.io import job_is_complete
     from align.jobs import resolve_shard
     from align.sampling.config import build_sampler
     from align.sampling.stages import sample_offline, sample_references
 
-    if not config.prompts:
-        raise ConfigError("sample: set prompts (the prompt records to sample for)")
-    run = StageRun.begin("sample", config, job=True)
-    if run.skip:
-        return {}
-    records = run.read("prompts")
-    if config.sampler.backend != "openai":
-        check_model_path(config.sampler.model, "sample", "sampler.model")
-    run.start()
+    config, records = run.config, run.rows["prompts"]
     index, count = resolve_shard(config.shard_index, config.num_shards)
     sampler = build_sampler(config.sampler)
     common = {"output_dir": config.output_dir, "n": config.n, "temperature": config.temperature,
@@ -89,6 +90,5 @@ def run(config: Config) -> dict:
         )
     if not job_is_complete(config.output_dir, records, count):
         print(f"[align sample] shard {index} of {count} written to {config.output_dir}; other shards still to run")
-        run.close()
-        return summary
-    return run.finish(summary)
+        return Unfinished(summary)
+    return summary

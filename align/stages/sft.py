@@ -16,11 +16,11 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from align.errors import ConfigError, InputError
+from align.errors import InputError
 from align.io import write_jsonl
 from align.manifests import StageRun
-from align.manifests.lifecycle import check_model_path
-from align.stages.common import keep_hub_token_out_of_outputs, launch_devices
+from align.manifests.lifecycle import Unfinished, run_stage
+from align.trainers.common import keep_hub_token_out_of_outputs
 from align.trainers.sft_config import SFTConfig
 
 # what `align sft --help` lists first: the keys no default can stand for
@@ -45,23 +45,21 @@ class Config(SFTConfig):
 
 def run(config: Config) -> dict:
     """Fine-tune ``model_name_or_path`` on ``input``; save to ``output_dir``."""
+    keep_hub_token_out_of_outputs(config)
+    return run_stage("sft", config, _train, prepare=_read_once)
+
+
+def _read_once(run: StageRun) -> None:
+    """The input read once, by the main process; the other ranks map its file."""
+    run.held["rows"] = _normalized(run, run.config, str(run.config.input))
+
+
+def _train(run: StageRun) -> dict | Unfinished:
     from align.trainers.guards import resumable_checkpoint
     from align.trainers.sft_data import load_sft_dataset
     from align.trainers.sft_trainer import train_sft
 
-    if not config.input:
-        raise ConfigError("sft: set input (the conversation rows to train on)")
-    if not config.model_name_or_path:
-        raise ConfigError("sft: set model_name_or_path (the base model)")
-    keep_hub_token_out_of_outputs(config)
-    launch_devices(config)
-    run = StageRun.begin("sft", config)
-    if run.skip:
-        return {}
-    source = run.check("input")
-    check_model_path(config.model_name_or_path, "sft", "model_name_or_path")
-    rows = _normalized(run, config, source)  # read once, by the main process; the others map its file
-    run.start()
+    config, rows = run.config, run.held["rows"]
     if rows.skipped and run.begun is not None and run.begun.manifest is not None:
         write_jsonl(Path(config.output_dir) / "skipped_rows.jsonl", rows.skipped)
     last = resumable_checkpoint(config.output_dir, world_size=config.world_size)
@@ -72,8 +70,7 @@ def run(config: Config) -> dict:
         dataset = load_sft_dataset(rows.path)
     trainer = train_sft(config, dataset)
     if not trainer.is_world_process_zero():
-        run.close()
-        return {}
+        return Unfinished()
     left_out = rows.skipped
     records = range(rows.kept)  # the rows trained on, for the counts below
     summary = {"steps": trainer.state.global_step, "train_loss": _last_loss(trainer),
@@ -92,7 +89,7 @@ def run(config: Config) -> dict:
         if used < cleaned:  # said here, not only in a log line a CLI user never sees
             print(f"[align sft] dropped {cleaned - used} of {cleaned} rows: no assistant token "
                   f"within max_length={config.max_length} (raise max_length, or shorten those conversations)")
-    return run.finish(summary)
+    return summary
 
 
 NORMALIZED_VERSION = 1  # what the normalized rows file holds; a change here makes every one anew

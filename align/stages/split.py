@@ -19,6 +19,7 @@ from typing import Any, TypeVar
 from align.errors import ConfigError, InputError
 from align.io import write_jsonl
 from align.manifests import StageRun
+from align.manifests.lifecycle import run_stage
 
 # what `align split --help` lists first: the keys no default can stand for
 REQUIRED_KEYS = {
@@ -56,13 +57,11 @@ def part_of(rows: Sequence[T], part: int, parts: int) -> list[T]:
 
 def run(config: Config) -> dict[str, Any]:
     """Write this part of the prompts; mark the output complete."""
-    if not config.input:
-        raise ConfigError("split: set input (the prompt records to split)")
-    run = StageRun.begin("split", config)
-    if run.skip:
-        return {}
-    rows = run.read("input")
-    run.start()
+    return run_stage("split", config, _split)
+
+
+def _split(run: StageRun) -> dict[str, Any]:
+    config, rows = run.config, run.rows["input"]
     chosen = part_of(rows, config.part, config.parts)
     if not chosen:
         raise InputError(f"split: input={config.input!r} holds {len(rows)} rows, so part {config.part} of "
@@ -70,4 +69,4 @@ def run(config: Config) -> dict[str, Any]:
     run.check_owner()
     write_jsonl(Path(config.output_dir) / OUTPUT_FILE, chosen)
     summary = {"rows": len(rows), "part": config.part, "parts": config.parts, "prompts": len(chosen)}
-    return run.finish(summary)
+    return summary

@@ -35,11 +35,12 @@ from align.manifests.lifecycle import (
     check_input_exists,
     check_model_path,
     check_output_dir,
+    mark_complete_unmanaged,
     read_input,
 )
 from align.sampling.config import SamplerConfig
-from align.stages.common import keep_hub_token_out_of_outputs, mark_unmanaged_complete
 from align.sweep.settings import SweepSettings
+from align.trainers.common import keep_hub_token_out_of_outputs
 from align.trainers.preference_config import PreferenceConfig
 from rewards.config import RewardProviderConfig, build_reward_provider
 
@@ -130,7 +131,7 @@ def run(config: Config) -> dict[str, Any]:
                "report": str(Path(config.output_dir) / "sweep.md")}
     print(f"[align sweep] chosen: {'none' if chosen is None else chosen.label} (by {result.metric} on "
           f"{result.validation_prompts} validation prompts); evaluate it on held-out prompts")
-    return mark_unmanaged_complete("sweep", config, config.output_dir, summary)
+    return mark_complete_unmanaged("sweep", config, config.output_dir, summary)
 
 
 def _identity(reward: RewardProviderConfig) -> str:

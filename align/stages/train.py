@@ -13,10 +13,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from align.errors import ConfigError
 from align.manifests import StageRun
-from align.manifests.lifecycle import check_model_path
-from align.stages.common import keep_hub_token_out_of_outputs, launch_devices
+from align.manifests.lifecycle import Unfinished, run_stage
+from align.trainers.common import keep_hub_token_out_of_outputs
 from align.trainers.preference_config import PreferenceConfig
 
 # what `align train --help` lists first: the keys no default can stand for
@@ -41,29 +40,24 @@ class Config(PreferenceConfig):
 
 def run(config: Config) -> dict:
     """Train ``model_name_or_path`` on the pairs in ``input``; save to ``output_dir``."""
+    keep_hub_token_out_of_outputs(config)
+    return run_stage("train", config, _train)
+
+
+def _train(run: StageRun) -> dict | Unfinished:
     from align.trainers.guards import resumable_checkpoint
     from align.trainers.preference_trainer import train
 
-    if not config.input:
-        raise ConfigError("train: set input (pair rows with reference log-probs, from `align logprobs`)")
-    keep_hub_token_out_of_outputs(config)
-    launch_devices(config)
-    run = StageRun.begin("train", config)
-    if run.skip:
-        return {}
-    records = run.read("input")
-    check_model_path(config.model_name_or_path, "train", "model_name_or_path")
-    run.start()
+    config, records = run.config, run.rows["input"]
     last = resumable_checkpoint(config.output_dir, world_size=config.world_size)
     if last and config.resume_from_checkpoint is None:
         print(f"[align train] resuming from {last}")
         config.resume_from_checkpoint = last
     trainer = train(config, records)
     if not trainer.is_world_process_zero():
-        run.close()
-        return {}
+        return Unfinished()
     losses = [log["loss"] for log in trainer.state.log_history if "loss" in log]
     summary = {"loss_type": config.loss_type, "steps": trainer.state.global_step,
                "train_loss": losses[-1] if losses else None, "world_size": trainer.args.world_size,
                "deepspeed": bool(trainer.is_deepspeed_enabled), **trainer.data_summary}
-    return run.finish(summary)
+    return summary

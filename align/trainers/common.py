@@ -25,6 +25,7 @@ import contextlib
 import copy
 import dataclasses
 import logging
+import os
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -138,6 +139,19 @@ class OptimizerFields:
     def optimizer_kwargs(self, total_steps: int | None) -> dict[str, Any]:
         """Keyword arguments for ``align.optim.build_optimizer(self.optimizer, ...)``."""
         return optimizer_kwargs(self, total_steps)
+
+
+def keep_hub_token_out_of_outputs(config: Any) -> None:
+    """Move a ``hub_token`` setting into ``$HF_TOKEN`` for this process.
+
+    The Trainer pickles its arguments into every checkpoint and the saved model
+    (``training_args.bin``); a token left there would sit in plain text under output_dir.
+    The hub client reads ``$HF_TOKEN``, so ``push_to_hub`` still works.
+    """
+    token = getattr(config, "hub_token", None)
+    if token:
+        os.environ["HF_TOKEN"] = token
+        config.hub_token = None
 
 
 @contextlib.contextmanager

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import json
 import logging
-import math
 import os
 import re
 import time
@@ -169,7 +168,3 @@ def resumable_checkpoint(output_dir: str | Path, *, world_size: int | None = Non
                               "(nodes x GPUs), or start over in another output_dir")
         return str(path)
     return None
-
-
-def is_finite_number(value: Any) -> bool:
-    return isinstance(value, (int, float)) and math.isfinite(value)

@@ -155,7 +155,7 @@ def expected_ref_fingerprint(config: Any, model: Any = None) -> str | None:
     else the policy's starting checkpoint (``model_name_or_path``, or the model's own path);
     None when the model is held only in memory. Under a launch, rank 0 hashes the checkpoint once
     and the other ranks receive its fingerprint (every rank calls this at the same point)."""
-    from align.manifests.lifecycle import on_rank_zero
+    from align.ranks import on_rank_zero
 
     return on_rank_zero(lambda: reference_fingerprint(config.ref_model_name_or_path or config.model_name_or_path
                                                       or model))

@@ -286,14 +286,14 @@ def test_every_stage_takes_overwrite(stage):
     """The key the rerun error offers exists on every stage (it used to be unknown to four)."""
     import dataclasses
 
-    from align.stages import stage_module
+    from align.stage_table import command_module as stage_module
 
     fields = {f.name: f for f in dataclasses.fields(stage_module(stage).Config)}
     assert fields["overwrite"].default is False
 
 
 def test_overwrite_is_a_recipe_key_of_the_trainer_stages(ws):
-    from align.stages.common import stage_config
+    from align.drivers.args import stage_config
 
     for stage in ("sft", "train", "sample", "annotate", "logprobs"):
         config = stage_config(stage, [RECIPE, "overwrite=true"])
@@ -383,7 +383,7 @@ def test_a_remade_earlier_output_makes_what_read_it_stale(ws, tmp_path):
 
 def test_a_second_run_cannot_take_over_a_started_directory(ws, tmp_path):
     from align.manifests import StaleOutputError, begin, start
-    from align.stages.common import stage_config
+    from align.drivers.args import stage_config
 
     out = tmp_path / "pairs"
     first = begin("pairs", stage_config("pairs", [RECIPE, f"output_dir={out}"]), out)

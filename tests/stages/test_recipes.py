@@ -12,9 +12,9 @@ import re
 import pytest
 from stage_helpers import RECIPES, TINY_RECIPE
 
-from align.stages import load_recipe as read_recipe
-from align.stages import stage_module
-from align.stages.common import recipe_from_args, stage_config
+from align.drivers import load_recipe as read_recipe
+from align.stage_table import command_module as stage_module
+from align.drivers.args import recipe_from_args, stage_config
 
 RECIPE_FILES = sorted(p for p in RECIPES.rglob("*.yaml") if "accelerate" not in p.relative_to(RECIPES).parts)
 TINY_STAGES = ("sft", "sample", "annotate", "pairs", "logprobs", "train", "evaluate")

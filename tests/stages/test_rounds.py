@@ -27,7 +27,7 @@ from align.errors import ConfigError, InputError, RecordError
 from align.io import STAGE_COMPLETE_MARKER, read_records, stage_completion_info
 from align.io.fingerprint import weights_fingerprint
 from align.stages.join import join_records
-from align.stages import load_recipe
+from align.drivers import load_recipe
 from align.stages.split import part_of
 
 RECIPE = "recipes/tiny/rounds.yaml"
@@ -244,7 +244,7 @@ def test_two_rounds_run_every_stage_of_every_round_from_the_policy_before(two_ro
 
 
 def align_status(*overrides: str) -> dict:
-    from align.stages import status
+    from align.drivers import status
 
     recipe = status.config_from_args([RECIPE, *overrides])
     with contextlib.redirect_stdout(None):

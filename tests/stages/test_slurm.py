@@ -215,7 +215,7 @@ def test_submit_dry_run_writes_one_script_per_stage_and_the_chain(tmp_path, monk
     ("slurm.scripts_dir=nowhere", r"slurm.scripts_dir: .*nowhere lacks"),
 ])
 def test_submit_refuses_bad_slurm_settings(override, message, tmp_path, monkeypatch):
-    from align.stages import stage_module
+    from align.stage_table import command_module as stage_module
 
     monkeypatch.chdir(tmp_path)  # nothing is written, and nowhere near the repository
     with pytest.raises(ValueError, match=message):
@@ -226,7 +226,7 @@ def test_submit_refuses_bad_slurm_settings(override, message, tmp_path, monkeypa
 def test_submit_chains_the_rounds(tmp_path, monkeypatch):
     """A recipe with rounds: every step of every round is a job, each after the steps it reads (round 2's
     sampling after round 1's training)."""
-    from align.stages import stage_module
+    from align.stage_table import command_module as stage_module
 
     ws = make_workspace(tmp_path / "ws")
     monkeypatch.chdir(ws)
@@ -305,7 +305,7 @@ def test_a_stale_recipe_names_every_stale_step_in_one_refusal(tmp_path, monkeypa
         "other": {"stage": "pairs", "input": "@annotate", "seed": 3}}}
     (ws / "r.yaml").write_text(yaml.safe_dump(recipe, sort_keys=False))
     run_cli(["pipeline", "r.yaml"])
-    from align.stages import stage_module
+    from align.stage_table import command_module as stage_module
 
     module = stage_module("submit")
     with pytest.raises(ValueError) as info:  # two steps changed, and one that reads nothing changed stays

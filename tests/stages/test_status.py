@@ -16,8 +16,8 @@ import yaml
 from stage_helpers import run_cli
 
 from align.manifests.status import StepState, missing_shards, progress, round_state, shard_list, step_state
-from align.stages import stage_module
-from align.stages.common import recipe_from_args
+from align.stage_table import command_module as stage_module
+from align.drivers.args import recipe_from_args
 
 ROWS = [{"id": f"a{i}", "messages": [{"role": "user", "content": f"Is {i} even?"}], "answer": "yes",
          "completions": [{"text": t, "num_tokens": 1, "finish_reason": "stop", "is_reference": True, "source": "p"}
@@ -141,7 +141,7 @@ def test_a_keyed_output_is_checked_when_its_step_runs(chain):
     ({"annotate": "done", "pairs": "not started"}, True),
 ])
 def test_the_way_forward_is_printed_while_something_is_left_to_run(chain, monkeypatch, states, line):
-    from align.stages import status as status_module
+    from align.drivers import status as status_module
 
     monkeypatch.setattr(status_module, "step_state", lambda stage, config, outputs: StepState(states[stage]))
     printed, _ = status()
@@ -149,7 +149,7 @@ def test_the_way_forward_is_printed_while_something_is_left_to_run(chain, monkey
 
 
 def test_each_rounds_line_reads_its_own_steps(chain, monkeypatch):
-    from align.stages import status as status_module
+    from align.drivers import status as status_module
 
     write_rows(chain / "p.jsonl", [{"id": "p1", "messages": [{"role": "user", "content": "hi"}]}])
     (chain / "r.yaml").write_text(ROUNDS)

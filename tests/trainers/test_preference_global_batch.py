@@ -65,7 +65,7 @@ def test_the_trainer_derives_it(tiny_model, tiny_tokenizer, tmp_path):
 @pytest.mark.parametrize("size, world_sizes", [("apertus-8b", (8, 16)), ("apertus-70b", (32, 64))])
 @pytest.mark.parametrize("name", ["qrpo", "dpo"])
 def test_the_apertus_recipes_keep_the_published_global_batch(size, name, world_sizes, tmp_path, monkeypatch):
-    from align.stages.common import stage_config
+    from align.drivers.args import stage_config
 
     recipe = Path(__file__).resolve().parents[2] / "recipes" / size / f"{name}.yaml"
     for world_size in world_sizes:

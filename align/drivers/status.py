@@ -22,13 +22,12 @@ recipes/apertus-8b/pipeline.yaml``, or a stage file: ``align status recipes/aper
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
-from dataclasses import dataclass
-
+from align.drivers.args import recipe_from_args
 from align.manifests.status import Outputs, round_state, step_state
 from align.recipe import PipelineSettings, Recipe
-from align.stages.common import recipe_from_args
 
 
 @dataclass

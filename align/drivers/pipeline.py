@@ -34,10 +34,10 @@ from pathlib import Path
 from typing import Any
 
 from align.config import merge, read_yaml, to_dict
+from align.drivers.args import load_recipe, missing_recipe, split_args
 from align.io import stage_completion_info
 from align.recipe import PipelineSettings, Recipe
-from align.stages import load_recipe, stage_module
-from align.stages.common import split_args
+from align.stage_table import spec
 
 
 @dataclasses.dataclass
@@ -49,16 +49,10 @@ def config_from_args(args: Sequence[str]) -> Recipe:
     """``align pipeline RECIPE [key=value ...]``: the recipe read into its steps, every config built now."""
     path, overrides = split_args(args)
     if path is None:
-        raise_missing_recipe("pipeline")
+        raise missing_recipe("pipeline")
     recipe = load_recipe(path, overrides)
     recipe.build_all()  # a mistake in the last step stops the run before the first
     return recipe
-
-
-def raise_missing_recipe(command: str) -> None:
-    from align.errors import ConfigError
-
-    raise ConfigError(f"give the recipe: align {command} RECIPE.yaml [key=value ...]")
 
 
 def _output_id(output_dir: str | Path | None) -> str | None:
@@ -90,7 +84,7 @@ def run(recipe: Recipe | PipelineSettings | Mapping[str, Any]) -> dict[str, Any]
             config.overwrite = True
         output_dir = getattr(config, "output_dir", None)
         before = _output_id(output_dir)
-        summary = stage_module(step.stage).run(config)
+        summary = spec(step.stage).load().run(config)
         after = _output_id(output_dir)
         if output_dir is None:
             outcome = "keyed"

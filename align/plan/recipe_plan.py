@@ -1,43 +1,22 @@
-"""A memory plan for every stage of a recipe, per GPU, before GPUs are booked.
+"""A memory plan for every job of a recipe, per GPU, before GPUs are booked (``align plan``).
 
-``align plan RECIPE [key=value ...]`` reads a stage recipe (or a pipeline recipe, every
-section) and the model's ``config.json`` alone (no weights load), and prints for each job
-the stage runs the bytes per GPU by part: weights, gradients, fp32 master weights,
-optimizer states (AdEMAMix keeps three: m1, m2, ν), activations with or without
-activation checkpointing, the LM head's peak, the log-prob pass replicated and under
-ZeRO-3, vLLM's weights per tensor-parallel GPU and the KV cache that
-gpu_memory_utilization leaves. Then whether it fits the hardware and, if not, the
-smallest change that does (a smaller micro-batch, activation checkpointing, ZeRO-3, more
-nodes, CPU offload where align allows it). Nothing runs, and nothing is written under the
-recipe's output_dir. docs/memory-plan.md writes down every formula and what it was checked
-against.
-
-The hardware comes from these keys, else from the recipe's ``# hardware:`` comment line,
-else one node of 8 GPUs of 80 GiB; how training is launched from ``zero_stage`` /
-``accelerate_config``, else from the ``accelerate launch --config_file`` command in the
-recipe's header, else the trainer's ``deepspeed`` key (none: DDP). A model path that is
-the output_dir of another recipe in the same directory (``runs/apertus-8b/sft``) is traced
-back to the model it was trained from; hub names need a local copy, the Hugging Face cache,
-or the numbers align ships (align/plan/known_configs/), else ``model_config=PATH``.
-
-Examples::
-
-    align plan recipes/apertus-70b/qrpo.yaml gpus_per_node=8 nodes=8 gpu_memory_gib=80
-    align plan recipes/apertus-70b/qrpo.yaml nodes=1 --json
-    align plan recipes/apertus-8b/sft.yaml set.per_device_train_batch_size=4 output=plan.json
+Reads each step's config and its model's ``config.json`` alone (no weights load) and gives,
+for each job the step runs, the bytes per GPU by part, whether it fits the hardware and, if
+not, the smallest change that does. The formulas are in ``align.plan.memory``
+(docs/memory-plan.md); this module decides which jobs a recipe's steps are, on which
+hardware each runs, and what to change. ``align.drivers.plan`` reads the recipe and prints.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import json
-from collections.abc import Mapping, Sequence
+import math
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from align.config import ConfigError, apply_defaults, load_config, read_yaml
-from align.io import write_json
+from align.config import ConfigError, apply_defaults
 from align.plan.advice import Knob, doublings, halvings, smallest_change
 from align.plan.configs import load_model_config, missing_config_error
 from align.plan.deepspeed_check import deepspeed_estimate
@@ -47,6 +26,7 @@ from align.plan.memory import (
     ForwardJob,
     GenerateJob,
     Launch,
+    Part,
     TrainingJob,
     VllmJob,
     forward_memory,
@@ -62,16 +42,14 @@ from align.plan.recipe_header import (
     launch_from_header,
     model_lineage,
     read_accelerate_config,
-    stage_from_header,
     trace_model,
 )
-from align.plan.report import JobPlan, Verdict, render, to_json
+from align.plan.report import JobPlan, Verdict
 from align.plan.shapes import linear_shapes, model_shape
-from align.stages import stage_module
+from align.stage_table import STAGES
 
-# Stages that use no GPU (they read and write rows).
-NO_GPU_STAGES = ("pairs", "decontaminate")
-PLANNED_STAGES = ("sft", "sample", "annotate", "logprobs", "train", "evaluate", "judge-validate", *NO_GPU_STAGES)
+# The stages align plan sizes (the stage table says how each is planned).
+PLANNED_STAGES = tuple(name for name, entry in STAGES.items() if entry.plan is not None)
 DEFAULT_HARDWARE = {"nodes": 1, "gpus_per_node": 8, "gpu_memory_gib": 80.0}
 # The tokens of a prompt assumed where a transformers sampler has no context length set.
 PROMPT_TOKENS = 1024
@@ -79,7 +57,7 @@ DTYPE_BYTES = {"float32": 4, "fp32": 4, "bfloat16": 2, "bf16": 2, "float16": 2, 
 
 
 @dataclass
-class Config:
+class PlanSettings:
     """What ``align plan`` plans, for which hardware, and where it writes the plan."""
 
     recipe: str = field(default="", metadata={
@@ -132,21 +110,6 @@ class Config:
             raise ConfigError(f"headroom_gib: must be >= 0, got {self.headroom_gib}")
 
 
-def config_from_args(args: Sequence[str]) -> Config:
-    """``align plan RECIPE [key=value ...] [--json]``: the recipe is this stage's input, not its
-    settings, so it is passed as ``recipe`` rather than loaded into ``Config``."""
-    rest = [a for a in args if a != "--json"]
-    unknown = [a for a in rest if a.startswith("--")]
-    if unknown:
-        raise ConfigError(f"unknown option {unknown[0]!r} (align plan RECIPE [key=value ...] [--json])")
-    recipes = [a for a in rest if "=" not in a]
-    if len(recipes) > 1:
-        raise ConfigError(f"unexpected argument {recipes[1]!r} (one recipe, then key=value overrides)")
-    recipe, overrides = (recipes[0] if recipes else None), [a for a in rest if "=" in a]
-    extra = ([f"recipe={recipe}"] if recipe is not None else []) + (["json=true"] if "--json" in args else [])
-    return load_config(Config, None, [*overrides, *extra])
-
-
 # --------------------------------------------------------------------------- reading the recipe
 
 
@@ -154,7 +117,7 @@ def config_from_args(args: Sequence[str]) -> Config:
 class Context:
     """What every stage of the recipe shares: hardware, launch, the header, model lineage."""
 
-    config: Config
+    config: PlanSettings
     header: list[tuple[int, str]]
     hardware: dict[str, Any]
     launch_source: dict[str, Any]
@@ -173,37 +136,12 @@ class Context:
         return int(self.config.headroom_gib * GIB)
 
 
-def _steps(config: Config, header: list[tuple[int, str]]) -> tuple[Any, list[Any]]:
-    """(the recipe, the steps to plan), read as a login node reads it: no device is checked."""
-    from align.recipe.read import is_pipeline
-    from align.stages import load_recipe
-
-    data = read_yaml(config.recipe)
-    stage = None
-    if not is_pipeline(data):
-        stage = config.stage or stage_from_header(header, PLANNED_STAGES)
-        if stage is None:
-            raise ConfigError(f"stage: {config.recipe} does not say which stage it is for (no `align STAGE` command "
-                              f"in its opening comments); give stage=NAME, one of {list(PLANNED_STAGES)}")
-        if stage not in PLANNED_STAGES:
-            raise ConfigError(f"stage: align plan plans {list(PLANNED_STAGES)}, not {stage!r}")
-    recipe = load_recipe(config.recipe, dict(config.set), stage=stage, devices="defer")
-    steps = [step for step in recipe if not step.phase]
-    if recipe.kind == "pipeline" and config.stage:
-        picked = [step for step in steps if step.stage == config.stage]
-        if not picked:
-            raise ConfigError(f"stage: the pipeline recipe has no {config.stage!r} step (it has "
-                              f"{sorted({s.stage for s in steps})})")
-        steps = picked
-    return recipe, steps
-
-
 def _step_keys(recipe: Any, step: Any) -> dict[str, Any]:
     """A step's keys over the defaults its stage knows (what the plan reads: bf16, the model paths)."""
-    return apply_defaults(stage_module(step.stage).Config, recipe.settings.defaults, step.keys)
+    return apply_defaults(recipe.config_class(step.stage), recipe.settings.defaults, step.keys)
 
 
-def _hardware(config: Config, header: list[tuple[int, str]]) -> dict[str, Any]:
+def _hardware(config: PlanSettings, header: list[tuple[int, str]]) -> dict[str, Any]:
     from_header = hardware_from_header(header, config.recipe)
     hardware, sources = {}, []
     for key, default in DEFAULT_HARDWARE.items():
@@ -215,7 +153,7 @@ def _hardware(config: Config, header: list[tuple[int, str]]) -> dict[str, Any]:
     return hardware
 
 
-def _launch_source(config: Config, header: list[tuple[int, str]]) -> dict[str, Any]:
+def _launch_source(config: PlanSettings, header: list[tuple[int, str]]) -> dict[str, Any]:
     """ZeRO stage and offload from the plan's keys, the accelerate config, or the header's command."""
     found = launch_from_header(header)
     source, path = "", config.accelerate_config or found.get("accelerate_config")
@@ -583,91 +521,128 @@ def _no_gpu(stage: str, why: str) -> JobPlan:
     return JobPlan(stage, why, "", "", None, "", None, Verdict(True, "uses no GPU"), 0, 0)
 
 
-def _stage_plans(ctx: Context, stage: str, config: Any, keys: dict[str, Any]) -> list[JobPlan]:
+def _sampler_plans(ctx: Context, stage: str, config: Any, keys: dict[str, Any]) -> list[JobPlan]:
+    plan = _sampler_plan(ctx, stage, "sampler", config.sampler, config.sampler.model,
+                         config.sampler.batch_size * config.n, config.max_tokens, ctx.config.model_config)
+    return [plan or _no_gpu(stage, "sampler on an OpenAI-compatible server (planned where it is served)")]
+
+
+def _provider_plans(ctx: Context, stage: str, config: Any, keys: dict[str, Any]) -> list[JobPlan]:
     explicit = ctx.config.model_config
-    if stage in ("sft", "train"):
-        return _training_plans(ctx, stage, config, keys)
-    if stage == "logprobs":
-        return _logprobs_plans(ctx, config)
-    if stage == "sample":
-        plan = _sampler_plan(ctx, stage, "sampler", config.sampler, config.sampler.model,
-                             config.sampler.batch_size * config.n, config.max_tokens, explicit)
-        return [plan or _no_gpu(stage, "sampler on an OpenAI-compatible server (planned where it is served)")]
-    if stage == "annotate":
-        if config.provider == "verifiable":
-            return [_no_gpu(stage, "verifiable reward (answer matching)")]
-        if config.provider == "reward_model":
-            return [_reward_model_plan(ctx, stage, config, explicit)]
-        plan = _engine_plan(ctx, stage, config.provider, config, explicit, config.model_batch_size, config.max_tokens)
-        return [plan or _no_gpu(stage, f"{config.provider} on an OpenAI-compatible server")]
-    if stage == "evaluate":
-        plans = []
-        for policy in config.policies:
-            name = getattr(policy, "name", None) or policy["name"]
-            model = getattr(policy, "model", None) or policy["model"]
-            plan = _sampler_plan(ctx, stage, f"sampler for policy {name}", config.sampler, model,
-                                 config.sampler.batch_size * (config.n + 1), config.max_tokens, None)
-            if plan is not None:
-                plans.append(plan)
-        reward = config.reward
-        if reward.provider == "reward_model":
-            plans.append(_reward_model_plan(ctx, stage, reward, None))
-        elif reward.provider != "verifiable":
-            plan = _engine_plan(ctx, stage, f"reward ({reward.provider})", reward, None, reward.model_batch_size,
-                                config.max_tokens)
-            if plan is not None:
-                plans.append(plan)
-        for plan in plans:
-            plan.notes.append("evaluate builds one engine at a time: each job is planned alone")
-        return plans or [_no_gpu(stage, "every model is served elsewhere or none is needed")]
-    if stage == "judge-validate":
-        plans = [p for p in (_engine_plan(ctx, stage, "judge", config, explicit, config.model_batch_size, 16),)
-                 if p is not None]
-        generator = getattr(config, "generator", None)
-        if getattr(config, "degrader", "rules") == "llm" and generator is not None and generator.model:
-            plan = _engine_plan(ctx, stage, "degrader", generator, None, generator.model_batch_size,
-                                generator.max_tokens)
-            if plan is not None:
-                plans.append(plan)
-        return plans or [_no_gpu(stage, "the judge is served elsewhere")]
+    if config.provider == "verifiable":
+        return [_no_gpu(stage, "verifiable reward (answer matching)")]
+    if config.provider == "reward_model":
+        return [_reward_model_plan(ctx, stage, config, explicit)]
+    plan = _engine_plan(ctx, stage, config.provider, config, explicit, config.model_batch_size, config.max_tokens)
+    return [plan or _no_gpu(stage, f"{config.provider} on an OpenAI-compatible server")]
+
+
+def _evaluate_plans(ctx: Context, stage: str, config: Any, keys: dict[str, Any]) -> list[JobPlan]:
+    plans = []
+    for policy in config.policies:
+        name = getattr(policy, "name", None) or policy["name"]
+        model = getattr(policy, "model", None) or policy["model"]
+        if not model:  # completions generated before: nothing to load
+            continue
+        plan = _sampler_plan(ctx, stage, f"sampler for policy {name}", config.sampler, model,
+                             config.sampler.batch_size * (config.n + 1), config.max_tokens, None)
+        if plan is not None:
+            plans.append(plan)
+    reward = config.reward
+    if reward.provider == "reward_model":
+        plans.append(_reward_model_plan(ctx, stage, reward, None))
+    elif reward.provider != "verifiable":
+        plan = _engine_plan(ctx, stage, f"reward ({reward.provider})", reward, None, reward.model_batch_size,
+                            config.max_tokens)
+        if plan is not None:
+            plans.append(plan)
+    for plan in plans:
+        plan.notes.append("evaluate builds one engine at a time: each job is planned alone")
+    return plans or [_no_gpu(stage, "every model is served elsewhere or none is needed")]
+
+
+def _kl_plans(ctx: Context, stage: str, config: Any, keys: dict[str, Any]) -> list[JobPlan]:
+    """The KL step of an evaluation as a launch of its own: each policy and π_ref held together, partitioned
+    over the launch's ranks (``kl_sharding: zero3``), forwarding ``kl_batch_size`` samples at a time."""
+    models = {(getattr(p, "name", None) or p["name"]): (getattr(p, "model", None) or p["model"])
+              for p in config.policies}
+    reference = config.kl_reference or config.baseline
+    context = (config.sampler.max_model_len or PROMPT_TOKENS + config.max_tokens)
+    b = _weight_bytes(config.sampler.dtype)
+    sharded = config.kl_sharding == "zero3"
+    launch = Launch(ctx.gpus if sharded else 1, 3 if sharded else 0)
+    ref_model = models.get(reference)
+    plans = []
+    for name, model in models.items():
+        if not model or name == reference or ref_model is None:
+            continue
+        shape, source = _model(ctx, "model", model, explicit=None)
+        ref_shape, _ = _model(ctx, "model", ref_model, explicit=None)
+        estimate = forward_memory(ForwardJob(shape, config.kl_batch_size * context, b, "model"), launch)
+        held = math.ceil(ref_shape.num_params * b / (launch.world_size if sharded else 1))
+        estimate.parts.append(Part("reference_weights", held, f"{b}Ψ_ref{'/N' if sharded else ''} (π_ref "
+                                   f"{reference}, held beside the policy)"))
+        setting = (f"{launch.describe()}; {config.kl_batch_size} samples × {context:,} tokens per forward, "
+                   f"{'bf16' if b == 2 else 'fp32'}; π_ref: {reference}")
+        plans.append(_plan(ctx, stage, f"KL of policy {name}", model, shape, source, setting, estimate))
+    return plans or [_no_gpu(stage, "no policy has a model to score (KL)")]
+
+
+def _judge_plans(ctx: Context, stage: str, config: Any, keys: dict[str, Any]) -> list[JobPlan]:
+    plans = [p for p in (_engine_plan(ctx, stage, "judge", config, ctx.config.model_config, config.model_batch_size,
+                                      16),) if p is not None]
+    generator = getattr(config, "generator", None)
+    if getattr(config, "degrader", "rules") == "llm" and generator is not None and generator.model:
+        plan = _engine_plan(ctx, stage, "degrader", generator, None, generator.model_batch_size,
+                            generator.max_tokens)
+        if plan is not None:
+            plans.append(plan)
+    return plans or [_no_gpu(stage, "the judge is served elsewhere")]
+
+
+def _rows_plans(ctx: Context, stage: str, config: Any, keys: dict[str, Any]) -> list[JobPlan]:
     return [_no_gpu(stage, "reads and writes rows")]
+
+
+def _pass_plans(ctx: Context, stage: str, config: Any, keys: dict[str, Any]) -> list[JobPlan]:
+    return _logprobs_plans(ctx, config)
+
+
+# How each kind of job is planned (the stage table names the kind: ``StageSpec.plan``, and a phase its name).
+PLANNERS = {"training": _training_plans, "pass": _pass_plans, "sampler": _sampler_plans, "provider": _provider_plans,
+            "evaluate": _evaluate_plans, "judge": _judge_plans, "rows": _rows_plans, "kl": _kl_plans}
+
+
+def step_plans(ctx: Context, step: Any, config: Any, keys: dict[str, Any]) -> list[JobPlan]:
+    """The plans of one job of a recipe: a step, or a phase of one (an evaluation's KL launch, its report)."""
+    if step.phase == "report":
+        return [_no_gpu(step.stage, "the report, from the shards' rows")]
+    how = step.phase if step.phase in PLANNERS else STAGES[step.stage].plan
+    if how is None:
+        return [_no_gpu(step.stage, "not planned")]
+    return PLANNERS[how](ctx, step.stage, config, keys)
 
 
 # --------------------------------------------------------------------------- run
 
 
-def plan_recipe(config: Config) -> tuple[list[JobPlan], dict[str, Any]]:
-    """Every job's plan, and the plan's header (recipe, hardware, launch)."""
+def plan_jobs(config: PlanSettings, recipe: Any, steps: list[Any]) -> tuple[list[JobPlan], dict[str, Any]]:
+    """Every job's plan (the jobs ``align submit`` writes for ``steps``: an evaluation's KL and report
+    phases included), and the plan's header (recipe, hardware, launch)."""
     path = Path(config.recipe)
     header = header_lines(path)
-    recipe, steps = _steps(config, header)
     sections = {step.name: _step_keys(recipe, step) for step in recipe if not step.phase}
+    for step in recipe:
+        if step.phase:
+            sections[step.name] = sections[step.name.removesuffix(f".{step.phase}")]
     ctx = Context(config, header, _hardware(config, header), _launch_source(config, header),
-                  model_lineage(path, sections))
+                  model_lineage(path, {name: keys for name, keys in sections.items() if "." not in name}))
     plans = []
     for step in steps:
         here = _step_context(ctx, recipe, step) if recipe.kind == "pipeline" else ctx
-        plans.extend(_stage_plans(here, step.stage, recipe.config(step), sections[step.name]))
+        plans.extend(step_plans(here, step, recipe.config(step), sections[step.name]))
     hardware = {k: ctx.hardware[k] for k in DEFAULT_HARDWARE}
     info = {"recipe": str(path), "hardware": hardware, "hardware_source": ctx.hardware["source"],
             "headroom_gib": config.headroom_gib,
             "launch": {k: v for k, v in ctx.launch_source.items() if k != "from_command"}}
     return plans, info
-
-
-def run(config: Config) -> dict[str, Any]:
-    """Print the plan (a table, or JSON with ``json``); write it to ``output`` when set."""
-    plans, info = plan_recipe(config)
-    report = to_json(plans, info)
-    hw = info["hardware"]
-    if config.json:
-        print(json.dumps(report, indent=1))
-    else:
-        nodes = hw["nodes"]
-        print(render(plans, f"align plan {config.recipe}: {nodes} node{'s' if nodes != 1 else ''} × "
-                            f"{hw['gpus_per_node']} GPUs of {hw['gpu_memory_gib']:g} GiB "
-                            f"({info['hardware_source']}), {config.headroom_gib:g} GiB headroom per GPU"))
-    if config.output:
-        write_json(config.output, report)
-    return report
-

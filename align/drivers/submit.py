@@ -48,6 +48,7 @@ from typing import Any
 
 import yaml
 
+from align.drivers.args import recipe_from_args
 from align.errors import ConfigError, InputError
 from align.io import write_json
 from align.io.records import looks_local
@@ -58,7 +59,6 @@ from align.manifests.state import recorded_manifest, remove_stage_output
 from align.manifests.status import Outputs, StepState, shard_list, step_state
 from align.recipe import PipelineSettings, Recipe, Step
 from align.slurm import SHIPPED_SCRIPTS, StepJob, active_jobs, dependency_options, sbatch
-from align.stages.common import recipe_from_args
 
 JOBS_FILE = "jobs.json"
 

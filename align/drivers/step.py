@@ -16,8 +16,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from align.config import merge, parse_overrides
+from align.drivers.args import load_recipe
 from align.errors import ConfigError
-from align.stages import load_recipe, stage_module
+from align.stage_table import spec
 
 USAGE = "align step RECIPE.yaml NAME [key=value ...]   (the key=value overrides are the step's own keys: " \
         "`align STAGE --help` lists them)"
@@ -54,4 +55,4 @@ def config_from_args(args: Sequence[str]) -> StepRun:
 
 def run(step: StepRun) -> dict:
     print(f"[align step] {step.name} ({step.stage})")
-    return stage_module(step.stage).run(step.config)
+    return spec(step.stage).load().run(step.config)
