@@ -143,8 +143,8 @@ def parse_overrides(overrides: Sequence[str]) -> dict[str, Any]:
         key = key.strip().lstrip("-")
         if not key:
             raise ConfigError(f"override {item!r} has an empty key")
-        try:
-            value = yaml.safe_load(raw) if raw.strip() else ""
+        try:  # @NAME (a step's output) is text, as in a recipe file where it is quoted
+            value = raw.strip() if raw.strip().startswith("@") else yaml.safe_load(raw) if raw.strip() else ""
         except yaml.YAMLError as exc:
             problem = getattr(exc, "problem", None) or str(exc)
             raise ConfigError(f"override {item!r}: the value is not valid YAML ({problem})") from None

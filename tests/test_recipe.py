@@ -48,7 +48,7 @@ def test_any_number_of_steps_of_one_stage_and_a_file_inside_an_output():
 @pytest.mark.parametrize(("change", "message"), [
     ({"annotate": {"stage": "annotate", "input": "@nothing", "provider": "verifiable"}}, r"@nothing names no step"),
     ({"annotate": {"stage": "annotate", "input": "@pairs", "provider": "verifiable"}},
-     r"@pairs names a step that runs later"),
+     r"steps read each other's outputs in a cycle \(annotate reads pairs reads annotate\)"),
     ({"annotate": {"stage": "annotate", "input": "@sample", "provider": "verifiable", "output_dir": "runs/g/pairs"}},
      r"steps 'annotate' and 'pairs' both write runs/g/pairs"),
     ({"annotate": {"stage": "annotate", "input": "@sample", "provider": "verifiable",
@@ -168,7 +168,7 @@ def test_a_step_that_runs_once_cannot_read_one_that_runs_every_round():
     data = rounds_graph()
     data["steps"]["report"] = {"stage": "pairs", "input": "@annotate"}
     data["steps"]["sft"]["input"] = "@annotate"
-    with pytest.raises(ConfigError, match=r"names a step that runs later|runs once but reads"):
+    with pytest.raises(ConfigError, match=r"initial_policy: @sft would run every round|runs once but reads"):
         load_recipe(data)
 
 

@@ -29,7 +29,9 @@ Examples::
 
 from __future__ import annotations
 
+import contextlib
 import json
+import sys
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -90,7 +92,8 @@ def plan_recipe(config: Config) -> tuple[list[Any], dict[str, Any]]:
 
 def run(config: Config) -> dict[str, Any]:
     """Print the plan (a table, or JSON with ``json``); write it to ``output`` when set."""
-    plans, info = plan_recipe(config)
+    with contextlib.redirect_stdout(sys.stderr):  # what libraries print while planning stays out of the JSON
+        plans, info = plan_recipe(config)
     report = to_json(plans, info)
     hw = info["hardware"]
     if config.json:

@@ -26,7 +26,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from align.drivers.args import recipe_from_args
+from align.io import stage_completion_info
 from align.manifests.status import Outputs, round_state, step_state
+from align.recipe.graph import path_key
 from align.recipe import PipelineSettings, Recipe
 
 
@@ -38,6 +40,28 @@ class Config(PipelineSettings):
 def config_from_args(args: Sequence[str]) -> Recipe:
     """``align status RECIPE [key=value ...]``: the recipe read as a login node reads it (no device checks)."""
     return recipe_from_args("status", args)
+
+
+def split_counts(recipe: Recipe, report: dict[str, Any]) -> list[str]:
+    """One line per split of rows by ``where:`` whose branches are all done: the rows each branch took and
+    the rows no branch took, out of the rows they read (from the branches' own summaries)."""
+    groups: dict[str, list[Any]] = {}  # the real path the branches read -> [(step, config)]
+    for step in recipe:
+        config = recipe.config(step)
+        if step.stage == "annotate" and config.where and isinstance(config.input, str):
+            groups.setdefault(path_key(config.input), []).append((step, config))
+    lines = []
+    for branches in groups.values():
+        if any(report[step.name]["state"] != "done" for step, _ in branches):
+            continue
+        summaries = [(step.name, (stage_completion_info(config.output_dir) or {}).get("summary") or {})
+                     for step, config in branches]
+        total = summaries[0][1].get("records", 0) + summaries[0][1].get("not_selected", 0)
+        taken = {name: summary.get("records", 0) for name, summary in summaries}
+        rest = total - sum(taken.values())
+        lines.append(f"split of {branches[0][1].input}: " + ", ".join(f"{n} {c}" for n, c in taken.items())
+                     + f", in no branch {rest} (of {total} rows)")
+    return lines
 
 
 def run(recipe: Recipe) -> dict[str, Any]:
@@ -55,6 +79,8 @@ def run(recipe: Recipe) -> dict[str, Any]:
             print(f"{'':<{width}}   {reason}")
         report[step.name] = {"state": found.state, "reasons": found.reasons, "output_dir": str(where),
                              "stage": step.stage, "round": step.round}
+    for line in split_counts(recipe, report):
+        print(line)
     for k in sorted({step.round for step in steps if step.round is not None}):
         state, reasons = round_state([(s.name, report[s.name]["state"]) for s in steps if s.round == k])
         print((f"{f'round-{k}':<{width}} {state:<30} " + "; ".join(reasons)).rstrip())

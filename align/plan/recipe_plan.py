@@ -640,7 +640,9 @@ def plan_jobs(config: PlanSettings, recipe: Any, steps: list[Any]) -> tuple[list
     plans = []
     for step in steps:
         here = _step_context(ctx, recipe, step) if recipe.kind == "pipeline" else ctx
-        plans.extend(step_plans(here, step, recipe.config(step), sections[step.name]))
+        for plan in step_plans(here, step, recipe.config(step), sections[step.name]):
+            plan.step = step.name
+            plans.append(plan)
     hardware = {k: ctx.hardware[k] for k in DEFAULT_HARDWARE}
     info = {"recipe": str(path), "hardware": hardware, "hardware_source": ctx.hardware["source"],
             "headroom_gib": config.headroom_gib,

@@ -43,6 +43,7 @@ class JobPlan:
     alternatives: list[tuple[str, Estimate, Verdict]] = field(default_factory=list)
     deepspeed_bytes: int | None = None
     notes: list[str] = field(default_factory=list)
+    step: str = ""  # the recipe step (or phase: evaluate.kl) whose job this is; "" for a stage file
 
 
 def gib(n: float) -> str:
@@ -67,7 +68,8 @@ def render(plans: list[JobPlan], title: str) -> str:
     out = [title, ""]
     for plan in plans:
         mark = "fits" if plan.verdict.fits else "DOES NOT FIT"
-        out.append(f"[{plan.stage}] {plan.job}: {mark}")
+        where = plan.stage if not plan.step or plan.step == plan.stage else f"{plan.step} ({plan.stage})"
+        out.append(f"[{where}] {plan.job}: {mark}")
         if plan.shape is not None:
             out.append(f"  model: {plan.model} ({plan.shape.num_params / 1e9:.2f}B parameters, "
                        f"{plan.shape.num_layers} layers, h {plan.shape.hidden_size}, config: {plan.model_source})")
@@ -108,7 +110,7 @@ def to_json(plans: list[JobPlan], header: dict[str, Any]) -> dict[str, Any]:
     jobs = []
     for plan in plans:
         jobs.append({
-            "stage": plan.stage, "job": plan.job, "model": plan.model, "model_source": plan.model_source,
+            "stage": plan.stage, "step": plan.step or plan.stage, "job": plan.job, "model": plan.model, "model_source": plan.model_source,
             "shape": dataclasses.asdict(plan.shape) if plan.shape is not None else None,
             "setting": plan.setting, "fits": plan.verdict.fits, "reason": plan.verdict.reason,
             "gpu_memory_bytes": plan.gpu_memory, "headroom_bytes": plan.headroom,

@@ -150,9 +150,10 @@ def _has(values: Any, value: Any) -> bool:
     return any(same_value(value, v) for v in values)
 
 
-def labels_of(graph: Graph, text: str, field: str, where: str) -> tuple[Step, tuple[Any, ...]] | None:
+def labels_of(graph: Graph, text: str, field: str) -> tuple[Step, tuple[Any, ...]] | None:
     """(the step that writes ``field`` into the rows ``text`` names, every value it can write there); None when
-    the rows come from a file no step writes (its labels are not known before the run)."""
+    the rows come from a file no step writes (its labels are not known before the run). The kinds of rows
+    were checked first, so every step on the way keeps its input's fields or writes the field."""
     upstream = graph.producer(text)
     if upstream is None:
         return None
@@ -162,11 +163,8 @@ def labels_of(graph: Graph, text: str, field: str, where: str) -> tuple[Step, tu
         return upstream, labels[field]
     source = _get(graph.keys(upstream), entry.keeps) if entry.keeps else _MISSING
     texts = list(string_values(source)) if source is not _MISSING else []
-    if not texts:
-        raise ConfigError(f"{where}: the rows come from step {upstream.name!r} ({upstream.stage}), which writes no "
-                          f"{field!r} and keeps no field of what it reads: no row has {field!r} to select on")
-    found = [labels_of(graph, t, field, where) for t in texts]
-    if any(f is None for f in found):
+    found = [labels_of(graph, t, field) for t in texts]
+    if not found or any(f is None for f in found):
         return None
     return found[0]
 
@@ -184,7 +182,7 @@ def check_splits(graph: Graph) -> None:
             continue
         for field, wanted in where.items():
             allowed = list(wanted) if isinstance(wanted, list) else [wanted]
-            found = labels_of(graph, source, str(field), f"step {step.name!r}: where.{field}")
+            found = labels_of(graph, source, str(field))
             if found is None:
                 continue
             writer, labels = found

@@ -276,8 +276,8 @@ def in_order(steps: list[Step]) -> list[Step]:
     if len(out) < len(steps):
         left = [s.name for s in steps if waiting[s.name]]
         cycle = _a_cycle(left, waiting)
-        raise ConfigError(f"steps {' -> '.join(cycle)} read each other's outputs in a cycle: no order runs each "
-                          "after the steps it reads; give one of them another input")
+        raise ConfigError(f"steps read each other's outputs in a cycle ({' reads '.join(cycle)}): no order runs "
+                          "each after the steps it reads; give one of them another input")
     return out
 
 

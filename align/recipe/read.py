@@ -132,8 +132,10 @@ def _with_needs(steps: list[Step]) -> list[Step]:
     """Each step's ``needs`` (the steps whose output directory one of its values names, wherever they are
     listed), and the steps in an order where each runs after the steps it reads."""
     index = OutputIndex(steps)
+    position = {step.name: i for i, step in enumerate(steps)}
     for step in steps:
-        step.needs = tuple(dict.fromkeys([*step.needs, *reads_from(step.keys, index, step.name)]))
+        found = sorted(reads_from(step.keys, index, step.name), key=position.__getitem__)
+        step.needs = tuple(dict.fromkeys([*step.needs, *found]))
     return in_order(steps)
 
 

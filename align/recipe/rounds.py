@@ -177,6 +177,12 @@ def graph_rounds(settings: PipelineSettings, raw: dict[str, dict[str, Any]], out
     if not repeated:
         raise ConfigError("rounds: no step reads @policy (the policy a round starts from), so nothing would run "
                           "more than once; the round's sampling and training steps name it (docs/rounds.md)")
+    initial_step = str(settings.initial_policy or "")[1:].partition("/")[0] \
+        if str(settings.initial_policy or "").startswith("@") else None
+    if initial_step in repeated:
+        raise ConfigError(f"initial_policy: @{initial_step} would run every round (it reads "
+                          f"{sorted(references_in(raw[initial_step]))}, which depend on the policy): π₀ is made once, "
+                          "before the rounds; give that step inputs that do not depend on the policy")
     once = [name for name in order if name not in repeated]
     for name in once:
         used = references_in(raw[name]) & repeated

@@ -324,12 +324,14 @@ def sample_offline(
 def sampling_summary(output_dir: str | Path, *, is_reference: bool) -> dict[str, int]:
     """Counts over a sampling output: records, new completions, overlong, skipped prompts."""
     rows = read_output(output_dir)
-    return {
+    summary = {
         "records": len(rows),
         "completions": sum(
             sum(c.get("is_reference") is is_reference for c in r.get("completions", [])) for r in rows
         ),
         "overlong": sum(r.get("num_overlong", 0) for r in rows),
         "skipped_prompts": sum(skip_reason(r) is not None for r in rows),
-        "skipped_variants": sum(len(r.get("skipped_variants") or {}) for r in rows),
     }
+    if not is_reference:  # offline: the system-prompt variants that could not be sampled while others were
+        summary["skipped_variants"] = sum(len(r.get("skipped_variants") or {}) for r in rows)
+    return summary

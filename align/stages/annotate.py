@@ -117,8 +117,9 @@ def _annotate(run: StageRun) -> dict[str, Any] | Unfinished:
         print(f"[align annotate] shard {index} of {count} written to {config.output_dir}; other shards still to run")
         return Unfinished({"shard": index})
     rows = read_output(config.output_dir)
-    summary: dict[str, Any] = {"records": len(rows), "provider": config.provider,
-                               "upstream_skipped": sum(skip_reason(r) is not None for r in rows)}
+    summary: dict[str, Any] = {"records": len(rows), "provider": config.provider}
+    if passed := sum(skip_reason(r) is not None for r in rows):  # skip rows of a stage before, passed on
+        summary["upstream_skipped"] = passed
     if config.where:
         summary["not_selected"] = len(everything) - len(records)
     if config.provider == "classifier":

@@ -113,7 +113,7 @@ def test_annotate_takes_the_provider_keys_flat():
 
     assert issubclass(Config, RewardProviderConfig)
     assert _keys(Config) - _keys(RewardProviderConfig) == {
-        "input", "output_dir", "where", "batch_size", "shard_index", "num_shards", "overwrite"}
+        "input", "output_dir", "where", "where_rest", "batch_size", "shard_index", "num_shards", "overwrite"}
     config = load_config(Config, None, ["input=x.jsonl", "provider=judge", "model=served", "backend=openai",
                                         "base_url=http://node:8000/v1", "single_order=skip", "top_k_pairwise=3"])
     assert (config.provider, config.backend, config.single_order, config.top_k_pairwise) == (
