@@ -189,6 +189,7 @@ def _left_out(prompts: list[dict], config: Config) -> tuple[list[dict], list[dic
     from align.chat import structure_text_problem
 
     given = _given_rows(config)
+    lengths = _prompt_lengths(config)
     kept, left_out = [], []
     for row in prompts:
         reason = skip_reason(row) or structure_text_problem([row.get("messages"), row.get("tools")],
@@ -196,6 +197,9 @@ def _left_out(prompts: list[dict], config: Config) -> tuple[list[dict], list[dic
         for name, rows in given.items():
             if reason is None and row.get("id") in rows:
                 reason = _given_problem(rows[row["id"]], name, max(config.n, 1))
+        for name, (length_of, limit) in lengths.items():
+            if reason is None and (tokens := length_of(row)) >= limit:
+                reason = f"policy {name}: prompt has {tokens} tokens; the model's context length is {limit}"
         (left_out.append({"id": row.get("id"), "reason": reason}) if reason else kept.append(row))
     if left_out:
         print(f"[align evaluate] {len(left_out)} of {len(prompts)} prompts left out: {left_out[0]['reason']} "
@@ -203,6 +207,33 @@ def _left_out(prompts: list[dict], config: Config) -> tuple[list[dict], list[dic
     if not kept:
         raise InputError(f"evaluate: every prompt was left out ({left_out[0]['reason']}, ...); nothing to evaluate")
     return kept, left_out
+
+
+def _prompt_lengths(config: Config) -> dict[str, tuple[Any, int]]:
+    """Each policy with a local model: (a prompt row -> its token count as the sampler renders it, the model's
+    context length), so a prompt that leaves a policy no room to generate is left out for every policy
+    before any engine starts, as sampling leaves it out (a server's limit is its own: not counted here)."""
+    import json
+
+    from transformers import AutoTokenizer
+
+    from align.sampling.base import PromptEncoder
+
+    if config.sampler.backend == "openai":
+        return {}
+    out = {}
+    for spec in config.policies:
+        path = Path(spec.model) if spec.model else None
+        if path is None or not (path / "config.json").is_file():
+            continue
+        limit = config.sampler.max_model_len or (config.sampler.engine_kwargs or {}).get("max_model_len") or \
+            json.loads((path / "config.json").read_text()).get("max_position_embeddings")
+        if not limit:
+            continue
+        encoder = PromptEncoder(AutoTokenizer.from_pretrained(path), config.sampler.chat_format,
+                                chat_date=config.sampler.chat_date, enable_thinking=config.sampler.enable_thinking)
+        out[spec.name] = (lambda row, e=encoder: len(e.prompt_ids(row["messages"], row.get("tools"))), int(limit))
+    return out
 
 
 def _given_rows(config: Config) -> dict[str, dict[str, dict]]:
