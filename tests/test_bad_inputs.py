@@ -210,6 +210,46 @@ def _check_sft_skip(ws: Workspace, out: str, err: str) -> None:
     assert summary["special_token_text"] == 1
 
 
+def _check_passed_on(rid: str):
+    """A skip row of a stage before: passed on as it came, counted, never scored."""
+    def check(ws: Workspace, out: str, err: str) -> None:
+        rows = {r["id"]: r for r in _annotate_rows(ws.out())}
+        assert rows[rid]["skip_reason"] == "special_token_text: <s>" and "rewards" not in rows[rid], rows[rid]
+        assert json.loads((ws.out() / "_COMPLETE.json").read_text())["summary"]["upstream_skipped"] == 1
+    return check
+
+
+def _check_pairs_upstream(rid: str):
+    def check(ws: Workspace, out: str, err: str) -> None:
+        skipped = {r["id"]: r for r in _skips(ws.out() / "skipped.jsonl")}
+        assert skipped[rid] == {"id": rid, "reason": "special_token_text: <s>", "upstream": True}
+        assert json.loads((ws.out() / "_COMPLETE.json").read_text())["summary"]["upstream_skipped"] == 1
+    return check
+
+
+def _graph(ws: Workspace, where: dict) -> Path:
+    """classify -> sample -> rm / judge, split by the classifier's label (each ``where`` given)."""
+    return _recipe(ws, f"""
+output_dir: {ws.out('g')}
+steps:
+  classify: {{stage: annotate, input: {ws.file('p.jsonl', [prompt('a')])}, provider: classifier, model: m}}
+  sample: {{stage: sample, prompts: "@classify", sampler: {{model: m}}}}
+  rm: {{stage: annotate, input: "@sample", provider: verifiable, where: {json.dumps(where['rm'])}}}
+  judge: {{stage: annotate, input: "@sample", provider: verifiable, where: {json.dumps(where['judge'])}}}
+""")
+
+
+def _aliased(ws: Workspace) -> Path:
+    (ws.root / "real").mkdir()
+    (ws.root / "alias").symlink_to(ws.root / "real", target_is_directory=True)
+    rows = ws.file("a.jsonl", [annotated("a")])
+    return _recipe(ws, f"""
+steps:
+  a: {{stage: pairs, input: {rows}, output_dir: {ws.root / 'real' / 'pairs'}}}
+  b: {{stage: pairs, input: {rows}, output_dir: {ws.root / 'alias' / 'pairs'}}}
+""")
+
+
 CASES: list[Case] = [
     # --- the recipe and the command line -------------------------------------------------
     Case("unknown key", "pairs", lambda ws: ["input=x.jsonl", "sed=1"],
@@ -795,6 +835,68 @@ annotate: {{input: {ws.file('in.jsonl', [annotated('a')])}, output_dir: {ws.out(
         f"model_name_or_path={ws.policy}", "use_cpu=true", "bf16=false", "report_to=[]", "max_steps=1",
         "optimizer=adamw", "per_device_train_batch_size=2", "save_strategy='no'", "disable_tqdm=true"], None,
          check=_check_sft_skip),
+    # --- the step graph, checked whole when a recipe is read (docs/bad-inputs.md, "The step graph") ---
+    Case("annotate: a sampling skip row", "annotate", lambda ws: [
+        f"input={ws.file('s.jsonl', [annotated('a'), prompt('b', skip_reason='special_token_text: <s>')])}",
+        f"output_dir={ws.out()}", "provider=verifiable"], None, check=_check_passed_on("b")),
+    Case("pairs: a sampling skip row", "pairs", lambda ws: [
+        f"input={ws.file('s.jsonl', [annotated('a'), prompt('b', skip_reason='special_token_text: <s>')])}",
+        f"output_dir={ws.out()}"], None, check=_check_pairs_upstream("b")),
+    Case("pipeline: a where label in quotes", "status", lambda ws: [_graph(ws, {"rm": {"controversial": "false"},
+                                                                               "judge": {"controversial": True}})],
+         "ConfigError", ("step 'rm': where.controversial: 'false' is not a value step 'classify' writes",
+                         "it writes true, false, null", "write them without quotes")),
+    Case("pipeline: a split that leaves a label out", "status", lambda ws: [_graph(ws, {
+        "rm": {"controversial": False}, "judge": {"controversial": True}})],
+         "ConfigError", ("steps ['rm', 'judge'] split 'classify''s rows by 'controversial'",
+                         "no step selects the rows with controversial: null", "where_rest: drop")),
+    Case("pipeline: a label two branches select", "status", lambda ws: [_graph(ws, {
+        "rm": {"controversial": [False, None]}, "judge": {"controversial": [True, None]}})],
+         "ConfigError", ("steps ['rm', 'judge'] each select the rows with controversial: null",)),
+    Case("pipeline: two output_dirs one directory through a link", "status", lambda ws: [_aliased(ws)],
+         "ConfigError", ("steps 'a' and 'b' both write", "are one directory")),
+    Case("pipeline: steps reading each other", "status", lambda ws: [_recipe(ws, f"""
+output_dir: {ws.out('g')}
+steps:
+  a: {{stage: annotate, input: "@b", provider: verifiable}}
+  b: {{stage: annotate, input: "@a", provider: verifiable}}
+""")], "ConfigError", ("steps read each other's outputs in a cycle (a reads b reads a)",)),
+    Case("pipeline: a step named --help", "status", lambda ws: [_recipe(ws, f"""
+output_dir: {ws.out('g')}
+steps:
+  --help: {{stage: pairs, input: x.jsonl}}
+""")], "ConfigError", ("steps: '--help' is not a step name", "a command-line argument of the step's job")),
+    Case("pipeline: a step named x=1", "status", lambda ws: [_recipe(ws, f"""
+output_dir: {ws.out('g')}
+steps:
+  x=1: {{stage: pairs, input: x.jsonl}}
+""")], "ConfigError", ("steps: 'x=1' is not a step name",)),
+    Case("pipeline: a stage's name where a step is meant", "status", lambda ws: [_graph(ws, {
+        "rm": {"controversial": False}, "judge": {"controversial": [True, None]}}), "annotate.batch_size=4"],
+         "ConfigError", ("annotate.batch_size=...: this recipe is a step graph, where annotate is a stage",
+                         "its annotate steps are ['classify', 'rm', 'judge']", "set classify.batch_size=...")),
+    Case("pipeline: a misspelt step in an override", "status", lambda ws: [_graph(ws, {
+        "rm": {"controversial": False}, "judge": {"controversial": [True, None]}}), "jugde.batch_size=4"],
+         "ConfigError", ("'jugde' names no step of this recipe; did you mean judge.batch_size?",)),
+    Case("pipeline: the pass and training cut rows apart", "status", lambda ws: [_recipe(ws, f"""
+output_dir: {ws.out('g')}
+steps:
+  logprobs: {{stage: logprobs, input: {ws.file('p.jsonl', [])}, model_name_or_path: m, max_length: 2048}}
+  train: {{stage: train, input: "@logprobs", model_name_or_path: m, max_length: 4096, use_cpu: true}}
+""")], "ConfigError", ("steps 'logprobs' and 'train': max_length is 2048 in the reference pass and 4096 in training",)),
+    Case("pipeline: a pairs directory read whole", "status", lambda ws: [_recipe(ws, f"""
+output_dir: {ws.out('g')}
+steps:
+  pairs: {{stage: pairs, input: {ws.file('a.jsonl', [annotated('a')])}}}
+  logprobs: {{stage: logprobs, input: "@pairs", model_name_or_path: m}}
+""")], "ConfigError", ("step 'logprobs': input=", "name its data file: input=@pairs/pairs.jsonl")),
+    Case("pipeline: a key reading another kind of rows", "status", lambda ws: [_recipe(ws, f"""
+output_dir: {ws.out('g')}
+steps:
+  annotate: {{stage: annotate, input: {ws.file('a.jsonl', [annotated('a')])}, provider: verifiable}}
+  logprobs: {{stage: logprobs, input: "@annotate", model_name_or_path: m}}
+""")], "ConfigError", ("step 'logprobs': input=", "is step 'annotate''s output (annotate: scored samples), but input "
+                       "reads pairs")),
     Case("step: a name the recipe does not hold", "step", lambda ws: [_recipe(ws, f"""
 annotate: {{input: {ws.file('in.jsonl', [annotated('a')])}, output_dir: {ws.out()}, provider: verifiable}}
 """), "anotate"], "ConfigError", ("no step 'anotate' in", "steps: ['annotate']")),

@@ -288,6 +288,36 @@ steps:
     capsys.readouterr()
     assert main(["status", str(recipe)]) == 0
     assert f"split of {source}: rm 3, judge 2, in no branch 1 (of 6 rows)" in capsys.readouterr().out
+    assert main(["status", str(recipe), "steps.judge.output_dir=" + str(tmp_path / "elsewhere")]) == 0
+    assert "split of" not in capsys.readouterr().out  # a branch not done yet: nothing counted
+
+
+def test_status_counts_each_split_apart_and_names_it_as_its_first_branch_reads_it(tmp_path, capsys):
+    from align.cli import main
+
+    def rows(label_of):
+        return "".join(json.dumps({"id": f"p{i}", "messages": [{"role": "user", "content": "q"}], "answer": "yes",
+                                   "flag": label_of(i), "completions": [{"text": "yes", "is_reference": True}]})
+                       + "\n" for i in range(4))
+
+    (tmp_path / "one.jsonl").write_text(rows(lambda i: i < 1))
+    (tmp_path / "sub").mkdir()
+    (tmp_path / "two.jsonl").write_text(rows(lambda i: i < 3))
+    recipe = tmp_path / "splits.yaml"
+    recipe.write_text(f"""
+output_dir: {tmp_path / 'runs'}
+steps:
+  a_yes: {{stage: annotate, input: {tmp_path / 'sub' / '..' / 'one.jsonl'}, provider: verifiable, where: {{flag: true}}}}
+  a_no: {{stage: annotate, input: {tmp_path / 'one.jsonl'}, provider: verifiable, where: {{flag: false}}}}
+  b_yes: {{stage: annotate, input: {tmp_path / 'two.jsonl'}, provider: verifiable, where: {{flag: true}}}}
+  b_no: {{stage: annotate, input: {tmp_path / 'two.jsonl'}, provider: verifiable, where: {{flag: false}}}}
+""")
+    assert main(["pipeline", str(recipe)]) == 0
+    capsys.readouterr()
+    assert main(["status", str(recipe)]) == 0
+    lines = [line for line in capsys.readouterr().out.splitlines() if line.startswith("split of")]
+    assert lines == [f"split of {tmp_path / 'sub' / '..' / 'one.jsonl'}: a_yes 1, a_no 3, in no branch 0 (of 4 rows)",
+                     f"split of {tmp_path / 'two.jsonl'}: b_yes 3, b_no 1, in no branch 0 (of 4 rows)"]
 
 
 def test_a_where_value_matches_a_field_as_yaml_wrote_it():

@@ -54,10 +54,10 @@ def split_counts(recipe: Recipe, report: dict[str, Any]) -> list[str]:
     for branches in groups.values():
         if any(report[step.name]["state"] != "done" for step, _ in branches):
             continue
-        summaries = [(step.name, (stage_completion_info(config.output_dir) or {}).get("summary") or {})
-                     for step, config in branches]
-        total = summaries[0][1].get("records", 0) + summaries[0][1].get("not_selected", 0)
-        taken = {name: summary.get("records", 0) for name, summary in summaries}
+        # done: each branch's marker holds its summary, with the rows it took and those it left (where: is set)
+        summaries = [(step.name, stage_completion_info(config.output_dir)["summary"]) for step, config in branches]
+        total = summaries[0][1]["records"] + summaries[0][1]["not_selected"]
+        taken = {name: summary["records"] for name, summary in summaries}
         rest = total - sum(taken.values())
         lines.append(f"split of {branches[0][1].input}: " + ", ".join(f"{n} {c}" for n, c in taken.items())
                      + f", in no branch {rest} (of {total} rows)")

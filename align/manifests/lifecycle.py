@@ -449,7 +449,7 @@ def run_stage(name: str, config: Any, work: Callable[[StageRun], dict[str, Any] 
     """
     entry = stage_table.spec(name)
     for key, reads in entry.reads.items():
-        if reads.how != "none" and not _setting(config, key):
+        if reads.how != "none" and not setting_at(config, key):
             raise ConfigError(f"{name}: set {key} ({reads.what}; an empty path is never read as the current "
                               "directory)")
     if entry.launches:
@@ -459,7 +459,7 @@ def run_stage(name: str, config: Any, work: Callable[[StageRun], dict[str, Any] 
         return {}
     try:
         for key, reads in entry.reads.items():
-            value = _setting(config, key)
+            value = setting_at(config, key)
             if reads.how == "rows":
                 run.read(key)
             elif reads.how == "stream":
@@ -479,7 +479,7 @@ def run_stage(name: str, config: Any, work: Callable[[StageRun], dict[str, Any] 
     return run.finish(result)
 
 
-def _setting(config: Any, key: str) -> Any:
+def setting_at(config: Any, key: str) -> Any:
     """A config's value at a dotted key (``sampler.model``)."""
     value = config
     for part in key.split("."):

@@ -35,6 +35,7 @@ from typing import Any
 import torch
 
 from align.errors import ConfigError
+from align.ranks import start_process_group
 from align.scoring.flex import resolve_attn_implementation
 
 logger = logging.getLogger(__name__)
@@ -86,9 +87,7 @@ def init_distributed(key: str = "sharding") -> None:
         raise ConfigError(f"{key}=zero3 partitions the model over the ranks of a distributed launch: start the "
                           "command with `accelerate launch --config_file recipes/accelerate/zero3.yaml -m align ...` "
                           "(or torchrun), or use replicate in a single process")
-    if torch.cuda.is_available():
-        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
-    dist.init_process_group(backend="nccl" if torch.cuda.is_available() else "gloo")
+    start_process_group()
 
 
 def all_ranks_agree(flag: bool) -> bool:

@@ -1,6 +1,6 @@
 """Recipe steps as SLURM jobs: the recipe's ``slurm:`` section, the batch scripts, sbatch and squeue.
 
-``align submit`` (``align.stages.submit``) decides which steps to submit; this package
+``align submit`` (``align.drivers.submit``) decides which steps to submit; this package
 only knows SLURM: the settings (``config``), the script written for a step (``scripts``)
 and the client commands (``commands``).
 """

@@ -37,7 +37,7 @@ from align.logprobs import (
 )
 from align.manifests import StageRun
 from align.manifests.lifecycle import Unfinished, check_input_exists, check_stage_input, run_stage
-from align.ranks import on_rank_zero
+from align.ranks import on_rank_zero, start_process_group
 from align.scoring import check_over_max_length_policy, check_truncated_policy
 from align.scoring.sharded import (
     all_ranks_agree,
@@ -251,9 +251,7 @@ def _distributed() -> bool:
 
 def _wait_for_other_shards() -> None:
     """Barrier when launched with accelerate/torchrun (a SLURM array has none: check later)."""
-    if int(os.environ.get("WORLD_SIZE", "1")) > 1 and not _distributed():
-        backend = "nccl" if torch.cuda.is_available() else "gloo"
-        torch.distributed.init_process_group(backend=backend)
+    start_process_group()
     if _distributed():
         torch.distributed.barrier()
 
