@@ -10,8 +10,9 @@ import os
 import sys
 from collections.abc import Sequence
 
+from align import stopping
 from align.errors import AlignError
-from align.stage_table import command_module, parses_own_args, summaries
+from align.stage_table import STAGES, command_module, parses_own_args, summaries
 
 USAGE = """usage: align STAGE [RECIPE.yaml] [key=value ...]
        align STAGE --help
@@ -77,7 +78,13 @@ def _main(argv: Sequence[str] | None = None) -> int:
         print(stage_help(name))
         return 0
     module = command_module(name)
+    if name in ("step", "pipeline") or (name in STAGES and STAGES[name].job in ("array", "launch")):
+        stopping.install()  # long stages (and the jobs that run them) stop at a safe point on request
     try:
+        if os.environ.get("ALIGN_CODE"):  # a submitted job: it runs the code its submission froze
+            from align.drivers.submit_checks import check_frozen_code
+
+            check_frozen_code()
         if parses_own_args(name):  # a driver (its recipe is its input) or a tool with arguments of its own
             config = module.config_from_args(rest)
         else:
@@ -85,6 +92,10 @@ def _main(argv: Sequence[str] | None = None) -> int:
 
             config = stage_config(name, rest)
         module.run(config)
+    except stopping.Stopped as exc:  # asked to stop (the cluster's signal): saved, to be resumed by a rerun
+        print(f"align {name}: {exc}", file=sys.stderr)
+        stopping.record_stop(str(exc))
+        return stopping.STOPPED_EXIT
     except AlignError as exc:  # a mistake the user can fix (align.errors); anything else is a bug
         if os.environ.get("ALIGN_TRACEBACK"):
             raise

@@ -57,6 +57,20 @@ def on_rank_zero(compute: Callable[[], T]) -> T:
     return share(value)  # type: ignore[return-value]
 
 
+def any_rank(flag: bool) -> bool:
+    """True on every rank when ``flag`` is true on any rank of the launch (outside a launch: ``flag``). A
+    collective: every rank calls it at the same point (a trainer's step end)."""
+    dist = launch_group()
+    if dist is None:
+        return flag
+    import torch
+
+    device = torch.device("cuda", torch.cuda.current_device()) if dist.get_backend() == "nccl" else "cpu"
+    value = torch.tensor([int(flag)], device=device)
+    dist.all_reduce(value, op=dist.ReduceOp.MAX)
+    return bool(value.item())
+
+
 def start_process_group(config: Any = None) -> None:
     """Under a distributed launch, bring its process group up now, so rank 0 can decide for every rank.
 

@@ -92,3 +92,78 @@ def test_active_jobs_are_the_asked_ones_still_queued_or_running(fake):
     assert commands.active_jobs(["12", "13", "14", "15", "16"]) == {"12": "RUNNING", "14": "PENDING", "15": "REQUEUED"}
     assert fake.calls() == ["squeue --noheader --array --format=%F %T"]
     assert commands.active_jobs([]) == {} and len(fake.calls()) == 1  # nothing asked: squeue is not called
+
+
+# --------------------------------------------------------------------------- time limits
+
+
+@pytest.mark.parametrize(("text", "seconds"), [
+    ("30", 1800), ("30:15", 1815), ("12:00:00", 43200), ("72:00:00", 259200), ("1-00:00:00", 86400),
+    ("2-12", 216000), ("2-12:30", 217800), ("0-00:02:00", 120), ("UNLIMITED", None), ("infinite", None),
+    (None, None), ("", None),
+])
+def test_a_slurm_time_in_every_form_slurm_takes(text, seconds):
+    assert commands.slurm_seconds(text) == seconds
+
+
+def test_seconds_written_as_a_slurm_time():
+    assert [commands.slurm_time(s) for s in (86400, 259200, 90061, 59)] == \
+        ["1-00:00:00", "3-00:00:00", "1-01:01:01", "0-00:00:59"]
+
+
+SHOW_PARTITIONS = (
+    "PartitionName=long AllowGroups=ALL Default=NO MaxTime=3-00:00:00 Nodes=n[1-4] State=UP\n"
+    "PartitionName=short AllowGroups=ALL Default=YES MaxTime=1-00:00:00 Nodes=n[1-8] State=UP\n")
+
+
+def test_a_partitions_maximum_time_is_read_from_scontrol(fake):
+    fake("scontrol", SHOW_PARTITIONS)
+    assert commands.partition_max_time(None) == ("short", 86400)  # the cluster's default partition
+    fake("scontrol", SHOW_PARTITIONS.splitlines()[0] + "\n")
+    assert commands.partition_max_time("long") == ("long", 259200)
+    fake("scontrol", "PartitionName=free Default=NO MaxTime=UNLIMITED State=UP\n")
+    assert commands.partition_max_time("free") == ("free", None)
+    assert fake.calls()[:2] == ["scontrol --oneliner show partition", "scontrol --oneliner show partition long"]
+    fake("scontrol", "")
+    with pytest.raises(ServiceError, match=r"named no partition"):
+        commands.partition_max_time("gone")
+
+
+# --------------------------------------------------------------------------- where a job stands
+
+
+SHOW_ARRAY = (
+    "JobId=71 ArrayJobId=70 ArrayTaskId=0 JobName=align-sample JobState=COMPLETED Reason=None Restarts=0 "
+    "ExitCode=0:0 StdOut=/w/logs/sample-70_0.out\n"
+    "JobId=72 ArrayJobId=70 ArrayTaskId=1 JobName=align-sample JobState=FAILED Reason=NonZeroExitCode Restarts=1 "
+    "ExitCode=2:0 StdOut=/w/logs/sample-70_1.out\n"
+    "JobId=73 ArrayJobId=70 ArrayTaskId=2 JobName=align-sample JobState=RUNNING Reason=None Restarts=0 "
+    "ExitCode=0:0 StdOut=/w/logs/sample-70_2.out\n")
+
+
+def test_a_jobs_tasks_as_scontrol_reports_them(fake):
+    fake("scontrol", SHOW_ARRAY)
+    states = commands.job_states("70")
+    assert [s.describe() for s in states] == [
+        "job 70_0: COMPLETED, log /w/logs/sample-70_0.out",
+        "job 70_1: FAILED, exit code 2, attempt 2 (requeued 1 time), log /w/logs/sample-70_1.out",
+        "job 70_2: RUNNING, log /w/logs/sample-70_2.out"]
+    fake("scontrol", "JobId=80 JobName=align-pairs JobState=PENDING Reason=Dependency Restarts=0 ExitCode=0:0 "
+                     "StdOut=/w/logs/pairs-80.out\n")
+    assert [s.describe() for s in commands.job_states("80")] == ["job 80: PENDING (Dependency)"]
+    fake("scontrol", "JobId=81 JobState=TIMEOUT Reason=TimeLimit Restarts=3 ExitCode=0:15 StdOut=/w/l.out\n")
+    assert [s.describe() for s in commands.job_states("81")] == [
+        "job 81: TIMEOUT, exit code 0 (signal 15), attempt 4 (requeued 3 times), log /w/l.out"]
+
+
+def test_a_job_the_controller_forgot_is_read_from_accounting(fake):
+    fake("scontrol", "", "slurm_load_jobs error: Invalid job id specified\n", rc=1)
+    fake("sacct", "90|FAILED|1:0\n90.batch|FAILED|1:0\n91|CANCELLED by 0|0:0\n")
+    assert [s.describe() for s in commands.job_states("90")] == ["job 90: FAILED, exit code 1",
+                                                               "job 91: CANCELLED"]
+    assert fake.calls()[-1] == "sacct --noheader --parsable2 --jobs 90 --format=JobID,State,ExitCode"
+
+
+def test_without_slurm_commands_a_job_is_unknown(tmp_path, monkeypatch):
+    monkeypatch.setenv("PATH", str(tmp_path))
+    assert commands.job_states("5") == []

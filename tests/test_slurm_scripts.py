@@ -31,6 +31,7 @@ ARRAY = """\
 Written by `align submit`; `sbatch THIS_FILE` runs it alone.
 #SBATCH --job-name=align-annotate_judge
 #SBATCH --output="/scratch/my team/ws/runs/slurm/annotate_judge-%A_%a.out"
+#SBATCH --open-mode=append
 #SBATCH --chdir="/scratch/my team/ws"
 #SBATCH --export=ALL
 #SBATCH --nodes=1
@@ -39,6 +40,8 @@ Written by `align submit`; `sbatch THIS_FILE` runs it alone.
 #SBATCH --partition=gpu
 #SBATCH --account=a-12
 #SBATCH --time=12:00:00
+#SBATCH --signal=B:USR1@600
+#SBATCH --requeue
 #SBATCH --array=0-2,5%4
 #SBATCH --ntasks=1
 #SBATCH --gpus-per-task=2
@@ -47,10 +50,39 @@ Written by `align submit`; `sbatch THIS_FILE` runs it alone.
 set -euo pipefail
 export ALIGN_PYTHON='/scratch/my team/ws/.venv-vllm/bin/python'
 export PATH='/scratch/my team/ws/.venv-vllm/bin':"$PATH"
+export PYTHONPATH='/scratch/my team/ws/runs/slurm/code/0123abcd'"${PYTHONPATH:+:$PYTHONPATH}" \
+ALIGN_CODE='/scratch/my team/ws/runs/slurm/code/0123abcd'
+export HF_HUB_OFFLINE=1  # models were fetched at submit: a job never downloads
 export HF_HOME='/scratch/hf cache'
+export HF_TOKEN="$HF_TOKEN"
+export CACHE="${SCRATCH}/cache $HOME \$(whoami) \`id\` 5\$"
+echo "[align submit] annotate_judge: attempt $(( ${SLURM_RESTART_COUNT:-0} + 1 )) started $(date '+%Y-%m-%d \
+%H:%M:%S') on $(hostname), job ${SLURM_JOB_ID}"
+export ALIGN_STOP_FILE='/scratch/my team/ws/runs/slurm/.stop-'"${SLURM_JOB_ID}"
+rm -f "$ALIGN_STOP_FILE" "$ALIGN_STOP_FILE.stopped"
+trap 'echo "[align submit] annotate_judge: USR1 (the time limit is near): saving, then stopping"; \
+touch "$ALIGN_STOP_FILE"' USR1
+trap 'echo "[align submit] annotate_judge: TERM: saving, then stopping"; touch "$ALIGN_STOP_FILE"' TERM
 export OMP_NUM_THREADS="${OMP_NUM_THREADS:-${SLURM_CPUS_PER_TASK:-1}}"
 echo "[align submit] annotate_judge: task ${SLURM_ARRAY_TASK_ID} of 8 shards on $(hostname)"
-exec "$ALIGN_PYTHON" -m align step '/scratch/my team/ws/runs/slurm/recipe-1.yaml' annotate_judge num_shards=8
+"$ALIGN_PYTHON" -m align step '/scratch/my team/ws/runs/slurm/recipe-1.yaml' annotate_judge num_shards=8 &
+child=$!
+while true; do  # a trapped signal interrupts wait: wait again until the step exits
+  status=0; wait "$child" || status=$?
+  kill -0 "$child" 2>/dev/null || break
+done
+rm -f "$ALIGN_STOP_FILE"
+if [ -e "$ALIGN_STOP_FILE.stopped" ]; then  # the step saved and stopped (the file says where)
+  rm -f "$ALIGN_STOP_FILE.stopped"
+  target="${SLURM_ARRAY_JOB_ID:+${SLURM_ARRAY_JOB_ID}_${SLURM_ARRAY_TASK_ID}}"
+  if scontrol requeue "${target:-$SLURM_JOB_ID}"; then
+    echo "[align submit] annotate_judge: saved and requeued: the next attempt resumes where it stopped"
+    exit 0
+  fi
+  echo "[align submit] annotate_judge: saved and stopped; align submit RECIPE submits it again, and it resumes"
+  exit 75
+fi
+exit "$status"
 """
 
 LAUNCH = """\
@@ -59,12 +91,15 @@ LAUNCH = """\
 `sbatch THIS_FILE` runs it alone.
 #SBATCH --job-name=align-round-2.train
 #SBATCH --output="/scratch/my team/ws/runs/slurm/round-2.train-%j.out"
+#SBATCH --open-mode=append
 #SBATCH --chdir="/scratch/my team/ws"
 #SBATCH --export=ALL
 #SBATCH --nodes=4
 #SBATCH --cpus-per-task=32
 #SBATCH --mem=0
 #SBATCH --qos=high
+#SBATCH --signal=B:USR1@900
+#SBATCH --requeue
 #SBATCH --exclusive
 #SBATCH --ntasks-per-node=1
 #SBATCH --gpus-per-node=4
@@ -72,6 +107,14 @@ LAUNCH = """\
 set -euo pipefail
 export ALIGN_PYTHON=/opt/env/bin/python
 export PATH=/opt/env/bin:"$PATH"
+export HF_HUB_OFFLINE=1  # models were fetched at submit: a job never downloads
+echo "[align submit] round-2.train: attempt $(( ${SLURM_RESTART_COUNT:-0} + 1 )) started $(date '+%Y-%m-%d \
+%H:%M:%S') on $(hostname), job ${SLURM_JOB_ID}"
+export ALIGN_STOP_FILE='/scratch/my team/ws/runs/slurm/.stop-'"${SLURM_JOB_ID}"
+rm -f "$ALIGN_STOP_FILE" "$ALIGN_STOP_FILE.stopped"
+trap 'echo "[align submit] round-2.train: USR1 (the time limit is near): saving, then stopping"; \
+touch "$ALIGN_STOP_FILE"' USR1
+trap 'echo "[align submit] round-2.train: TERM: saving, then stopping"; touch "$ALIGN_STOP_FILE"' TERM
 export ACCELERATE_CONFIG='/scratch/my team/ws/recipes/accelerate/zero3.yaml'
 export NNODES=4 NUM_PROCESSES=16
 export MAIN_PROCESS_IP="$(scontrol show hostnames "$SLURM_JOB_NODELIST" | sed -n 1p)"
@@ -80,7 +123,24 @@ export TORCH_NCCL_ASYNC_ERROR_HANDLING="${TORCH_NCCL_ASYNC_ERROR_HANDLING:-1}"
 export LAUNCH_NODE='/scratch/my team/ws/recipes/slurm/launch_node.sh'
 echo "[align submit] round-2.train: 4 node(s) x 4 rank(s)"
 srun --kill-on-bad-exit=1 bash -c 'export MACHINE_RANK=$SLURM_PROCID; exec bash "$LAUNCH_NODE" "$@"' launch \
--m align step '/scratch/my team/ws/runs/slurm/recipe-1.yaml' round-2.train
+-m align step '/scratch/my team/ws/runs/slurm/recipe-1.yaml' round-2.train &
+child=$!
+while true; do  # a trapped signal interrupts wait: wait again until the step exits
+  status=0; wait "$child" || status=$?
+  kill -0 "$child" 2>/dev/null || break
+done
+rm -f "$ALIGN_STOP_FILE"
+if [ -e "$ALIGN_STOP_FILE.stopped" ]; then  # the step saved and stopped (the file says where)
+  rm -f "$ALIGN_STOP_FILE.stopped"
+  target="${SLURM_ARRAY_JOB_ID:+${SLURM_ARRAY_JOB_ID}_${SLURM_ARRAY_TASK_ID}}"
+  if scontrol requeue "${target:-$SLURM_JOB_ID}"; then
+    echo "[align submit] round-2.train: saved and requeued: the next attempt resumes where it stopped"
+    exit 0
+  fi
+  echo "[align submit] round-2.train: saved and stopped; align submit RECIPE submits it again, and it resumes"
+  exit 75
+fi
+exit "$status"
 """
 
 SINGLE = """\
@@ -88,33 +148,55 @@ SINGLE = """\
 # align step pairs (pairs) of r.yaml, as one task. Written by `align submit`; `sbatch THIS_FILE` runs it alone.
 #SBATCH --job-name=align-pairs
 #SBATCH --output="/scratch/my team/ws/runs/slurm/pairs-%j.out"
+#SBATCH --open-mode=append
 #SBATCH --chdir="/scratch/my team/ws"
 #SBATCH --export=ALL
 #SBATCH --nodes=1
 #SBATCH --cpus-per-task=4
 #SBATCH --mem=16G
+#SBATCH --no-requeue
 #SBATCH --exclusive
 #SBATCH --ntasks=1
 
 set -euo pipefail
 export ALIGN_PYTHON=/opt/env/bin/python
 export PATH=/opt/env/bin:"$PATH"
-exec "$ALIGN_PYTHON" -m align step '/scratch/my team/ws/runs/slurm/recipe-1.yaml' pairs seed=3
+export HF_HUB_OFFLINE=1  # models were fetched at submit: a job never downloads
+echo "[align submit] pairs: attempt $(( ${SLURM_RESTART_COUNT:-0} + 1 )) started $(date '+%Y-%m-%d %H:%M:%S') \
+on $(hostname), job ${SLURM_JOB_ID}"
+export ALIGN_STOP_FILE='/scratch/my team/ws/runs/slurm/.stop-'"${SLURM_JOB_ID}"
+rm -f "$ALIGN_STOP_FILE" "$ALIGN_STOP_FILE.stopped"
+trap 'echo "[align submit] pairs: USR1 (the time limit is near): saving, then stopping"; touch "$ALIGN_STOP_FILE"' USR1
+trap 'echo "[align submit] pairs: TERM: saving, then stopping"; touch "$ALIGN_STOP_FILE"' TERM
+"$ALIGN_PYTHON" -m align step '/scratch/my team/ws/runs/slurm/recipe-1.yaml' pairs seed=3 &
+child=$!
+while true; do  # a trapped signal interrupts wait: wait again until the step exits
+  status=0; wait "$child" || status=$?
+  kill -0 "$child" 2>/dev/null || break
+done
+rm -f "$ALIGN_STOP_FILE"
+if [ -e "$ALIGN_STOP_FILE.stopped" ]; then  # the step saved and stopped (the file says where)
+  rm -f "$ALIGN_STOP_FILE.stopped"
+  echo "[align submit] pairs: saved and stopped; align submit RECIPE submits it again, and it resumes"
+  exit 75
+fi
+exit "$status"
 """
 
 
 def test_an_array_step_script_word_for_word():
     settings = JobSettings(gpus_per_task=2, partition="gpu", account="a-12", time="12:00:00", array_parallel=4,
-                           python=".venv-vllm/bin/python", env={"HF_HOME": "/scratch/hf cache"},
-                           sbatch_options=["--constraint=h100"])
-    array = job("annotate_judge", "annotate", "array", settings, shards=(0, 1, 2, 5), num_shards=8)
+                           python=".venv-vllm/bin/python", sbatch_options=["--constraint=h100"],
+                           env={"HF_HOME": "/scratch/hf cache", "HF_TOKEN": "$HF_TOKEN", "CACHE": "${SCRATCH}/cache $HOME $(whoami) `id` 5$"})
+    array = job("annotate_judge", "annotate", "array", settings, shards=(0, 1, 2, 5), num_shards=8,
+                code=WS / "runs/slurm/code/0123abcd")
     assert array.script("recipes/apertus-8b/pipeline.yaml") == ARRAY
     assert array.logs_for("777") == "/scratch/my team/ws/runs/slurm/annotate_judge-777_*.out"
 
 
 def test_a_training_launch_script_word_for_word():
     launch = job("round-2.train", "train", "launch", JobSettings(nodes=4, gpus_per_node=4, qos="high",
-                                                                 python="/opt/env/bin/python"))
+                                                                 python="/opt/env/bin/python", signal_margin=900))
     assert launch.script("r.yaml") == LAUNCH
     assert launch.logs_for("91") == "/scratch/my team/ws/runs/slurm/round-2.train-91.out"
     assert launch.files_needed() == {
@@ -125,7 +207,8 @@ def test_a_training_launch_script_word_for_word():
 
 def test_a_one_task_step_script_word_for_word():
     single = job("pairs", "pairs", "single", JobSettings(gpus_per_task=0, exclusive=True, mem="16G",
-                                                         python="/opt/env/bin/python"), extra=("seed=3",))
+                                                         python="/opt/env/bin/python", signal_margin=0, requeue=False),
+                 extra=("seed=3",))
     assert single.script("r.yaml") == SINGLE
     assert single.files_needed() == {"python": Path("/opt/env/bin/python"), "recipe": RECIPE}
 

@@ -318,6 +318,9 @@ steps:
     lines = [line for line in capsys.readouterr().out.splitlines() if line.startswith("split of")]
     assert lines == [f"split of {tmp_path / 'sub' / '..' / 'one.jsonl'}: a_yes 1, a_no 3, in no branch 0 (of 4 rows)",
                      f"split of {tmp_path / 'two.jsonl'}: b_yes 3, b_no 1, in no branch 0 (of 4 rows)"]
+    assert main(["status", str(recipe), f"steps.a_yes.output_dir={tmp_path / 'not-yet'}"]) == 0
+    lines = [line for line in capsys.readouterr().out.splitlines() if line.startswith("split of")]
+    assert lines == [f"split of {tmp_path / 'two.jsonl'}: b_yes 3, b_no 1, in no branch 0 (of 4 rows)"]
 
 
 def test_a_where_value_matches_a_field_as_yaml_wrote_it():

@@ -21,15 +21,18 @@ recipes/apertus-8b/pipeline.yaml``, or a stage file: ``align status recipes/aper
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from align.drivers.args import recipe_from_args
 from align.io import stage_completion_info
 from align.manifests.status import Outputs, round_state, step_state
-from align.recipe.graph import path_key
 from align.recipe import PipelineSettings, Recipe
+from align.recipe.graph import path_key
+from align.slurm.commands import job_states
 
 
 @dataclass
@@ -64,11 +67,31 @@ def split_counts(recipe: Recipe, report: dict[str, Any]) -> list[str]:
     return lines
 
 
+def submitted_jobs(recipe: Recipe) -> dict[str, dict[str, Any]]:
+    """The jobs the last ``align submit`` of this recipe recorded (``slurm.log_dir/jobs.json``), by step."""
+    path = Path(recipe.settings.slurm.log_dir) / "jobs.json"
+    try:
+        jobs = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}
+    return {name: entry for name, entry in jobs.items() if isinstance(entry, dict) and entry.get("job_id")}
+
+
+def compact(lines: list[str]) -> list[str]:
+    """Many tasks of an array in one state as one line (``tasks 0-13: COMPLETED``), the others each their own."""
+    done = [line for line in lines if line.endswith(": COMPLETED")]
+    rest = [line for line in lines if not line.endswith(": COMPLETED")]
+    if len(done) > 1:
+        rest.insert(0, f"{len(done)} tasks COMPLETED")
+    return rest + (done if len(done) == 1 else [])
+
+
 def run(recipe: Recipe) -> dict[str, Any]:
     """Print one line per step (and a line per reason); return {step: {state, reasons, ...}}."""
     outputs: Outputs = {}
     report: dict[str, Any] = {}
     steps = list(recipe)
+    jobs = submitted_jobs(recipe)
     width = max(14, *(len(step.name) for step in steps))
     for step in steps:
         config = recipe.config(step)
@@ -79,6 +102,10 @@ def run(recipe: Recipe) -> dict[str, Any]:
             print(f"{'':<{width}}   {reason}")
         report[step.name] = {"state": found.state, "reasons": found.reasons, "output_dir": str(where),
                              "stage": step.stage, "round": step.round}
+        if found.state != "done" and step.name in jobs:
+            report[step.name]["jobs"] = [state.describe() for state in job_states(str(jobs[step.name]["job_id"]))]
+            for line in compact(report[step.name]["jobs"]):
+                print(f"{'':<{width}}   {line}")
     for line in split_counts(recipe, report):
         print(line)
     for k in sorted({step.round for step in steps if step.round is not None}):

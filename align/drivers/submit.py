@@ -49,6 +49,15 @@ from typing import Any
 import yaml
 
 from align.drivers.args import recipe_from_args
+from align.drivers.submit_checks import (
+    code_snapshot,
+    fetch_models,
+    fit_time_limits,
+    hub_cache,
+    hub_models,
+    partition_limits_or_none,
+    required_problems,
+)
 from align.errors import ConfigError, InputError
 from align.io import write_json
 from align.io.records import looks_local
@@ -157,7 +166,8 @@ def missing_inputs(recipe: Recipe) -> list[str]:
 
 
 def plan(recipe: Recipe, states: dict[str, StepState], recipe_path: Path, workdir: Path, log_dir: Path,
-         scripts_dir: Path, queued: dict[str, str], jobs: dict[str, dict[str, Any]]) -> list[Planned]:
+         scripts_dir: Path, queued: dict[str, str], jobs: dict[str, dict[str, Any]], code: Path | None = None
+         ) -> list[Planned]:
     """Each step's plan from its output's state."""
     planned = []
     shards_of: dict[str, int] = {}
@@ -190,7 +200,7 @@ def plan(recipe: Recipe, states: dict[str, StepState], recipe_path: Path, workdi
             count = shards_of.get(base) or _recorded_shards(Path(step.output_dir or ".")) or settings.array
             extra = ("shard_index=0", f"num_shards={count}")
         job = StepJob(step.name, step.stage, kind, replace(settings), recipe_path, workdir, log_dir, scripts_dir,
-                      shards, count, extra)
+                      shards, count, extra, code)
         planned.append(Planned(step.name, note, job=job, needs=step.needs))
     return planned
 
@@ -278,12 +288,20 @@ def run(submission: Submission | Recipe) -> dict[str, str]:
 
     log_dir.mkdir(parents=True, exist_ok=True)
     recipe_path = write_recipe(recipe, log_dir)
-    planned = plan(recipe, states, recipe_path, workdir, log_dir, scripts_dir, queued, jobs)
+    code = None if dry_run else code_snapshot(log_dir)
+    planned = plan(recipe, states, recipe_path, workdir, log_dir, scripts_dir, queued, jobs, code)
     problems += _missing_files(planned)
+    problems += required_problems([p.job for p in planned if p.job], settings.slurm.required)
+    fitted, refused = fit_time_limits([p.job for p in planned if p.job], partition_limits_or_none)
+    by_step = {job.step: job for job in fitted}
+    planned = [replace(p, job=by_step[p.step]) if p.job else p for p in planned]
+    problems += refused
     if problems and not dry_run:
         raise ConfigError("the jobs would fail:\n  " + "\n  ".join(problems))
     for problem in problems:  # a dry run writes the scripts anyway, and says what a real submission refuses
         print(f"[align submit] dry run: a real submission would refuse: {problem}")
+    for line in fetch_models(hub_models(recipe), hub_cache(settings.slurm.env), dry_run):
+        print(f"[align submit] {line}")
     return _submit(planned, recipe, recipe_path, workdir, log_dir, jobs, dry_run)
 
 
@@ -293,6 +311,8 @@ def _submit(planned: list[Planned], recipe: Recipe, recipe_path: Path, workdir: 
     ids: dict[str, str] = {}  # step -> the job id (or shell variable) the steps after it wait for
     chain = ["#!/bin/bash", (f"# Written by `align submit ... dry_run=true`: the jobs of {recipe_path.name}, each "
                              "after the steps it reads."), "set -euo pipefail", f"cd {shlex.quote(str(workdir))}"]
+    submission_dir = log_dir / "submissions" / str(1 + sum(1 for _ in (log_dir / "submissions").glob("*"))
+                                                  if (log_dir / "submissions").is_dir() else 1)
     for index, item in enumerate(planned, start=1):
         after = [ids[n] for n in item.needs if n in ids]
         if item.job is None:
@@ -300,8 +320,11 @@ def _submit(planned: list[Planned], recipe: Recipe, recipe_path: Path, workdir: 
             if item.job_id is not None:
                 ids[item.step] = item.job_id
             continue
-        script = log_dir / f"{index}-{item.step}.sbatch"
+        script = log_dir / f"{index}-{item.step}.sbatch"  # the latest; every submission's are kept apart
         script.write_text(item.job.script(recipe.source or recipe_path.name))
+        kept = submission_dir / script.name
+        kept.parent.mkdir(parents=True, exist_ok=True)
+        kept.write_text(script.read_text())
         if dry_run:
             var = "JOB_" + "".join(c if c.isalnum() else "_" for c in item.step).upper()
             chain += [f"{var}=$(sbatch --parsable {' '.join(dependency_options(after))} {shlex.quote(str(script))})",
@@ -317,7 +340,7 @@ def _submit(planned: list[Planned], recipe: Recipe, recipe_path: Path, workdir: 
               f"{item.job.logs_for(job_id)}")
         ids[item.step] = job_id
         submitted[item.step] = job_id
-        jobs[item.step] = {"job_id": job_id, "script": str(script), "logs": item.job.logs_for(job_id),
+        jobs[item.step] = {"job_id": job_id, "script": str(kept), "logs": item.job.logs_for(job_id),
                            "recipe": str(recipe_path), "python": str(item.job.python),
                            "submitted_at": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
         write_json(log_dir / JOBS_FILE, jobs)

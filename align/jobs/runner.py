@@ -18,6 +18,7 @@ from typing import Any
 
 from tqdm.auto import tqdm
 
+from align import stopping
 from align.errors import ConfigError, InputError, RecordError
 from align.io.markers import mark_shard_done
 from align.io.shards import (
@@ -29,7 +30,7 @@ from align.io.shards import (
     shard_name,
 )
 from align.jobs.sharding import check_shard, shard_of
-from align.ranks import is_writer
+from align.ranks import is_writer, launch_group
 
 ProcessBatch = Callable[[list[dict]], list[dict]]
 # output directory (real path) -> a check that raises when the directory is no longer this run's
@@ -184,6 +185,10 @@ def run_job(
                 writer.sync()
                 processed += len(chunk)
                 bar.update(len(chunk))
+                if (reason := stopping.requested()) and launch_group() is None and start + batch_size < len(pending):
+                    # ranks of one launch may forward in step (a partitioned model): they are not stopped one by one
+                    raise stopping.Stopped(f"{label}: stopped after {already + processed} of {len(mine)} rows "
+                                           f"({reason}); the rows written are kept: run it again to resume")
         _check_guard(output_dir)
         mark_shard_done(
             output_dir, shard_index, num_shards,

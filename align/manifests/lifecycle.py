@@ -192,7 +192,7 @@ class StageRun:
                  overwrite: bool | None = None):
         self.stage = stage
         self.config = config
-        target = output_dir if output_dir is not None else getattr(config, "output_dir", None)
+        target = output_dir if output_dir is not None else config.output_dir
         # None: an output kept under its cache key (the log-prob pass with cache_dir), made with no manifest
         self.output_dir = None if target is None else Path(target)
         self.job = job

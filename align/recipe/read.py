@@ -13,6 +13,7 @@ from typing import Any
 from align.config import from_dict, merge, parse_overrides, read_yaml, unknown_key_error
 from align.errors import ConfigError
 from align.recipe import graph
+from align.recipe.checks import check_graph
 from align.recipe.graph import (
     ConfigClass,
     OutputIndex,
@@ -28,7 +29,6 @@ from align.recipe.graph import (
     resolve_references,
 )
 from align.recipe.rounds import POLICY_TOKENS, ROUND_SECTIONS, graph_rounds, section_rounds
-from align.recipe.checks import check_graph
 from align.recipe.settings import EXTRA_SECTIONS, SECTIONS, PipelineSettings
 from align.stage_table import STAGES
 

@@ -63,7 +63,19 @@ class JobSettings:
         "help": "training stages: the accelerate config each node launches with"})
     sbatch_options: list[str] = field(default_factory=list, metadata={
         "help": "more sbatch options, as written (e.g. [--exclusive, --constraint=h100])"})
-    env: dict = field(default_factory=dict, metadata={"help": "environment variables the job exports (e.g. {HF_HOME: /scratch/hf})"})
+    env: dict = field(default_factory=dict, metadata={
+        "help": "environment variables the job exports (e.g. {HF_HOME: /scratch/hf}); a step's or stage's entry "
+                "adds to (and overrides keys of) the top-level one; $VAR in a value is the job's own variable, "
+                "expanded when the job starts (HF_TOKEN: $HF_TOKEN), never written out"})
+    signal_margin: int = field(default=600, metadata={
+        "help": "seconds before the time limit at which SLURM signals the job (--signal=B:USR1@N): the step saves "
+                "(a trainer its checkpoint, a job its last batch), stops and requeues itself; 0: no signal"})
+    requeue: bool = field(default=True, metadata={
+        "help": "a step stopped by that signal, or preempted, requeues itself (--requeue, scontrol requeue) and "
+                "resumes where it stopped; false: it stops, and align submit resubmits it"})
+    over_time_limit: str = field(default="refuse", metadata={
+        "help": "a time longer than the partition's maximum (read at submit, scontrol show partition): refuse | "
+                "chain (ask for the maximum and run as chained attempts, each saving and requeueing at its limit)"})
 
     def __post_init__(self) -> None:
         if isinstance(self.time, int):
@@ -84,6 +96,10 @@ class JobSettings:
         names = [k for k in self.env if not (isinstance(k, str) and re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", k))]
         if names:
             raise ConfigError(f"env: {names} are not environment variable names")
+        if self.signal_margin < 0:
+            raise ConfigError(f"signal_margin: seconds before the time limit, 0 or more, got {self.signal_margin}")
+        if self.over_time_limit not in ("refuse", "chain"):
+            raise ConfigError(f"over_time_limit: refuse or chain, got {self.over_time_limit!r}")
         bad = [o for o in self.sbatch_options if not o.startswith("-")]
         if bad:
             raise ConfigError(f"sbatch_options: {bad} are not options (each starts with '-', e.g. --exclusive)")
@@ -115,6 +131,9 @@ class SlurmConfig(JobSettings):
 
     stages: dict = field(default_factory=dict, metadata={
         "help": "per-stage changes of the keys above: {STAGE: {key: value}} (e.g. {train: {nodes: 8}})"})
+    required: list[str] = field(default_factory=list, metadata={
+        "help": "keys every job must have set before align submit submits anything (e.g. [partition, account]: "
+                "most clusters refuse a job without an account)"})
     log_dir: str = field(default="runs/slurm", metadata={
         "help": "where the job scripts, their logs and the submitted job ids go"})
     scripts_dir: str = field(default="recipes/slurm", metadata={
@@ -122,6 +141,10 @@ class SlurmConfig(JobSettings):
 
     def __post_init__(self) -> None:
         super().__post_init__()
+        known = {f.name for f in dataclasses.fields(JobSettings)}
+        unknown = [key for key in self.required if key not in known]
+        if unknown:
+            raise ConfigError(f"required: {unknown} are not job settings; one of {sorted(known)}")
         for stage, changes in self.stages.items():  # step names are checked against the recipe's steps
             if not isinstance(changes, dict):
                 raise ConfigError(f"stages.{stage}: expected a mapping of keys to values, got {changes!r}")
@@ -132,8 +155,11 @@ class SlurmConfig(JobSettings):
         own (by its name in the recipe, then its full name: ``evaluate.kl``, ``round-2.train``)."""
         base = {f.name: getattr(self, f.name) for f in dataclasses.fields(JobSettings)}
         changes: dict[str, Any] = dict(self.stages.get(stage) or {})
+        env = {**self.env, **(changes.get("env") or {})}  # env adds up: the step's over its stage's over the top
         for step in steps:
             if step and step != stage and step in self.stages:
                 changes.update(self.stages[step] or {})
+                env.update((self.stages[step] or {}).get("env") or {})
+        changes["env"] = env
         # every entry was checked alone when the section was read (by this method, under its own name)
         return from_dict(JobSettings, {**base, **changes}, where=f"stages.{stage}.")

@@ -11,14 +11,17 @@ one-task step directly. Every path is quoted (a working directory with a space w
 
 from __future__ import annotations
 
+import re
 import shlex
 import sys
 from dataclasses import dataclass
 from pathlib import Path
 
 from align.slurm.config import ARRAY_STAGES, LAUNCH_STAGES, SINGLE_STAGES, JobSettings
+from align.stopping import STOP_FILE_ENV, STOPPED_EXIT
 
 SHIPPED_SCRIPTS = ("annotate_array.sbatch", "train_multinode.sbatch", "launch_node.sh")
+CODE_ENV = "ALIGN_CODE"  # the snapshot of align a job runs (checked when the job starts)
 
 
 def kind_of(stage: str) -> str:
@@ -39,6 +42,29 @@ def array_spec(indices: list[int]) -> str:
             parts.append(str(start) if start == value else f"{start}-{value}")
             start = None
     return ",".join(parts)
+
+
+_VARIABLE = re.compile(r"\$(?:[A-Za-z_][A-Za-z0-9_]*|\{[A-Za-z_][A-Za-z0-9_]*\})")
+
+
+def env_value(value: object) -> str:
+    """A value for ``export KEY=...`` in a batch script: ``$VAR`` and ``${VAR}`` left for the job's shell to
+    expand when it starts (the secret is never written into the script), everything else literal."""
+    text = str(value)
+    if "$" not in text:
+        return shlex.quote(text)
+    out, last = [], 0
+    for match in _VARIABLE.finditer(text):
+        out.append(_literal(text[last:match.start()]))
+        out.append(match.group(0))
+        last = match.end()
+    out.append(_literal(text[last:]))
+    return '"' + "".join(out) + '"'
+
+
+def _literal(text: str) -> str:
+    """Text inside double quotes, with nothing the shell would expand."""
+    return "".join("\\" + c if c in '\\"$`' else c for c in text)
 
 
 def sbatch_value(value: str) -> str:
@@ -65,6 +91,7 @@ class StepJob:
     shards: tuple[int, ...] = ()
     num_shards: int = 1  # array steps: the shard count the output is (or will be) written with
     extra: tuple[str, ...] = ()  # more key=value arguments of the step (a report task's shard)
+    code: Path | None = None  # the align the job runs: a snapshot made at submit, first on PYTHONPATH
 
     @property
     def python(self) -> Path:
@@ -93,12 +120,16 @@ class StepJob:
         s = self.settings
         cpus, mem = s.cpus_for(self.kind), s.mem_for(self.kind)
         options = [f"--job-name={sbatch_value(self.job_name)}", f"--output={sbatch_value(self.log_pattern)}",
+                   "--open-mode=append",  # a requeued job's attempts share one log, each under its own header
                    f"--chdir={sbatch_value(str(self.workdir))}", "--export=ALL",
                    "--nodes=" + str(s.nodes if self.kind == "launch" else 1),
                    f"--cpus-per-task={cpus}", f"--mem={mem}"]
         for name, value in (("partition", s.partition), ("account", s.account), ("qos", s.qos), ("time", s.time)):
             if value is not None:
                 options.append(f"--{name}={sbatch_value(str(value))}")
+        if s.signal_margin:
+            options.append(f"--signal=B:USR1@{s.signal_margin}")  # to the batch shell: it asks the step to stop
+        options.append("--requeue" if s.requeue else "--no-requeue")
         if s.exclusive_for(self.kind):
             options.append("--exclusive")
         if self.kind == "array":
@@ -133,7 +164,7 @@ class StepJob:
             return ['export OMP_NUM_THREADS="${OMP_NUM_THREADS:-${SLURM_CPUS_PER_TASK:-1}}"',
                     f'echo "[align submit] {self.step}: task ${{SLURM_ARRAY_TASK_ID}} of {self.num_shards} shards on '
                     f'$(hostname)"',
-                    f'exec "$ALIGN_PYTHON" {words}']
+                    f'"$ALIGN_PYTHON" {words} &']
         if self.kind == "launch":
             accelerate_config = (self.workdir / self.settings.accelerate_config).resolve()
             nodes, ranks = self.settings.nodes, self.settings.ranks_per_node
@@ -146,9 +177,50 @@ class StepJob:
                     f"export LAUNCH_NODE={q(str(self.scripts_dir / 'launch_node.sh'))}",
                     f'echo "[align submit] {self.step}: {nodes} node(s) x {ranks} rank(s)"',
                     "srun --kill-on-bad-exit=1 bash -c 'export MACHINE_RANK=$SLURM_PROCID; "
-                    f"exec bash \"$LAUNCH_NODE\" \"$@\"' launch {words}"]
+                    f"exec bash \"$LAUNCH_NODE\" \"$@\"' launch {words} &"]
         words = " ".join(q(w) for w in run)
-        return [f'exec "$ALIGN_PYTHON" {words}']
+        return [f'"$ALIGN_PYTHON" {words} &']
+
+    def code_lines(self) -> list[str]:
+        """The align this job runs: the snapshot of its submission, before any installed one."""
+        if self.code is None:
+            return []
+        code = shlex.quote(str(self.code))
+        return [f'export PYTHONPATH={code}"${{PYTHONPATH:+:$PYTHONPATH}}" {CODE_ENV}={code}']
+
+    def attempt_lines(self) -> list[str]:
+        """Around the step (started in the background by ``body``): a header per attempt, the cluster's signals
+        turned into the stop file every rank reads, the wait, and a requeue when the step saved and stopped."""
+        stop_file = shlex.quote(str(self.log_dir / ".stop-")) + '"${SLURM_JOB_ID}"'
+        step = self.step
+        requeue = (['  target="${SLURM_ARRAY_JOB_ID:+${SLURM_ARRAY_JOB_ID}_${SLURM_ARRAY_TASK_ID}}"',
+                    '  if scontrol requeue "${target:-$SLURM_JOB_ID}"; then',
+                    f'    echo "[align submit] {step}: saved and requeued: the next attempt resumes where it stopped"',
+                    "    exit 0",
+                    "  fi"] if self.settings.requeue else [])
+        return [
+            f'echo "[align submit] {step}: attempt $(( ${{SLURM_RESTART_COUNT:-0}} + 1 )) started $(date '
+            f"'+%Y-%m-%d %H:%M:%S') on $(hostname), job ${{SLURM_JOB_ID}}\"",
+            f"export {STOP_FILE_ENV}={stop_file}",
+            f'rm -f "${STOP_FILE_ENV}" "${STOP_FILE_ENV}.stopped"',
+            f"trap 'echo \"[align submit] {step}: USR1 (the time limit is near): saving, then stopping\"; "
+            f"touch \"${STOP_FILE_ENV}\"' USR1",
+            f"trap 'echo \"[align submit] {step}: TERM: saving, then stopping\"; touch \"${STOP_FILE_ENV}\"' TERM",
+            *self.body(),
+            "child=$!",
+            "while true; do  # a trapped signal interrupts wait: wait again until the step exits",
+            '  status=0; wait "$child" || status=$?',
+            '  kill -0 "$child" 2>/dev/null || break',
+            "done",
+            f'rm -f "${STOP_FILE_ENV}"',
+            f'if [ -e "${STOP_FILE_ENV}.stopped" ]; then  # the step saved and stopped (the file says where)',
+            f'  rm -f "${STOP_FILE_ENV}.stopped"',
+            *requeue,
+            f'  echo "[align submit] {step}: saved and stopped; align submit RECIPE submits it again, and it resumes"',
+            f"  exit {STOPPED_EXIT}",
+            "fi",
+            'exit "$status"',
+        ]
 
     def script(self, source: str) -> str:
         """The whole batch script; ``source`` says where it came from (the recipe as given)."""
@@ -165,6 +237,8 @@ class StepJob:
                  f"export ALIGN_PYTHON={shlex.quote(str(python))}",
                  # that Python's environment first: its accelerate, its align
                  f"export PATH={shlex.quote(str(python.parent))}:\"$PATH\"",
-                 *(f"export {key}={shlex.quote(str(value))}" for key, value in self.settings.env.items()),
-                 *self.body()]
+                 *self.code_lines(),
+                 "export HF_HUB_OFFLINE=1  # models were fetched at submit: a job never downloads",
+                 *(f"export {key}={env_value(value)}" for key, value in self.settings.env.items()),
+                 *self.attempt_lines()]
         return "\n".join(lines) + "\n"

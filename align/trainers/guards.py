@@ -28,8 +28,10 @@ from typing import Any
 import torch
 from transformers import TrainerCallback
 
+from align import stopping
 from align.errors import AlignError, ConfigError
 from align.io.ledger import note
+from align.ranks import any_rank
 
 logger = logging.getLogger(__name__)
 
@@ -94,6 +96,31 @@ def check_finite_weights(trainer: Any) -> None:
         raise TrainingDivergedError(
             f"after step {trainer.state.global_step} some weights are not finite ({names}): training diverged; "
             f"{last_checkpoint_name(trainer.args.output_dir)}. The model is not saved and nothing is marked complete")
+
+
+class StopOnRequest(TrainerCallback):
+    """At a step's end, when the cluster asked this job to stop (``align.stopping``) on any rank: save a checkpoint
+    and end training, on every rank at the same step; the stage then stops without marking its output."""
+
+    def __init__(self) -> None:
+        self.reason: str | None = None
+
+    def on_step_end(self, args, state, control, **kwargs):
+        reason = stopping.requested()
+        if any_rank(reason is not None):
+            self.reason = reason or "another rank was asked to stop"
+            control.should_save = True
+            control.should_training_stop = True
+        return control
+
+
+def raise_if_stopped(trainer: Any) -> None:
+    """After ``trainer.train()``: a run ended early on request stops the stage (its checkpoint is its progress)."""
+    for callback in trainer.callback_handler.callbacks:
+        if isinstance(callback, StopOnRequest) and callback.reason is not None:
+            raise stopping.Stopped(f"training stopped at step {trainer.state.global_step} after saving "
+                                   f"checkpoint-{trainer.state.global_step} ({callback.reason}): run the step again to "
+                                   "resume from it")
 
 
 class CheckpointRecords(TrainerCallback):

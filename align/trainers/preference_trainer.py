@@ -56,7 +56,13 @@ from align.trainers.common import (
     load_causal_lm,
     lora_config,
 )
-from align.trainers.guards import CheckpointRecords, check_finite_loss, check_finite_weights
+from align.trainers.guards import (
+    CheckpointRecords,
+    StopOnRequest,
+    check_finite_loss,
+    check_finite_weights,
+    raise_if_stopped,
+)
 from align.trainers.loss_scale import local_step_samples, samples_per_pair, step_loss
 from align.trainers.preference_config import PreferenceConfig
 from align.trainers.preference_data import PREPARED_COLUMNS, prepare_dataset
@@ -141,6 +147,7 @@ class PreferenceTrainer(Trainer):
                               "batches: launch one process per GPU with `accelerate launch` or `torchrun`")
         self.ref_model = self._prepare_reference(ref_model) if ref_model is not None else None
         self._metric_sums: dict[str, dict[str, list[Tensor]]] = {"train": {}, "eval": {}}
+        self.add_callback(StopOnRequest())  # before CheckpointRecords: the save it asks for is noted
         self.add_callback(CheckpointRecords(args.save_every_minutes))
         bind_callbacks(self)
         self._log_derived_numbers()
@@ -364,5 +371,6 @@ def train(
                                 callbacks=callbacks)
     trainer.train(resume_from_checkpoint=config.resume_from_checkpoint)
     check_finite_weights(trainer)
+    raise_if_stopped(trainer)  # ended early on request: its checkpoint is saved, the model is not final
     trainer.save_model()
     return trainer

@@ -52,7 +52,13 @@ from align.trainers.common import (
     lora_config,
     preparation_order,
 )
-from align.trainers.guards import CheckpointRecords, check_finite_loss, check_finite_weights
+from align.trainers.guards import (
+    CheckpointRecords,
+    StopOnRequest,
+    check_finite_loss,
+    check_finite_weights,
+    raise_if_stopped,
+)
 from align.trainers.loss_scale import token_loss
 from align.trainers.sft_config import SFTConfig
 from align.trainers.sft_data import IGNORE_INDEX, load_sft_dataset, prepare_sft_dataset
@@ -193,6 +199,7 @@ class SFTTrainer(TRLSFTTrainer):
         check_padding_free(args, getattr(self.model.config, "_attn_implementation", None))
         rebind_fused_forward(self.model)
         self.prompt_loss_weight = float(args.prompt_loss_weight)
+        self.add_callback(StopOnRequest())  # before CheckpointRecords: the save it asks for is noted
         self.add_callback(CheckpointRecords(args.save_every_minutes))
         bind_callbacks(self)
 
@@ -369,5 +376,6 @@ def train_sft(
     )
     trainer.train(resume_from_checkpoint=config.resume_from_checkpoint)
     check_finite_weights(trainer)
+    raise_if_stopped(trainer)  # ended early on request: its checkpoint is saved, the model is not final
     trainer.save_model(config.output_dir)
     return trainer

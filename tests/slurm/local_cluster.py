@@ -132,6 +132,8 @@ class LocalCluster:
             "MinJobAge=3600",  # finished jobs stay visible to scontrol (there is no accounting)
             node_line(),
             "PartitionName=debug Nodes=ALL Default=YES MaxTime=INFINITE State=UP",
+            # a partition whose jobs may ask for a day at most (align submit compares each job's time with it)
+            "PartitionName=short Nodes=ALL Default=NO MaxTime=1-00:00:00 State=UP",
         ]) + "\n")
 
     def _spawn(self, name: str, command: list[str]) -> None:

@@ -191,10 +191,11 @@ def test_submit_dry_run_writes_one_script_per_stage_and_the_chain(tmp_path, monk
     assert "exclusive" not in sample and sample["constraint"] == "cpu" == train["constraint"]
     recipe = next(logs.glob("recipe-*.yaml")).resolve()
     body = (logs / "3-annotate.sbatch").read_text()
-    assert f'exec "$ALIGN_PYTHON" -m align step {recipe} annotate num_shards=3\n' in body
+    assert f'"$ALIGN_PYTHON" -m align step {recipe} annotate num_shards=3 &\n' in body
     assert f"export ALIGN_PYTHON={sys.executable}\n" in body  # the submitting environment's python by default
     launch = (logs / "6-train.sbatch").read_text()
-    assert f"launch -m align step {recipe} train\n" in launch and "launch_node.sh" in launch
+    assert f"launch -m align step {recipe} train &\n" in launch and "launch_node.sh" in launch
+    assert sample["signal"] == "B:USR1@600" and sample["open-mode"] == "append" and "requeue" in sample
     chain = (logs / "submit.sh").read_text()
     assert "JOB_SFT=$(sbatch --parsable  " in chain
     assert "JOB_ANNOTATE=$(sbatch --parsable --dependency=afterok:$JOB_SAMPLE --kill-on-invalid-dep=yes " in chain
