@@ -60,7 +60,7 @@ def test_required_keys_name_the_steps_that_lack_them():
     assert submit_checks.required_problems(jobs, ["partition", "account"]) == [
         "slurm.partition is required by this recipe (slurm.required) and unset for ['pairs']: set it, e.g. "
         "`align submit RECIPE slurm.partition=...`",
-        "slurm.account is required by this recipe (slurm.required) and unset for ['sft', 'pairs']: set it, e.g. "
+        "slurm.account is required by this recipe (slurm.required) and unset for every job: set it, e.g. "
         "`align submit RECIPE slurm.account=...`"]
     with pytest.raises(ConfigError, match=r"required: \['acount'\] are not job settings"):
         SlurmConfig(required=["acount"])

@@ -45,8 +45,9 @@ def required_problems(jobs: Iterable[Any], required: Iterable[str]) -> list[str]
     """One line per required job setting left unset, naming the steps that lack it."""
     jobs = list(jobs)
     lacking = {key: [job.step for job in jobs if getattr(job.settings, key) in (None, "")] for key in required}
-    return [f"slurm.{key} is required by this recipe (slurm.required) and unset for {steps}: set it, e.g. "
-            f"`align submit RECIPE slurm.{key}=...`" for key, steps in lacking.items() if steps]
+    return [f"slurm.{key} is required by this recipe (slurm.required) and unset for "
+            f"{'every job' if len(steps) == len(jobs) > 1 else steps}: set it, e.g. `align submit RECIPE "
+            f"slurm.{key}=...`" for key, steps in lacking.items() if steps]
 
 
 # --------------------------------------------------------------------------- time limits
@@ -128,6 +129,9 @@ def fetch_models(models: dict[str, list[str]], cache_dir: str | None, dry_run: b
                  download: Callable[..., Any] | None = None) -> list[str]:
     """Every hub model into ``cache_dir`` (already there: nothing to do); the lines printed."""
     lines = []
+    if models and not dry_run and cache_dir and "$" in cache_dir:
+        raise ConfigError(f"slurm.env: the jobs' model cache {cache_dir} names a variable not set here; the models "
+                          "are fetched into it before submitting: set the variable, or write the path out")
     for repo, where in models.items():
         if dry_run:
             lines.append(f"would fetch {repo} into {cache_dir or 'the default Hugging Face cache'} (named by "
