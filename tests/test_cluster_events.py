@@ -1,7 +1,7 @@
 """What a cluster does to a long run, settled before it happens: time limits, preemption, environments,
 models fetched once, code frozen per submission (align.stopping, align.drivers.submit_checks, align.slurm).
 
-Each behaviour is checked without a cluster here; tests/slurm/test_cluster_events.py runs them on a
+Each behaviour is checked without a cluster here; tests/slurm/test_cluster_time_limits.py runs them on a
 one-machine SLURM cluster (a time limit reached, a task requeued, a partition's maximum).
 """
 

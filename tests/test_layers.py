@@ -44,6 +44,7 @@ LAYERS: dict[str, int] = {
     "align.slurm": 1,
     "align.stage_table": 1,  # what each stage is: module, job kind, row contract... (no heavy imports)
     "align.ranks": 1,  # who writes, rank 0's decision shared, a launch's process group
+    "align.stopping": 1,  # stopping at a safe point when the cluster asks (time limit, preemption)
     "align.recipe": 1,  # recipes of every shape read into steps (the stage configs are handed in)
     "rewards.charter": 1,  # charters and prompt templates: the judge and the manifests read them
     # 2: scoring, losses, optimizers, samplers

@@ -55,7 +55,7 @@ ALIGN_CODE='/scratch/my team/ws/runs/slurm/code/0123abcd'
 export HF_HUB_OFFLINE=1  # models were fetched at submit: a job never downloads
 export HF_HOME='/scratch/hf cache'
 export HF_TOKEN="$HF_TOKEN"
-export CACHE="${SCRATCH}/cache $HOME \$(whoami) \`id\` 5\$"
+export CACHE="${SCRATCH}/cache $HOME \\$(whoami) \\`id\\` 5\\$"
 echo "[align submit] annotate_judge: attempt $(( ${SLURM_RESTART_COUNT:-0} + 1 )) started $(date '+%Y-%m-%d \
 %H:%M:%S') on $(hostname), job ${SLURM_JOB_ID}"
 export ALIGN_STOP_FILE='/scratch/my team/ws/runs/slurm/.stop-'"${SLURM_JOB_ID}"

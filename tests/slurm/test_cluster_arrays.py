@@ -123,7 +123,7 @@ def test_a_task_cancelled_mid_shard_is_resubmitted_from_status(tmp_path, job_env
                   cwd=tmp_path).stdout
     assert f"annotate (partial: shards 2 of {SHARDS} missing)" in printed
     planned = (logs / "1-annotate.sbatch").read_text()
-    assert "#SBATCH --array=2\n" in planned and f" annotate num_shards={SHARDS}\n" in planned
+    assert "#SBATCH --array=2\n" in planned and f" annotate num_shards={SHARDS} &\n" in planned
     printed = run([sys.executable, "-m", "align", "submit", path, *cluster], job_env, cwd=tmp_path).stdout
     again = json.loads((logs / "jobs.json").read_text())["annotate"]["job_id"]
     assert f"annotate: job {again}, array 2 of {SHARDS} shards" in printed
