@@ -79,14 +79,15 @@ def test_a_steps_env_adds_to_the_top_levels():
 def test_a_variable_in_env_reaches_the_job_as_its_value_and_is_never_written(tmp_path):
     """The export lines of a job script, run by bash with the submitting environment: the token's value arrives,
     the script holds only its name, and text that is no variable stays text."""
-    settings = JobSettings(env={"HF_TOKEN": "$HF_TOKEN", "CACHE": "${SCRATCH}/hf $(touch pwned)"})
+    settings = JobSettings(env={"HF_TOKEN": "$HF_TOKEN", "CACHE": "${SCRATCH}/hf $(touch pwned)",
+                                "TAGGED": "Xpre-$SCRATCH-X\\"})
     script = StepJob("s", "pairs", "single", settings, Path("/r.yaml"), tmp_path, tmp_path, tmp_path).script("r")
-    exports = [line for line in script.splitlines() if line.startswith("export HF_TOKEN") or
-               line.startswith("export CACHE")]
-    done = subprocess.run(["bash", "-c", "\n".join([*exports, 'echo "$HF_TOKEN|$CACHE"'])], cwd=tmp_path,
+    exports = [line for line in script.splitlines() if line.startswith(("export HF_TOKEN", "export CACHE",
+                                                                         "export TAGGED"))]
+    done = subprocess.run(["bash", "-c", "\n".join([*exports, 'echo "$HF_TOKEN|$CACHE|$TAGGED"'])], cwd=tmp_path,
                           env={"PATH": os.environ["PATH"], "HF_TOKEN": "hf_dummy_secret", "SCRATCH": "/scr"},
                           capture_output=True, text=True, check=True)
-    assert done.stdout.strip() == "hf_dummy_secret|/scr/hf $(touch pwned)"
+    assert done.stdout.strip() == "hf_dummy_secret|/scr/hf $(touch pwned)|Xpre-/scr-X\\"
     assert "hf_dummy_secret" not in script and not (tmp_path / "pwned").exists()
 
 
@@ -270,3 +271,64 @@ def test_training_stopped_at_a_step_saves_and_a_rerun_ends_as_an_uninterrupted_r
     resumed = load_file(tmp_path / "stopped" / "model.safetensors")
     for name, value in whole.items():
         torch.testing.assert_close(resumed[name], value, rtol=0, atol=1e-6, msg=name)
+
+
+# --------------------------------------------------------------------------- align status and the jobs
+
+
+def test_status_says_where_the_job_of_each_step_not_done_stands(tmp_path, monkeypatch, capsys):
+    """A step done says nothing of its job; one not done gets its latest job's state from jobs.json and
+    scontrol (here a stand-in), many finished tasks of an array in one line."""
+    from align.cli import main
+    from align.drivers import status
+
+    rows = tmp_path / "in.jsonl"
+    rows.write_text(json.dumps({"id": "a", "messages": [{"role": "user", "content": "q"}], "answer": "yes",
+                                "completions": [{"text": "yes"}]}) + "\n")
+    recipe = tmp_path / "r.yaml"
+    recipe.write_text(f"""
+output_dir: {tmp_path / 'runs'}
+steps:
+  done: {{stage: annotate, input: {rows}, provider: verifiable}}
+  pending: {{stage: annotate, input: {rows}, provider: verifiable, answer_field: other}}
+slurm: {{log_dir: {tmp_path / 'logs'}}}
+""")
+    assert main(["step", str(recipe), "done"]) == 0
+    (tmp_path / "logs").mkdir()
+    (tmp_path / "logs" / "jobs.json").write_text(json.dumps({"done": {"job_id": "11"}, "pending": {"job_id": "12"},
+                                                             "gone": {"script": "x"}}))
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    fake = bin_dir / "scontrol"
+    fake.write_text(f"#!/bin/bash\necho \"$*\" >> {tmp_path / 'asked'}\ncat <<'EOF'\n" + "".join(
+        f"JobId={i} ArrayJobId=12 ArrayTaskId={i} JobState=COMPLETED Reason=None Restarts=0 ExitCode=0:0 "
+        f"StdOut=/l/{i}.out\n" for i in range(3)) +
+        "JobId=99 ArrayJobId=12 ArrayTaskId=3 JobState=PENDING Reason=Priority Restarts=0 ExitCode=0:0 "
+        "StdOut=/l/3.out\nEOF\n")
+    fake.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
+    capsys.readouterr()
+    report = main(["status", str(recipe)])
+    out = capsys.readouterr().out
+    assert report == 0
+    lines = out.splitlines()
+    done_at = next(i for i, line in enumerate(lines) if line.startswith("done "))
+    assert lines[done_at + 1].startswith("pending ")  # nothing under a step that is done
+    assert (tmp_path / "asked").read_text().splitlines() == ["--oneliner show job 12"]  # the job of the step
+    assert lines[done_at + 2:done_at + 4] == ["                 3 tasks COMPLETED",
+                                              "                 job 12_3: PENDING (Priority)"], out
+    assert status.submitted_jobs(status.config_from_args([str(recipe)])) == {"done": {"job_id": "11"},
+                                                                             "pending": {"job_id": "12"}}
+    (tmp_path / "logs" / "jobs.json").write_text("{not json")
+    assert status.submitted_jobs(status.config_from_args([str(recipe)])) == {}
+
+
+def test_many_finished_tasks_are_one_line_and_one_is_itself():
+    from align.drivers.status import job_lines
+    from align.slurm.commands import JobState
+
+    done, failed, running = JobState("5_0", "COMPLETED"), JobState("5_1", "FAILED", exit_code="1:0"), \
+        JobState("5_2", "RUNNING")
+    assert job_lines([done, failed]) == ["job 5_1: FAILED, exit code 1", "job 5_0: COMPLETED"]
+    assert job_lines([done, JobState("5_3", "COMPLETED"), running]) == ["2 tasks COMPLETED", "job 5_2: RUNNING"]
+    assert job_lines([]) == []

@@ -99,8 +99,8 @@ def test_active_jobs_are_the_asked_ones_still_queued_or_running(fake):
 
 @pytest.mark.parametrize(("text", "seconds"), [
     ("30", 1800), ("30:15", 1815), ("12:00:00", 43200), ("72:00:00", 259200), ("1-00:00:00", 86400),
-    ("2-12", 216000), ("2-12:30", 217800), ("0-00:02:00", 120), ("UNLIMITED", None), ("infinite", None),
-    (None, None), ("", None),
+    ("2-12", 216000), ("2-12:30", 217800), ("0-00:02:00", 120), ("3-01:02:03", 262923), (" 45 ", 2700),
+    ("UNLIMITED", None), ("infinite", None), (None, None), ("", None),
 ])
 def test_a_slurm_time_in_every_form_slurm_takes(text, seconds):
     assert commands.slurm_seconds(text) == seconds
@@ -125,8 +125,16 @@ def test_a_partitions_maximum_time_is_read_from_scontrol(fake):
     assert commands.partition_max_time("free") == ("free", None)
     assert fake.calls()[:2] == ["scontrol --oneliner show partition", "scontrol --oneliner show partition long"]
     fake("scontrol", "")
-    with pytest.raises(ServiceError, match=r"named no partition"):
+    with pytest.raises(ServiceError, match=r"^scontrol show partition gone named no partition$"):
         commands.partition_max_time("gone")
+    fake("scontrol", "PartitionName=a Default=NO MaxTime=1:00:00\nPartitionName=b Default=NO MaxTime=2:00:00\n")
+    with pytest.raises(ServiceError, match=r"^scontrol show partition \(the default\) named no partition$"):
+        commands.partition_max_time(None)  # no default: the job would need a partition named
+
+
+def test_a_scontrol_value_may_hold_an_equals_sign():
+    assert commands.key_values("JobId=5 Comment=a=b StdOut=/w/x.out  Flag") == {
+        "JobId": "5", "Comment": "a=b", "StdOut": "/w/x.out"}
 
 
 # --------------------------------------------------------------------------- where a job stands
@@ -148,12 +156,45 @@ def test_a_jobs_tasks_as_scontrol_reports_them(fake):
         "job 70_0: COMPLETED, log /w/logs/sample-70_0.out",
         "job 70_1: FAILED, exit code 2, attempt 2 (requeued 1 time), log /w/logs/sample-70_1.out",
         "job 70_2: RUNNING, log /w/logs/sample-70_2.out"]
+    assert states[1] == commands.JobState("70_1", "FAILED", "NonZeroExitCode", "2:0", 1, "/w/logs/sample-70_1.out")
+    assert fake.calls()[-1] == "scontrol --oneliner show job 70"
+    fake("scontrol", SHOW_ARRAY.splitlines()[1] + "\n")
+    assert [s.job_id for s in commands.job_states("72")] == ["70_1"]  # a task asked for by its own job id
     fake("scontrol", "JobId=80 JobName=align-pairs JobState=PENDING Reason=Dependency Restarts=0 ExitCode=0:0 "
                      "StdOut=/w/logs/pairs-80.out\n")
     assert [s.describe() for s in commands.job_states("80")] == ["job 80: PENDING (Dependency)"]
     fake("scontrol", "JobId=81 JobState=TIMEOUT Reason=TimeLimit Restarts=3 ExitCode=0:15 StdOut=/w/l.out\n")
     assert [s.describe() for s in commands.job_states("81")] == [
         "job 81: TIMEOUT, exit code 0 (signal 15), attempt 4 (requeued 3 times), log /w/l.out"]
+
+
+@pytest.mark.parametrize(("state", "exit_code", "restarts", "reason", "said"), [
+    ("PENDING", "0:15", 1, "BeginTime", "job 9: PENDING (BeginTime), attempt 2 (requeued 1 time)"),
+    ("PENDING", "0:0", 0, "None", "job 9: PENDING"),
+    ("PENDING", "0:0", 0, "", "job 9: PENDING"),
+    ("RUNNING", "0:15", 2, "None", "job 9: RUNNING, attempt 3 (requeued 2 times), log l.out"),
+    ("COMPLETED", "1:0", 0, "None", "job 9: COMPLETED, log l.out"),
+    ("COMPLETING", "1:0", 0, "None", "job 9: COMPLETING, log l.out"),
+    ("FAILED", "1:0", 0, "NonZeroExitCode", "job 9: FAILED, exit code 1, log l.out"),
+    ("FAILED", "", 0, "None", "job 9: FAILED, log l.out"),
+    ("CANCELLED", "0:0", 0, "None", "job 9: CANCELLED, log l.out"),
+    ("OUT_OF_MEMORY", "0:125", 0, "OutOfMemory", "job 9: OUT_OF_MEMORY, exit code 0 (signal 125), log l.out"),
+])
+def test_what_status_says_of_a_job_in_each_state(state, exit_code, restarts, reason, said):
+    """A requeued job keeps the exit code of the attempt before: while it waits or runs again, that is no
+    verdict; a pending job's reason is said, SLURM's None is not."""
+    assert commands.JobState("9", state, reason, exit_code, restarts, "l.out").describe() == said
+
+
+def test_a_query_that_hangs_is_no_answer(fake):
+    fake("scontrol", "JobId=1 JobState=RUNNING\n", sleep=5)
+    assert commands._answer(["scontrol", "show", "job", "1"], timeout=0.5) == ""
+
+
+def test_a_failed_query_is_no_answer(fake):
+    fake("scontrol", SHOW_ARRAY, "slurm_load_jobs error\n", rc=1)
+    fake("sacct", "", rc=1)
+    assert commands.job_states("70") == []  # what a failing scontrol printed is not read
 
 
 def test_a_job_the_controller_forgot_is_read_from_accounting(fake):

@@ -32,7 +32,7 @@ from align.io import stage_completion_info
 from align.manifests.status import Outputs, round_state, step_state
 from align.recipe import PipelineSettings, Recipe
 from align.recipe.graph import path_key
-from align.slurm.commands import job_states
+from align.slurm.commands import JobState, job_states
 
 
 @dataclass
@@ -77,13 +77,14 @@ def submitted_jobs(recipe: Recipe) -> dict[str, dict[str, Any]]:
     return {name: entry for name, entry in jobs.items() if isinstance(entry, dict) and entry.get("job_id")}
 
 
-def compact(lines: list[str]) -> list[str]:
-    """Many tasks of an array in one state as one line (``tasks 0-13: COMPLETED``), the others each their own."""
-    done = [line for line in lines if line.endswith(": COMPLETED")]
-    rest = [line for line in lines if not line.endswith(": COMPLETED")]
+def job_lines(states: list[JobState]) -> list[str]:
+    """A job's lines: its tasks that completed counted in one line (an array of 16 says so once), then each
+    task that did not, as SLURM reports it."""
+    done = [state for state in states if state.state == "COMPLETED"]
+    lines = [state.describe() for state in states if state.state != "COMPLETED"]
     if len(done) > 1:
-        rest.insert(0, f"{len(done)} tasks COMPLETED")
-    return rest + (done if len(done) == 1 else [])
+        return [f"{len(done)} tasks COMPLETED", *lines]
+    return lines + [state.describe() for state in done]
 
 
 def run(recipe: Recipe) -> dict[str, Any]:
@@ -103,8 +104,8 @@ def run(recipe: Recipe) -> dict[str, Any]:
         report[step.name] = {"state": found.state, "reasons": found.reasons, "output_dir": str(where),
                              "stage": step.stage, "round": step.round}
         if found.state != "done" and step.name in jobs:
-            report[step.name]["jobs"] = [state.describe() for state in job_states(str(jobs[step.name]["job_id"]))]
-            for line in compact(report[step.name]["jobs"]):
+            report[step.name]["jobs"] = job_lines(job_states(str(jobs[step.name]["job_id"])))
+            for line in report[step.name]["jobs"]:
                 print(f"{'':<{width}}   {line}")
     for line in split_counts(recipe, report):
         print(line)

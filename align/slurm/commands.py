@@ -86,22 +86,17 @@ def slurm_seconds(text: str | int | None) -> int | None:
 
     The forms SLURM takes: ``M``, ``M:S``, ``H:M:S``, ``D-H``, ``D-H:M``, ``D-H:M:S``.
     """
-    if text is None:
+    if text is None or str(text).strip().upper() in ("UNLIMITED", "INFINITE", ""):
         return None
-    text = str(text).strip()
-    if text.upper() in ("UNLIMITED", "INFINITE", "NONE", ""):
-        return None
-    days, _, rest = text.rpartition("-") if "-" in text else ("0", "", text)
+    days, dash, rest = str(text).strip().rpartition("-")
     parts = [int(p) for p in rest.split(":")]
-    if "-" in text:
-        hours, minutes, seconds = (parts + [0, 0])[:3]
-    elif len(parts) == 1:
-        hours, minutes, seconds = 0, parts[0], 0
-    elif len(parts) == 2:
-        hours, minutes, seconds = 0, parts[0], parts[1]
-    else:
+    if dash:  # D-H[:M[:S]]
+        hours, minutes, seconds = [*parts, 0, 0][:3]
+    elif len(parts) == 3:  # H:M:S
         hours, minutes, seconds = parts
-    return ((int(days) * 24 + hours) * 60 + minutes) * 60 + seconds
+    else:  # M or M:S
+        hours, minutes, seconds = 0, parts[0], parts[1] if len(parts) == 2 else 0
+    return ((int(days or 0) * 24 + hours) * 60 + minutes) * 60 + seconds
 
 
 def slurm_time(seconds: int) -> str:
@@ -112,16 +107,24 @@ def slurm_time(seconds: int) -> str:
     return f"{days}-{hours:02d}:{minutes:02d}:{secs:02d}"
 
 
+def key_values(line: str) -> dict[str, str]:
+    """One ``scontrol --oneliner`` record: its ``KEY=VALUE`` words (a value may hold ``=``)."""
+    return dict(word.split("=", 1) for word in line.split() if "=" in word)
+
+
 def partition_max_time(partition: str | None) -> tuple[str, int | None]:
     """(the partition a job goes to: the one named, else the cluster's default, its MaxTime in seconds or None)."""
     out = _run(["scontrol", "--oneliner", "show", "partition", *([partition] if partition else [])])
-    records = [dict(word.split("=", 1) for word in line.split() if "=" in word) for line in out.splitlines()]
-    records = [r for r in records if r.get("PartitionName")]
+    records = [r for r in map(key_values, out.splitlines()) if "PartitionName" in r]
     if partition is None:
-        records = [r for r in records if r.get("Default") == "YES"] or records[:1]
+        records = [r for r in records if r.get("Default") == "YES"]
     if not records:
-        raise ServiceError(f"scontrol show partition {partition or ''} named no partition")
-    return records[0]["PartitionName"], slurm_seconds(records[0].get("MaxTime"))
+        raise ServiceError(f"scontrol show partition {partition or '(the default)'} named no partition")
+    return records[0]["PartitionName"], slurm_seconds(records[0]["MaxTime"])
+
+
+# states in which a job's exit code is not its last word
+UNFINISHED = ("PENDING", "RUNNING", "COMPLETED", "COMPLETING")
 
 
 @dataclass(frozen=True)
@@ -137,45 +140,48 @@ class JobState:
 
     def describe(self) -> str:
         text = f"job {self.job_id}: {self.state}"
-        if self.state == "PENDING" and self.reason and self.reason != "None":
+        if self.state == "PENDING" and self.reason not in ("", "None"):
             text += f" ({self.reason})"
-        code, _, signal = self.exit_code.partition(":")
-        if self.state not in ("PENDING", "RUNNING", "COMPLETED", "COMPLETING") and (code, signal) != ("0", "0") \
-                and code:
-            text += f", exit code {code}" + (f" (signal {signal})" if signal not in ("0", "") else "")
+        if self.state not in UNFINISHED and self.exit_code not in ("", "0:0"):
+            code, _, signal = self.exit_code.partition(":")
+            text += f", exit code {code}" + (f" (signal {signal})" if signal != "0" else "")
         if self.restarts:
             text += f", attempt {self.restarts + 1} (requeued {self.restarts} time{'s' if self.restarts > 1 else ''})"
-        if self.log and self.state not in ("PENDING",):
+        if self.log and self.state != "PENDING":
             text += f", log {self.log}"
         return text
 
 
+def _answer(command: list[str], timeout: float = 60) -> str:
+    """What a query command printed; nothing where it failed (the job is not known to it) or hung (a controller
+    that does not answer does not hold ``align status`` up)."""
+    try:
+        done = subprocess.run(command, capture_output=True, text=True, timeout=timeout)
+    except subprocess.TimeoutExpired:
+        return ""
+    return done.stdout if done.returncode == 0 else ""
+
+
 def job_states(job_id: str) -> list[JobState]:
     """What SLURM knows of a job now: one entry per task of an array; from ``scontrol`` while the controller keeps
-    the job, else from ``sacct`` where accounting is kept; [] when neither knows it."""
+    the job, else from ``sacct`` where accounting is kept; [] when neither knows it (or there is no SLURM here)."""
     if shutil.which("scontrol") is None:
         return []
-    done = subprocess.run(["scontrol", "--oneliner", "show", "job", job_id], capture_output=True, text=True,
-                          timeout=60, check=False)
     states = []
-    for line in done.stdout.splitlines() if done.returncode == 0 else []:
-        fields = dict(word.split("=", 1) for word in line.split() if "=" in word)
-        task = fields.get("ArrayTaskId")
-        name = f"{fields.get('ArrayJobId', job_id)}_{task}" if task else fields.get("JobId", job_id)
-        states.append(JobState(name, fields.get("JobState", "?"), fields.get("Reason", ""),
-                               fields.get("ExitCode", ""), int(fields.get("Restarts", "0") or 0),
-                               fields.get("StdOut", "")))
+    for fields in map(key_values, _answer(["scontrol", "--oneliner", "show", "job", job_id]).splitlines()):
+        name = f"{fields['ArrayJobId']}_{fields['ArrayTaskId']}" if "ArrayTaskId" in fields else job_id
+        states.append(JobState(name, fields["JobState"], fields["Reason"], fields["ExitCode"], int(fields["Restarts"]),
+                               fields["StdOut"]))
     return states or _sacct_states(job_id)
 
 
 def _sacct_states(job_id: str) -> list[JobState]:
     if shutil.which("sacct") is None:
         return []
-    done = subprocess.run(["sacct", "--noheader", "--parsable2", "--jobs", job_id, "--format=JobID,State,ExitCode"],
-                          capture_output=True, text=True, timeout=60, check=False)
     states = []
-    for line in done.stdout.splitlines() if done.returncode == 0 else []:
-        parts = line.split("|")
-        if len(parts) == 3 and "." not in parts[0]:  # the job, not its steps (123.batch)
-            states.append(JobState(parts[0], parts[1].split()[0], exit_code=parts[2]))
+    for line in _answer(["sacct", "--noheader", "--parsable2", "--jobs", job_id,
+                         "--format=JobID,State,ExitCode"]).splitlines():
+        job, state, exit_code = line.split("|")
+        if "." not in job:  # the job, not its steps (123.batch)
+            states.append(JobState(job, state.split()[0], exit_code=exit_code))
     return states
