@@ -17,6 +17,7 @@ import enum
 import inspect
 import math
 import numbers
+import re
 import types
 import typing
 from collections.abc import Iterator, Mapping, Sequence
@@ -143,8 +144,9 @@ def parse_overrides(overrides: Sequence[str]) -> dict[str, Any]:
         key = key.strip().lstrip("-")
         if not key:
             raise ConfigError(f"override {item!r} has an empty key")
-        try:  # @NAME (a step's output) is text, as in a recipe file where it is quoted
-            value = raw.strip() if raw.strip().startswith("@") else yaml.safe_load(raw) if raw.strip() else ""
+        try:  # @NAME (a step's output) is text, as in a recipe file where it is quoted: [@a, @b] too
+            value = raw.strip() if raw.strip().startswith("@") else \
+                yaml.safe_load(re.sub(r"(?<=[\[,{:]) *(@[^,\]\}\s]+)", r' "\1"', raw)) if raw.strip() else ""
         except yaml.YAMLError as exc:
             problem = getattr(exc, "problem", None) or str(exc)
             raise ConfigError(f"override {item!r}: the value is not valid YAML ({problem})") from None

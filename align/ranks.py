@@ -71,14 +71,15 @@ def any_rank(flag: bool) -> bool:
     return bool(value.item())
 
 
-def start_process_group(config: Any = None) -> None:
+def start_process_group(config: Any = None, *, one_rank: bool = False) -> None:
     """Under a distributed launch, bring its process group up now, so rank 0 can decide for every rank.
 
     A trainer's config (``TrainingArguments``) sets up the launch as the trainer will use it
     (DeepSpeed included) when its ``device`` is first read; anything else gets a plain group
-    (nccl on GPUs, gloo on CPU). Outside a launch nothing happens.
+    (nccl on GPUs, gloo on CPU). Outside a launch nothing happens, unless ``one_rank``: a
+    launch of one process still gets its group (a model partitioned over one rank needs one).
     """
-    if not in_launch():
+    if not (in_launch() or one_rank):
         return
     if config is not None and hasattr(type(config), "device") and hasattr(config, "local_rank"):
         _ = config.device

@@ -108,6 +108,11 @@ def test_the_hub_models_of_a_recipe_are_those_no_step_makes_and_no_server_holds(
                                                                "annotate_judge.base_url=http://h:8000/v1"],
                          devices="defer")
     assert "annotate_judge.model" not in submit_checks.hub_models(served).get("Qwen/Qwen3-32B", [])
+    policies = load_recipe("recipes/apertus-8b/pipeline.yaml", ["evaluate.sampler.backend=openai",
+                                                                 "evaluate.sampler.base_url=http://h:8000/v1"],
+                           devices="defer")
+    assert not any(where.startswith("evaluate.policies") for where in
+                   sum(submit_checks.hub_models(policies).values(), []))
 
 
 def test_models_are_fetched_into_the_cache_the_jobs_read_once(tmp_path):
@@ -175,11 +180,32 @@ def test_a_job_refuses_to_run_other_code_than_its_submission_froze(tmp_path, mon
     submit_checks.check_frozen_code()
 
 
-def test_a_job_script_puts_the_snapshot_first_and_runs_offline(tmp_path):
-    script = replace(job("train"), code=tmp_path / "code" / "abc").script("r")
-    assert f"export PYTHONPATH={tmp_path / 'code' / 'abc'}\"${{PYTHONPATH:+:$PYTHONPATH}}\" " \
-           f"ALIGN_CODE={tmp_path / 'code' / 'abc'}" in script
-    assert "export HF_HUB_OFFLINE=1" in script
+def test_a_job_run_from_the_repository_root_runs_the_snapshot(tmp_path):
+    """`python -m align` puts the working directory first on sys.path: a job whose --chdir is the checkout would
+    import the checkout, not the snapshot; the script's PYTHONSAFEPATH keeps the snapshot first."""
+    code = submit_checks.code_snapshot(tmp_path / "logs")
+    script = replace(job("train"), code=code).script("r")
+    exports = next(line for line in script.splitlines() if line.startswith("export PYTHONPATH="))
+    probe = "import align, sys; print(align.__file__)"
+    done = subprocess.run(["bash", "-c", f"{exports}\ncd {REPO}\npython -c {probe!r}\n"
+                                         f"python -m align status recipes/tiny/pipeline.yaml > /dev/null"],
+                          capture_output=True, text=True, timeout=120,
+                          env={k: v for k, v in os.environ.items() if k != "PYTHONPATH"})
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == str(code / "align" / "__init__.py")
+
+
+def test_a_variable_the_submitting_shell_lacks_is_refused_before_anything_runs(monkeypatch):
+    monkeypatch.delenv("ALIGN_TEST_UNSET", raising=False)
+    monkeypatch.setenv("ALIGN_TEST_SET", "1")
+    assert submit_checks.unset_variables({"A": "$ALIGN_TEST_SET/x", "B": "${ALIGN_TEST_UNSET}", "C": "plain"}) == [
+        "slurm.env.B=${ALIGN_TEST_UNSET}: $ALIGN_TEST_UNSET is not set here"]
+
+
+def test_chained_attempts_need_a_signal_and_a_requeue():
+    for changes in ({"requeue": False}, {"signal_margin": 0}):
+        with pytest.raises(ConfigError, match=r"over_time_limit: chain runs a step as attempts"):
+            JobSettings(over_time_limit="chain", **changes)
 
 
 # --------------------------------------------------------------------------- stopping at a safe point
@@ -284,7 +310,7 @@ def test_status_says_where_the_job_of_each_step_not_done_stands(tmp_path, monkey
 
     rows = tmp_path / "in.jsonl"
     rows.write_text(json.dumps({"id": "a", "messages": [{"role": "user", "content": "q"}], "answer": "yes",
-                                "completions": [{"text": "yes"}]}) + "\n")
+                                "other": "yes", "completions": [{"text": "yes"}]}) + "\n")
     recipe = tmp_path / "r.yaml"
     recipe.write_text(f"""
 output_dir: {tmp_path / 'runs'}
@@ -332,3 +358,38 @@ def test_many_finished_tasks_are_one_line_and_one_is_itself():
     assert job_lines([done, failed]) == ["job 5_1: FAILED, exit code 1", "job 5_0: COMPLETED"]
     assert job_lines([done, JobState("5_3", "COMPLETED"), running]) == ["2 tasks COMPLETED", "job 5_2: RUNNING"]
     assert job_lines([]) == []
+
+
+def test_a_pipeline_asked_to_stop_stops_between_steps(tmp_path, monkeypatch, capsys):
+    from align.cli import main
+
+    rows = tmp_path / "in.jsonl"
+    rows.write_text(json.dumps({"id": "a", "messages": [{"role": "user", "content": "q"}], "answer": "yes",
+                                "completions": [{"text": "yes"}, {"text": "no"}]}) + "\n")
+    recipe = tmp_path / "r.yaml"
+    recipe.write_text(f"annotate: {{input: {rows}, output_dir: {tmp_path / 'a'}, provider: verifiable}}\n"
+                      f"pairs: {{input: {tmp_path / 'a'}, output_dir: {tmp_path / 'p'}}}\n")
+    asked = []
+    monkeypatch.setattr(stopping, "requested", lambda: "SIGTERM received" if asked.append(1) or len(asked) > 2 else None)
+    assert main(["pipeline", str(recipe)]) == stopping.STOPPED_EXIT
+    assert "stopped before step pairs (SIGTERM received): run the pipeline again" in capsys.readouterr().err
+    assert (tmp_path / "a" / "_COMPLETE.json").exists() and not (tmp_path / "p").exists()
+
+
+def test_a_model_partitioned_over_a_launch_of_one_process_gets_its_process_group(monkeypatch):
+    import torch.distributed as dist
+
+    from align.scoring.sharded import init_distributed
+    from ports import free_port
+
+    monkeypatch.setenv("RANK", "0")
+    monkeypatch.setenv("WORLD_SIZE", "1")
+    monkeypatch.setenv("LOCAL_RANK", "0")
+    monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
+    monkeypatch.setenv("MASTER_PORT", str(free_port()))
+    try:
+        init_distributed()
+        assert dist.is_initialized() and dist.get_world_size() == 1
+    finally:
+        if dist.is_initialized():
+            dist.destroy_process_group()

@@ -50,12 +50,11 @@ Written by `align submit`; `sbatch THIS_FILE` runs it alone.
 set -euo pipefail
 export ALIGN_PYTHON='/scratch/my team/ws/.venv-vllm/bin/python'
 export PATH='/scratch/my team/ws/.venv-vllm/bin':"$PATH"
-export PYTHONPATH='/scratch/my team/ws/runs/slurm/code/0123abcd'"${PYTHONPATH:+:$PYTHONPATH}" \
+export PYTHONPATH='/scratch/my team/ws/runs/slurm/code/0123abcd'"${PYTHONPATH:+:$PYTHONPATH}" PYTHONSAFEPATH=1 \
 ALIGN_CODE='/scratch/my team/ws/runs/slurm/code/0123abcd'
-export HF_HUB_OFFLINE=1  # models were fetched at submit: a job never downloads
 export HF_HOME='/scratch/hf cache'
-export HF_TOKEN="$HF_TOKEN"
-export CACHE="${SCRATCH}/cache $HOME \\$(whoami) \\`id\\` 5\\$"
+export HF_TOKEN="${HF_TOKEN-}"
+export CACHE="${SCRATCH-}/cache ${HOME-} \\$(whoami) \\`id\\` 5\\$"
 echo "[align submit] annotate_judge: attempt $(( ${SLURM_RESTART_COUNT:-0} + 1 )) started $(date '+%Y-%m-%d \
 %H:%M:%S') on $(hostname), job ${SLURM_JOB_ID}"
 export ALIGN_STOP_FILE='/scratch/my team/ws/runs/slurm/.stop-'"${SLURM_JOB_ID}"
@@ -107,7 +106,6 @@ LAUNCH = """\
 set -euo pipefail
 export ALIGN_PYTHON=/opt/env/bin/python
 export PATH=/opt/env/bin:"$PATH"
-export HF_HUB_OFFLINE=1  # models were fetched at submit: a job never downloads
 echo "[align submit] round-2.train: attempt $(( ${SLURM_RESTART_COUNT:-0} + 1 )) started $(date '+%Y-%m-%d \
 %H:%M:%S') on $(hostname), job ${SLURM_JOB_ID}"
 export ALIGN_STOP_FILE='/scratch/my team/ws/runs/slurm/.stop-'"${SLURM_JOB_ID}"
@@ -161,7 +159,6 @@ SINGLE = """\
 set -euo pipefail
 export ALIGN_PYTHON=/opt/env/bin/python
 export PATH=/opt/env/bin:"$PATH"
-export HF_HUB_OFFLINE=1  # models were fetched at submit: a job never downloads
 echo "[align submit] pairs: attempt $(( ${SLURM_RESTART_COUNT:-0} + 1 )) started $(date '+%Y-%m-%d %H:%M:%S') \
 on $(hostname), job ${SLURM_JOB_ID}"
 export ALIGN_STOP_FILE='/scratch/my team/ws/runs/slurm/.stop-'"${SLURM_JOB_ID}"

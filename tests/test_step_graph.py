@@ -332,3 +332,18 @@ def test_a_where_value_matches_a_field_as_yaml_wrote_it():
     assert [r["id"] for r in selected(rows, {"flag": True})] == ["a"]
     assert [r["id"] for r in selected(rows, {"flag": [False, None]})] == ["d", "e"]
     assert [r["id"] for r in selected(rows, {"flag": 1})] == ["b"]
+    numbers = [{"id": "i", "level": 3}, {"id": "f", "level": 3.0}, {"id": "s", "level": "3"}]
+    assert [r["id"] for r in selected(numbers, {"level": 3})] == ["i", "f"]  # pandas writes 3.0
+
+
+def test_a_step_reading_its_own_output_is_refused():
+    with pytest.raises(ConfigError, match=r"step 'pairs': @pairs names the step itself"):
+        load_recipe(graph(pairs={"input": "@pairs/skipped.jsonl"}))
+    with pytest.raises(ConfigError, match=r"step 'pairs': input=runs/g/pairs/x.jsonl is \(or lies inside\) the step's "
+                                          r"own output"):
+        load_recipe(graph(pairs={"input": "runs/g/pairs/x.jsonl"}))
+
+
+def test_step_references_in_a_list_override():
+    recipe = load_recipe(graph(), ["pairs.input=[@annotate_judge, @annotate_rm]"])
+    assert recipe.config(recipe.step("pairs")).input == ["runs/g/annotate_judge", "runs/g/annotate_rm"]

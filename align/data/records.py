@@ -239,9 +239,12 @@ def validate_all(records: Iterable[Mapping[str, Any]], check) -> None:
 
 
 def same_value(found: Any, wanted: Any) -> bool:
-    """A field's value as ``where`` names it: true is not 1, null only null, and the text "false" not false."""
+    """A field's value as ``where`` names it: true is not 1, null only null, and the text "false" not false; a
+    number equals the same number written as an int or a float (3 and 3.0)."""
     if isinstance(found, bool) or isinstance(wanted, bool) or found is None or wanted is None:
         return found is wanted
+    if isinstance(found, numbers.Real) and isinstance(wanted, numbers.Real):
+        return found == wanted
     return type(found) is type(wanted) and found == wanted
 
 

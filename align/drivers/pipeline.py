@@ -33,6 +33,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from align import stopping
 from align.config import merge, read_yaml, to_dict
 from align.drivers.args import load_recipe, missing_recipe, split_args
 from align.io import stage_completion_info
@@ -75,6 +76,9 @@ def run(recipe: Recipe | PipelineSettings | Mapping[str, Any]) -> dict[str, Any]
         recipe.build_all()
     report: dict[str, Any] = {}
     for step in recipe:
+        if (reason := stopping.requested()) is not None:  # asked to stop (a signal): between steps is a safe point
+            raise stopping.Stopped(f"stopped before step {step.name} ({reason}): run the pipeline again to go on "
+                                   "from there")
         if step.round is None:
             print(f"[align pipeline] step {step.name} ({step.stage})")
         else:

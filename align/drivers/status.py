@@ -49,6 +49,8 @@ def split_counts(recipe: Recipe, report: dict[str, Any]) -> list[str]:
     """One line per split of rows by ``where:`` whose branches are all done: the rows each branch took and
     the rows no branch took, out of the rows they read (from the branches' own summaries)."""
     groups: dict[str, list[Any]] = {}  # the real path the branches read -> [(step, config)]
+    if recipe.settings.stop_after is not None:  # branches after the stop are not in this reading of the recipe
+        return []
     for step in recipe:
         config = recipe.config(step)
         if step.stage == "annotate" and config.where and isinstance(config.input, str):
@@ -59,6 +61,8 @@ def split_counts(recipe: Recipe, report: dict[str, Any]) -> list[str]:
             continue
         # done: each branch's marker holds its summary, with the rows it took and those it left (where: is set)
         summaries = [(step.name, stage_completion_info(config.output_dir)["summary"]) for step, config in branches]
+        if any("not_selected" not in summary for _, summary in summaries):  # made by a version that did not count
+            continue
         total = summaries[0][1]["records"] + summaries[0][1]["not_selected"]
         taken = {name: summary["records"] for name, summary in summaries}
         rest = total - sum(taken.values())

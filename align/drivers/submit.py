@@ -57,6 +57,7 @@ from align.drivers.submit_checks import (
     hub_models,
     partition_limits_or_none,
     required_problems,
+    unset_variables,
 )
 from align.errors import ConfigError, InputError
 from align.io import write_json
@@ -275,26 +276,19 @@ def run(submission: Submission | Recipe) -> dict[str, str]:
     outputs: Outputs = {}
     states = {step.name: step_state(step.stage, recipe.config(step), outputs) for step in recipe}
     stale = [(step, states[step.name]) for step in recipe if states[step.name].needs_redo]
-    if stale:
-        if not settings.overwrite:
-            raise stale_refusal(stale, recipe.source or "RECIPE")
-        running = [step.name for step, _ in stale if str((jobs.get(step.name) or {}).get("job_id")) in queued]
-        if running:
-            raise InputError(f"overwrite=true: the jobs of {running} are still queued or running; cancel them first")
-        _redo(stale, dry_run)
-        if not dry_run:
-            outputs = {}
-            states = {step.name: step_state(step.stage, recipe.config(step), outputs) for step in recipe}
+    if stale and not settings.overwrite:
+        raise stale_refusal(stale, recipe.source or "RECIPE")
 
+    # everything that can refuse the submission comes before an overwrite removes anything
     log_dir.mkdir(parents=True, exist_ok=True)
     recipe_path = write_recipe(recipe, log_dir)
     code = None if dry_run else code_snapshot(log_dir)
     planned = plan(recipe, states, recipe_path, workdir, log_dir, scripts_dir, queued, jobs, code)
     problems += _missing_files(planned)
     problems += required_problems([p.job for p in planned if p.job], settings.slurm.required)
+    problems += unset_variables(settings.slurm.env)
     fitted, refused = fit_time_limits([p.job for p in planned if p.job], partition_limits_or_none)
-    by_step = {job.step: job for job in fitted}
-    planned = [replace(p, job=by_step[p.step]) if p.job else p for p in planned]
+    times = {job.step: job.settings.time for job in fitted}
     problems += refused
     if problems and not dry_run:
         raise ConfigError("the jobs would fail:\n  " + "\n  ".join(problems))
@@ -302,6 +296,18 @@ def run(submission: Submission | Recipe) -> dict[str, str]:
         print(f"[align submit] dry run: a real submission would refuse: {problem}")
     for line in fetch_models(hub_models(recipe), hub_cache(settings.slurm.env), dry_run):
         print(f"[align submit] {line}")
+
+    if stale:
+        running = [step.name for step, _ in stale if str((jobs.get(step.name) or {}).get("job_id")) in queued]
+        if running:
+            raise InputError(f"overwrite=true: the jobs of {running} are still queued or running; cancel them first")
+        _redo(stale, dry_run)
+        if not dry_run:
+            outputs = {}
+            states = {step.name: step_state(step.stage, recipe.config(step), outputs) for step in recipe}
+            planned = plan(recipe, states, recipe_path, workdir, log_dir, scripts_dir, queued, jobs, code)
+    planned = [replace(p, job=replace(p.job, settings=replace(p.job.settings, time=times[p.step]))) if p.job else p
+               for p in planned]
     return _submit(planned, recipe, recipe_path, workdir, log_dir, jobs, dry_run)
 
 

@@ -8,8 +8,10 @@ never downloads, and never runs other code than was submitted.
   ``over_time_limit: chain``, asked for at the maximum and run as chained attempts (each
   saves and requeues itself at its limit, ``align.stopping``).
 - **Models fetched once**: every hub id a step names is resolved into the cache its jobs
-  read (``slurm.env``'s ``HF_HOME``) here, and the jobs run with ``HF_HUB_OFFLINE=1``: 16
-  judge tasks never download a 32B model each on compute nodes.
+  read (``slurm.env``'s ``HF_HOME``) here; with ``HF_HUB_OFFLINE=1`` in ``slurm.env`` (the
+  Apertus recipes) the jobs only read it: 16 judge tasks never download a 32B model each.
+- **Variables**: a ``$VAR`` in ``slurm.env`` unset here is refused (the jobs take this
+  shell's environment, and would run without it).
 - **Code frozen per submission**: the ``align`` the jobs run is a snapshot of this one
   (``log_dir/code/DIGEST``, first on the jobs' ``PYTHONPATH``); editing the checkout during a
   three-day run changes nothing, and a job checks it runs the snapshot (``ALIGN_CODE``).
@@ -106,13 +108,31 @@ def hub_models(recipe: Recipe) -> dict[str, list[str]]:
             leaf = re.sub(r"\[\d+\]$", "", key.rsplit(".", 1)[-1])
             if leaf not in MODEL_KEYS or not isinstance(value, str) or not _HUB_ID.fullmatch(value):
                 continue
-            section = key.rsplit(".", 1)[0] + "." if "." in key else ""
-            if flat.get(f"{section}backend") == "openai" or looks_local(value) or os.path.exists(value):
+            if _served(flat, key) or looks_local(value) or os.path.exists(value):
                 continue
             if any(os.path.realpath(value).startswith(m) for m in made):
                 continue
             found.setdefault(value, []).append(f"{step.name}.{key}")
     return found
+
+
+def _served(flat: dict[str, Any], key: str) -> bool:
+    """Whether the model a key names is held by a server (``backend: openai``): the backend of its own section,
+    of that section's sampler (an evaluated policy's), or of the sections above it (the stage's sampler)."""
+    parts = key.split(".")[:-1]
+    for depth in range(len(parts), -1, -1):
+        section = "".join(f"{p}." for p in parts[:depth])
+        for backend in (f"{section}backend", f"{section}sampler.backend"):
+            if flat.get(backend) is not None:
+                return flat[backend] == "openai"
+    return False
+
+
+def unset_variables(env: dict[str, Any]) -> list[str]:
+    """``KEY=$VAR`` entries of ``slurm.env`` whose variable is not set here: the jobs take this environment."""
+    names = re.compile(r"\$\{?([A-Za-z_][A-Za-z0-9_]*)\}?")
+    return [f"slurm.env.{key}={value}: ${name} is not set here" for key, value in env.items()
+            for name in names.findall(str(value)) if name not in os.environ]
 
 
 def hub_cache(env: dict[str, Any]) -> str | None:

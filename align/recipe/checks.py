@@ -83,7 +83,7 @@ class Graph:
         source = _get(self.keys(step), entry.keeps) if entry.keeps else _MISSING
         texts = list(string_values(source)) if source is not _MISSING else []
         upstream = self.producer(texts[0]) if len(texts) == 1 else None
-        return None if upstream is None else self.kind(upstream)
+        return None if upstream is None or upstream is step else self.kind(upstream)
 
 
 class _SettingsView(dict):
@@ -128,8 +128,11 @@ def check_reads(graph: Graph, step: Step) -> None:
             continue
         for text in string_values(value):
             upstream = graph.producer(text)
-            if upstream is None or upstream.name == step.name:
+            if upstream is None:
                 continue
+            if upstream.name == step.name:
+                raise ConfigError(f"step {step.name!r}: {key}={text} is (or lies inside) the step's own output: a step "
+                                  "reads what other steps or your files hold, never what it writes")
             kind = graph.kind(upstream)
             wanted = reads.kinds_for(graph.view(step))
             if kind is not None and not reads_as(kind, wanted):
@@ -163,7 +166,7 @@ def labels_of(graph: Graph, text: str, field: str) -> tuple[Step, tuple[Any, ...
         return upstream, labels[field]
     source = _get(graph.keys(upstream), entry.keeps) if entry.keeps else _MISSING
     texts = list(string_values(source)) if source is not _MISSING else []
-    found = [labels_of(graph, t, field) for t in texts]
+    found = [labels_of(graph, t, field) for t in texts if graph.producer(t) is not upstream]
     if not found or any(f is None for f in found):
         return None
     return found[0]

@@ -184,6 +184,9 @@ def _graph_steps(settings: PipelineSettings, base: Path, config_class: ConfigCla
         for ref in sorted(references_in(keys)):
             if ref not in tokens and ref not in raw:
                 raise ConfigError(f"step {name!r}: @{ref} names no step (steps: {list(raw)})")
+            if ref == name:
+                raise ConfigError(f"step {name!r}: @{ref} names the step itself: a step reads what other steps "
+                                  "or your files hold, never what it writes")
     if settings.rounds is None:
         outputs = _outputs(settings, raw, list(raw))
         return _with_needs([_graph_step(name, raw[name], outputs) for name in raw])

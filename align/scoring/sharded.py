@@ -87,7 +87,7 @@ def init_distributed(key: str = "sharding") -> None:
         raise ConfigError(f"{key}=zero3 partitions the model over the ranks of a distributed launch: start the "
                           "command with `accelerate launch --config_file recipes/accelerate/zero3.yaml -m align ...` "
                           "(or torchrun), or use replicate in a single process")
-    start_process_group()
+    start_process_group(one_rank=True)
 
 
 def all_ranks_agree(flag: bool) -> bool:

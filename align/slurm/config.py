@@ -100,6 +100,9 @@ class JobSettings:
             raise ConfigError(f"signal_margin: seconds before the time limit, 0 or more, got {self.signal_margin}")
         if self.over_time_limit not in ("refuse", "chain"):
             raise ConfigError(f"over_time_limit: refuse or chain, got {self.over_time_limit!r}")
+        if self.over_time_limit == "chain" and not (self.requeue and self.signal_margin):
+            raise ConfigError("over_time_limit: chain runs a step as attempts that save and requeue at their limit: "
+                              "it needs requeue: true and a signal_margin above 0")
         bad = [o for o in self.sbatch_options if not o.startswith("-")]
         if bad:
             raise ConfigError(f"sbatch_options: {bad} are not options (each starts with '-', e.g. --exclusive)")

@@ -49,14 +49,15 @@ _VARIABLE = re.compile(r"\$(?:[A-Za-z_][A-Za-z0-9_]*|\{[A-Za-z_][A-Za-z0-9_]*\})
 
 def env_value(value: object) -> str:
     """A value for ``export KEY=...`` in a batch script: ``$VAR`` and ``${VAR}`` left for the job's shell to
-    expand when it starts (the secret is never written into the script), everything else literal."""
+    expand when it starts (the secret is never written into the script; ``align submit`` refuses one unset
+    where it runs), everything else literal."""
     text = str(value)
     if "$" not in text:
         return shlex.quote(text)
     out, last = [], 0
     for match in _VARIABLE.finditer(text):
         out.append(_literal(text[last:match.start()]))
-        out.append(match.group(0))
+        out.append("${" + match.group(0).strip("${}") + "-}")  # unset: empty (the script runs under set -u)
         last = match.end()
     out.append(_literal(text[last:]))
     return '"' + "".join(out) + '"'
@@ -186,7 +187,8 @@ class StepJob:
         if self.code is None:
             return []
         code = shlex.quote(str(self.code))
-        return [f'export PYTHONPATH={code}"${{PYTHONPATH:+:$PYTHONPATH}}" {CODE_ENV}={code}']
+        # PYTHONSAFEPATH: `python -m align` in the repository root must not put the checkout before the snapshot
+        return [f'export PYTHONPATH={code}"${{PYTHONPATH:+:$PYTHONPATH}}" PYTHONSAFEPATH=1 {CODE_ENV}={code}']
 
     def attempt_lines(self) -> list[str]:
         """Around the step (started in the background by ``body``): a header per attempt, the cluster's signals
@@ -238,7 +240,6 @@ class StepJob:
                  # that Python's environment first: its accelerate, its align
                  f"export PATH={shlex.quote(str(python.parent))}:\"$PATH\"",
                  *self.code_lines(),
-                 "export HF_HUB_OFFLINE=1  # models were fetched at submit: a job never downloads",
                  *(f"export {key}={env_value(value)}" for key, value in self.settings.env.items()),
                  *self.attempt_lines()]
         return "\n".join(lines) + "\n"

@@ -87,10 +87,11 @@ def join_records(references: Sequence[Mapping[str, Any]],
         added = [{**c, "is_reference": False} for c in other.get("completions") or []]
         row = {**ref, "completions": [*(ref.get("completions") or []), *added],
                "num_overlong": (ref.get("num_overlong") or 0) + (other.get("num_overlong") or 0)}
-        reasons = [f"{side}: {reason}" for side, reason in (("input", skip_reason(ref)),
-                                                             ("completions", skip_reason(other))) if reason]
+        reasons = {side: reason for side, reason in (("input", skip_reason(ref)),
+                                                      ("completions", skip_reason(other))) if reason}
         if reasons:  # either side missing makes the round's comparison impossible for this prompt: a skip row
-            row["skip_reason"] = "; ".join(reasons)
+            row["skip_reason"] = next(iter(reasons.values())) if len(reasons) == 1 else \
+                "; ".join(f"{side}: {reason}" for side, reason in reasons.items())
         out.append(row)
     return out
 
