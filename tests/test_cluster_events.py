@@ -80,14 +80,15 @@ def test_a_variable_in_env_reaches_the_job_as_its_value_and_is_never_written(tmp
     """The export lines of a job script, run by bash with the submitting environment: the token's value arrives,
     the script holds only its name, and text that is no variable stays text."""
     settings = JobSettings(env={"HF_TOKEN": "$HF_TOKEN", "CACHE": "${SCRATCH}/hf $(touch pwned)",
-                                "TAGGED": "Xpre-$SCRATCH-X\\"})
+                                "TAGGED": "Xpre-$SCRATCH-X\\ $XDG_X"})
     script = StepJob("s", "pairs", "single", settings, Path("/r.yaml"), tmp_path, tmp_path, tmp_path).script("r")
     exports = [line for line in script.splitlines() if line.startswith(("export HF_TOKEN", "export CACHE",
                                                                          "export TAGGED"))]
     done = subprocess.run(["bash", "-c", "\n".join([*exports, 'echo "$HF_TOKEN|$CACHE|$TAGGED"'])], cwd=tmp_path,
-                          env={"PATH": os.environ["PATH"], "HF_TOKEN": "hf_dummy_secret", "SCRATCH": "/scr"},
+                          env={"PATH": os.environ["PATH"], "HF_TOKEN": "hf_dummy_secret", "SCRATCH": "/scr",
+                               "XDG_X": "/xdg"},
                           capture_output=True, text=True, check=True)
-    assert done.stdout.strip() == "hf_dummy_secret|/scr/hf $(touch pwned)|Xpre-/scr-X\\"
+    assert done.stdout.strip() == "hf_dummy_secret|/scr/hf $(touch pwned)|Xpre-/scr-X\\ /xdg"
     assert "hf_dummy_secret" not in script and not (tmp_path / "pwned").exists()
 
 

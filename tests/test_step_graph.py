@@ -321,6 +321,13 @@ steps:
     assert main(["status", str(recipe), f"steps.a_yes.output_dir={tmp_path / 'not-yet'}"]) == 0
     lines = [line for line in capsys.readouterr().out.splitlines() if line.startswith("split of")]
     assert lines == [f"split of {tmp_path / 'two.jsonl'}: b_yes 3, b_no 1, in no branch 0 (of 4 rows)"]
+    marker = tmp_path / "runs" / "a_yes" / "_COMPLETE.json"  # as a version that did not count what it left
+    info = json.loads(marker.read_text())
+    del info["summary"]["not_selected"]
+    marker.write_text(json.dumps(info))
+    assert main(["status", str(recipe)]) == 0
+    out = capsys.readouterr().out
+    assert [line for line in out.splitlines() if line.startswith("split of")] == lines and "a_yes          done" in out
 
 
 def test_a_where_value_matches_a_field_as_yaml_wrote_it():
