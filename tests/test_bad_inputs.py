@@ -900,6 +900,10 @@ steps:
     Case("step: a name the recipe does not hold", "step", lambda ws: [_recipe(ws, f"""
 annotate: {{input: {ws.file('in.jsonl', [annotated('a')])}, output_dir: {ws.out()}, provider: verifiable}}
 """), "anotate"], "ConfigError", ("no step 'anotate' in", "steps: ['annotate']")),
+    # --- servers: the openai backend (entries above this line) ------------------------------
+    # --- a model's own chat template (entries above this line) ------------------------------
+    # --- disks and files (entries above this line) ------------------------------------------
+    # --- data (entries above this line) -----------------------------------------------------
 ]
 
 
