@@ -222,6 +222,8 @@ COMMANDS: dict[str, Command] = {
     "submit": Command("align.drivers.submit", "a recipe's steps as SLURM jobs, each after the steps it reads",
                       driver=True),
     "demo": Command("align.stages.demo", "the whole method on a tiny model on CPU, in minutes"),
+    "card": Command("align.card", "a Hugging Face model card for a trained policy, from its manifests and evaluation",
+                    own_args=True),
     "tiny-models": Command("align.stages.tiny_models", "random-weight tiny models for the recipes in recipes/tiny/ "
                            "(CPU)", own_args=True),
 }

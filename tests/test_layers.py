@@ -68,6 +68,7 @@ LAYERS: dict[str, int] = {
     "align.__main__": 5,
     "align": 5,
     "align.demo": 5,
+    "align.card": 5,  # a model card written from the manifests and the evaluation
     "align.sweep": 5,
 }
 # Layers whose components are peers: none imports another (what they share moves down).

@@ -40,3 +40,28 @@ def test_the_tiny_pipeline_runs_every_stage_on_an_apertus_policy(tmp_path):
     assert qrpo["reward_sampled"]["n"] == 16 and qrpo["kl"] is not None  # every held-out prompt, and the KL step ran
     rows = [json.loads(line) for line in (runs / "logprobs").glob("*.jsonl").__next__().read_text().splitlines()]
     assert rows and all(r["ref_chosen_logps"] < 0 and r["ref_rejected_logps"] < 0 for r in rows)
+    _check_card(tmp_path, runs, env)
+
+
+def _check_card(cwd: Path, runs: Path, env: dict) -> None:
+    """`align card` on the QRPO output: each stage's fingerprint and output id, each count of its summary and
+    each figure of the evaluation report appear in the card as the markers and the report hold them."""
+    done = subprocess.run([sys.executable, "-m", "align", "card", "runs/tiny/qrpo"], cwd=cwd, env=env,
+                          capture_output=True, text=True, timeout=300, check=False)
+    assert done.returncode == 0, done.stderr[-3000:]
+    card = (runs / "qrpo" / "README.md").read_text()
+    for stage in ("sft", "sample", "annotate", "pairs", "logprobs", "qrpo"):
+        marker = json.loads((runs / stage / "_COMPLETE.json").read_text())
+        assert f"`{marker['manifest']['fingerprint'][:16]}` | `{marker['output_id']}` |" in card, stage
+        for key in ("rows", "records", "pairs", "steps"):
+            if key in marker["summary"]:
+                assert f"{key} {marker['summary'][key]}" in card, (stage, key)
+    sft_input = json.loads((runs / "sft" / "_manifest.json").read_text())["inputs"]["input"]
+    assert f"| sft | input | `{sft_input['path']}` | file | `{sft_input['fingerprint']}` |" in card
+    report = json.loads((runs / "evaluate" / "report.json").read_text())
+    mine = report["overall"]["policies"]["qrpo"]
+    for label, key in (("mean reward (sampled)", "reward_sampled"), ("KL to the reference", "kl")):
+        value = mine[key]
+        assert (f"| {label} | {value['estimate']:.4g} | {value['low']:.4g} to {value['high']:.4g} | "
+                f"{value['n']} |") in card, label
+    assert "policy `qrpo` against baseline `sft`" in card
