@@ -16,7 +16,7 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -45,10 +45,12 @@ HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
 class Config:
     """What to describe and where to write it."""
 
-    output_dir: str = ""  # the trained policy (an `align train` or `align sft` output)
-    evaluation: str | None = None  # an `align evaluate` output; None: one beside the policy that scored it
-    output: str | None = None  # where the card goes; None: OUTPUT_DIR/README.md
-    overwrite: bool = False  # replace a README.md that `align card` did not write
+    output_dir: str = field(default="", metadata={"help": "the trained policy (an `align train` or `align sft` "
+                                                          "output); also the first bare argument"})
+    evaluation: str | None = field(default=None, metadata={"help": "an `align evaluate` output that scored it; "
+                                                                   "None: one beside the policy that did"})
+    output: str | None = field(default=None, metadata={"help": "where the card goes; None: OUTPUT_DIR/README.md"})
+    overwrite: bool = field(default=False, metadata={"help": "replace a README.md that `align card` did not write"})
 
 
 def config_from_args(args: Sequence[str]) -> Config:
