@@ -10,6 +10,7 @@ The pipeline's stages as Python functions over lists of records or `datasets.Dat
     pairs, skipped = align.make_pairs(annotated, seed=0)             # quantiles + pairs
     align.compute_ref_logprobs(pairs, model, tokenizer, output_dir=..., ...)
     align.train(align.PreferenceConfig(loss_type="qrpo", ...), rows)  # QRPO / DPO
+    align.PreferenceTrainer(model, args=config, train_dataset=rows).train()  # as TRL's DPOTrainer
     align.evaluate(held_out, [align.EvalPolicy("sft", sampler=...), ...], provider,
                    output_dir, baseline="sft")                     # win rates, KL, CIs
     align.pipeline("recipes/tiny/rounds.yaml", rounds=3)           # a recipe, rounds included
@@ -45,6 +46,8 @@ _LAZY: dict[str, tuple[str, str]] = {
     "compute_ref_logprobs": ("align.logprobs", "compute_ref_logprobs"),
     "load_ref_logprobs": ("align.logprobs", "load_ref_logprobs"),
     "PreferenceConfig": ("align.trainers.preference_config", "PreferenceConfig"),
+    "PreferenceTrainer": ("align.trainers.preference_trainer", "PreferenceTrainer"),
+    "from_trl_row": ("align.data.trl_rows", "from_trl_row"),
     "train": ("align.trainers.preference_trainer", "train"),
     "evaluate": ("align.eval.evaluate", "evaluate"),
     "EvalPolicy": ("align.eval.evaluate", "EvalPolicy"),
@@ -74,3 +77,8 @@ def __getattr__(name: str) -> Any:
         raise AttributeError(f"module 'align' has no attribute {name!r}")
     module, attribute = _LAZY[name]
     return getattr(importlib.import_module(module), attribute)
+
+
+def __dir__() -> list[str]:
+    """The lazy names too, so completion in a notebook finds the API (``dir(align)``)."""
+    return sorted(set(globals()) | set(_LAZY))

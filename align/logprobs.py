@@ -54,6 +54,7 @@ from torch import Tensor
 
 from align.chat.apertus import date_text
 from align.data.records import RecordError, record_id
+from align.data.trl_rows import as_pair_rows
 from align.errors import InputError
 from align.io import read_output
 from align.io.fingerprint import json_digest, weights_fingerprint
@@ -388,6 +389,7 @@ def compute_ref_logprobs(
     piece of a row alone for the pass, the model back on its own implementation after.
     """
     check_over_max_length_policy(over_max_length)
+    records = as_pair_rows(records)  # TRL's preference shapes read as pair rows (align.data.trl_rows)
     fields = dict(cache_fields) if cache_fields is not None else cache_fields_for(
         records, model, tokenizer, chat_format=chat_format, max_length=max_length, enable_thinking=enable_thinking,
         chat_date=chat_date, model_fingerprint=model_fingerprint, over_max_length=over_max_length)
@@ -455,6 +457,7 @@ def load_ref_logprobs(output_dir: str | Path, records: Sequence[Mapping[str, Any
 
     Rows the pass skipped (``ref_skip``: over ``max_length``) come back as they are, without
     log-probs; the trainer excludes them by the same rule."""
+    records = as_pair_rows(records)
     missing = missing_ids(output_dir, records)
     if missing:
         raise InputError(f"reference log-probs in {output_dir} are incomplete: {len(missing)} of "

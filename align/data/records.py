@@ -229,7 +229,9 @@ def validate_pair(record: Mapping[str, Any], index: int | None = None, *, need_r
         for name in REF_LOGP_FIELDS:
             value = record.get(name)
             if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-                raise RecordError(rid, name, f"expected a finite number, got {value!r} (run `align logprobs`)")
+                raise RecordError(rid, name, f"expected a finite number, got {value!r}: the reference log-probs are "
+                                  "missing (score them first: `align logprobs`, or align.compute_ref_logprobs in "
+                                  "Python; or set reference=\"model\" to score the reference during training)")
 
 
 def validate_all(records: Iterable[Mapping[str, Any]], check) -> None:

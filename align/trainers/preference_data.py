@@ -29,6 +29,7 @@ from typing import Any
 import datasets
 
 from align.data.quantiles import quantile_rewards
+from align.data.trl_rows import from_trl_row
 from align.data.records import record_id, validate_pair
 from align.errors import ConfigError, InputError, RecordError
 from align.io import read_records, rows_to_dataset
@@ -184,7 +185,7 @@ def _prepared_features(config: Any) -> datasets.Features:
 
 def _prepare_one(row: Mapping[str, Any], index: int, tokenizer: Any, config: Any, expected: str | None,
                  features: datasets.Features) -> dict[str, Any]:
-    row = json.loads(row[_JSON_ROW]) if _JSON_ROW in row else dict(row)
+    row = from_trl_row(json.loads(row[_JSON_ROW]) if _JSON_ROW in row else dict(row), index)
     if config.reference == "precomputed":
         check_ref_model(row, expected, record_id(row, index))
     cut: list[str] = []

@@ -164,7 +164,8 @@ class PreferenceTrainer(Trainer):
     def _check_reference(model: torch.nn.Module, ref_model: Any, args: PreferenceConfig) -> None:
         if args.reference == "model" and ref_model is None:
             raise ConfigError("reference='model' needs ref_model=...: pass the frozen reference, or set "
-                              "reference='precomputed' and run `align logprobs` first")
+                              "reference='precomputed' and score the reference first (`align logprobs`, or "
+                              "align.compute_ref_logprobs in Python)")
         if args.reference != "model" and ref_model is not None:
             raise ConfigError(f"a ref_model was given but reference={args.reference!r} does not use it: "
                               "set reference='model'")
