@@ -112,6 +112,24 @@ def drawn(monkeypatch):
     return figures
 
 
+@pytest.fixture()
+def say(request):
+    """A progress line past pytest's output capture: a test that runs for minutes says what it runs now."""
+    import time
+
+    reporter = request.config.pluginmanager.get_plugin("terminalreporter")
+    capture = request.config.pluginmanager.get_plugin("capturemanager")
+    start = time.monotonic()
+
+    def write(text: str) -> None:
+        if reporter is None or capture is None:
+            return
+        with capture.global_and_fixture_disabled():
+            reporter.write_line(f"  [{request.node.name} +{time.monotonic() - start:.0f}s] {text}")
+
+    return write
+
+
 @pytest.fixture(scope="session")
 def tiny_dirs(tmp_path_factory):
     """Saved tiny policy and reward model dirs (each with the tokenizer)."""

@@ -81,7 +81,7 @@ def _clone_copy(dest: Path) -> Path:
 
 
 @pytest.mark.slow
-def test_every_readme_command_runs_as_written_in_a_fresh_clone(tmp_path):
+def test_every_readme_command_runs_as_written_in_a_fresh_clone(tmp_path, say):
     if shutil.which("git") is None or not (ROOT / ".git").exists():
         pytest.skip("not a git checkout: no way to tell what a clone holds")
     clone = _clone_copy(tmp_path / "clone")
@@ -91,6 +91,7 @@ def test_every_readme_command_runs_as_written_in_a_fresh_clone(tmp_path):
     for command in COMMANDS:
         if why_not_run(command):
             continue
+        say(command)
         done = subprocess.run(["bash", "-c", command], cwd=clone, env=env, capture_output=True, text=True,
                               timeout=COMMAND_TIMEOUT_S, check=False)
         assert done.returncode == 0, (f"README command `{command}` exited {done.returncode}:\n"

@@ -19,13 +19,14 @@ REPO = Path(__file__).resolve().parents[1]
 STAGES = ("sft", "sample", "annotate", "pairs", "logprobs", "qrpo", "evaluate")
 
 
-def test_the_tiny_pipeline_runs_every_stage_on_an_apertus_policy(tmp_path):
+def test_the_tiny_pipeline_runs_every_stage_on_an_apertus_policy(tmp_path, say):
     from align.io import stage_completion_info
 
     (tmp_path / "recipes").symlink_to(REPO / "recipes", target_is_directory=True)
     env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "RANK", "WORLD_SIZE"))}
     env.update(OMP_NUM_THREADS="1", MKL_NUM_THREADS="1", TOKENIZERS_PARALLELISM="false", PYTHONUNBUFFERED="1")
     for command in (["tiny-models", "architecture=apertus"], ["pipeline", "recipes/tiny/pipeline.yaml"]):
+        say("align " + " ".join(command))
         done = subprocess.run([sys.executable, "-m", "align", *command], cwd=tmp_path, env=env, capture_output=True,
                               text=True, timeout=900, check=False)
         assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
