@@ -57,7 +57,7 @@ MEANINGS = [
 
 # stages that read rows, and the key they read them under
 GENERATES_FOR_PROMPTS = {"sample", "evaluate"}
-NO_ROW_INPUT = {"plan", "pipeline", "status", "submit", "demo", "step", "tiny-models"}  # sections of other stages; the demo and tiny-models make their own
+NO_ROW_INPUT = {"plan", "pipeline", "status", "submit", "demo", "step", "tiny-models", "card"}  # sections of other stages; the demo and tiny-models make their own; card reads manifests
 
 
 # --------------------------------------------------------------------------- collecting names
@@ -99,13 +99,18 @@ def _parameters(func: Any) -> list[str]:
             if p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD) and p.name not in ("self", "cls")]
 
 
+# classes whose constructor is transformers.Trainer's, names included (train_dataset, eval_dataset,
+# processing_class): a TRL user builds them as TRL's trainers (docs/coming-from-trl.md)
+TRAINER_SHAPED = {"align.PreferenceTrainer"}
+
+
 def api_names(objects: dict[str, Any], out: dict[str, set[str]]) -> dict[str, set[str]]:
     """name -> the places (``align.render(chat_date)``) of every parameter of the public API."""
     for label, obj in objects.items():
         if inspect.isclass(obj):
             if dataclasses.is_dataclass(obj):
                 config_names(obj, label, out)
-            for name in _parameters(obj):
+            for name in ([] if label in TRAINER_SHAPED else _parameters(obj)):
                 out[name].add(f"{label}({name})")
             for attr, member in vars(obj).items():
                 member = member.__func__ if isinstance(member, (staticmethod, classmethod)) else member
