@@ -35,6 +35,10 @@ T = TypeVar("T")
 # (merging, the manifest, printing) would pay for.
 MAX_RECIPE_VALUES = 100_000
 
+# What numpy (``np.random.seed``), torch and vLLM all accept as a seed: a negative seed or a
+# larger one fails in numpy, possibly after hours of work (evaluate's bootstrap comes last).
+SEED_RANGE = (0, 2**32 - 1)
+
 _DEVICE_CHECKS = contextvars.ContextVar("align_device_checks", default=True)
 
 
@@ -113,12 +117,16 @@ def expanded_size(value: Any, limit: int = MAX_RECIPE_VALUES) -> int:
 def read_yaml(path: str | Path) -> dict[str, Any]:
     """Read a recipe file into a mapping (an empty file is an empty recipe); a key given
     twice in one mapping is an error naming it and both lines; aliases that expand past
-    ``MAX_RECIPE_VALUES`` values are an error."""
+    ``MAX_RECIPE_VALUES`` values are an error; so is a file that is not UTF-8 text (naming
+    the byte) or not a regular file."""
+    from align.io.files import read_text
+
     path = Path(path)
-    if not path.is_file():
+    if not path.exists():
         raise ConfigError(f"recipe file not found: {path}")
+    text = read_text(path, error=ConfigError)  # UTF-8, a regular file (a FIFO never blocks the read)
     try:
-        data = yaml.load(path.read_text(), Loader=_RecipeLoader) or {}  # a SafeLoader subclass
+        data = yaml.load(text, Loader=_RecipeLoader) or {}  # a SafeLoader subclass
     except _DuplicateKey as exc:
         raise ConfigError(f"{path}: {exc}; give each key once") from None
     except yaml.YAMLError as exc:
@@ -206,20 +214,29 @@ def renamed_key_hint(key: str, names: Sequence[str]) -> str | None:
     return None
 
 
+ALL_KEYS_UP_TO = 15  # a config with more keys (a trainer's: ~200 with TrainingArguments') names the nearest only
+
+
 def unknown_key_error(cls: type, key: str, where: str) -> ConfigError:
+    """The key's likely meaning first (a renamed key, the closest spelling), then the keys to choose from: all of
+    a small config's, the nearest few of a large one's (a trainer's hundreds would bury the answer)."""
     names = sorted(f.name for f in dataclasses.fields(cls) if f.init)
     hint = renamed_key_hint(key, names)
     if hint is None:
         close = difflib.get_close_matches(key, names, n=1)
         hint = f"Did you mean {close[0]!r}?" if close else ""
     hint = f" {hint}" if hint else ""
-    return ConfigError(
-        f"unknown key {where}{key!r} for {cls.__name__}.{hint} Allowed keys: {', '.join(names)}"
-    )
+    if len(names) <= ALL_KEYS_UP_TO:
+        return ConfigError(f"unknown key {where}{key!r} for {cls.__name__}.{hint} Allowed keys: {', '.join(names)}")
+    nearest = difflib.get_close_matches(key, names, n=6, cutoff=0.5) or sorted(
+        names, key=lambda name: -difflib.SequenceMatcher(None, key, name).ratio())[:6]
+    return ConfigError(f"unknown key {where}{key!r} for {cls.__name__}.{hint} Nearest keys: {', '.join(nearest)} "
+                       f"({len(names)} keys in all: --help lists each with its meaning)")
 
 
-def _coerce(value: Any, annotation: Any, where: str) -> Any:
-    """Check (and gently convert) a YAML value against a type annotation."""
+def _coerce(value: Any, annotation: Any, where: str, finite: bool = True) -> Any:
+    """Check (and gently convert) a YAML value against a type annotation; ``finite``: a float
+    must be finite (a field declares ``metadata={"finite": False}`` to take inf or NaN)."""
     if annotation is Any or annotation is typing.Any:
         return value
     origin = get_origin(annotation)
@@ -232,7 +249,7 @@ def _coerce(value: Any, annotation: Any, where: str) -> Any:
             if arg is type(None):
                 continue
             try:
-                return _coerce(value, arg, where)
+                return _coerce(value, arg, where, finite)
             except ConfigError as exc:
                 errors.append(str(exc))
         detail = f" ({errors[0].removeprefix(f'{where}: ')})" if errors else ""
@@ -255,9 +272,9 @@ def _coerce(value: Any, annotation: Any, where: str) -> Any:
         if origin is tuple and args and args[-1] is not Ellipsis:
             if len(args) != len(value):
                 raise ConfigError(f"{where}: expected {len(args)} items, got {len(value)}")
-            return tuple(_coerce(v, a, f"{where}[{i}]") for i, (v, a) in enumerate(zip(value, args)))
+            return tuple(_coerce(v, a, f"{where}[{i}]", finite) for i, (v, a) in enumerate(zip(value, args)))
         item = args[0] if args else Any
-        items = [_coerce(v, item, f"{where}[{i}]") for i, v in enumerate(value)]
+        items = [_coerce(v, item, f"{where}[{i}]", finite) for i, v in enumerate(value)]
         return tuple(items) if origin is tuple or annotation is tuple else items
     if origin in (dict, Mapping) or annotation is dict:
         if not isinstance(value, Mapping):
@@ -290,7 +307,7 @@ def _coerce(value: Any, annotation: Any, where: str) -> Any:
                 pass
         if number is None:
             raise ConfigError(f"{where}: expected a number, got {value!r}")
-        if not math.isfinite(number):
+        if finite and not math.isfinite(number):
             raise ConfigError(f"{where}: {value!r} is not a finite number (a run with it would compute NaN "
                               "and could still be marked complete)")
         return number
@@ -325,7 +342,8 @@ def from_dict(cls: type[T], data: Mapping[str, Any], *, where: str = "") -> T:
             default = factory()
             if _nested_dataclass(type(default)) is not None:
                 value = merge(_init_values(default), value)
-        kwargs[key] = _coerce(value, hints.get(key, Any), f"{where}{key}")
+        kwargs[key] = _coerce(value, hints.get(key, Any), f"{where}{key}", fields[key].metadata.get("finite", True))
+        check_bounds(fields[key], kwargs[key], f"{where}{key}")
     try:
         inspect.signature(cls).bind(**kwargs)
     except TypeError as exc:  # a required key not given
@@ -336,6 +354,45 @@ def from_dict(cls: type[T], data: Mapping[str, Any], *, where: str = "") -> T:
         if not where:
             raise
         raise ConfigError(f"{where.rstrip('.')}: {exc}") from exc
+
+
+def is_seed(name: str) -> bool:
+    """A seed by its name (``seed``, ``data_seed``): bounded to ``SEED_RANGE`` at load."""
+    return name == "seed" or name.endswith("_seed")
+
+
+def field_bounds(f: dataclasses.Field) -> tuple[float | None, float | None, bool]:
+    """(lowest, highest, lowest excluded) that field ``f`` takes: its ``metadata`` ``min`` / ``max``
+    (inclusive) or ``above`` (exclusive), and ``SEED_RANGE`` for a seed that declares none."""
+    low, high, above = f.metadata.get("min"), f.metadata.get("max"), f.metadata.get("above")
+    if is_seed(f.name):
+        low = SEED_RANGE[0] if low is None and above is None else low
+        high = SEED_RANGE[1] if high is None else high
+    return (above, high, True) if above is not None else (low, high, False)
+
+
+def _range_text(low: float | None, high: float | None, excluded: bool) -> str:
+    if low is not None and high is not None:
+        return f"{'above' if excluded else 'from'} {low} {'and at most' if excluded else 'to'} {high}"
+    if low is not None:
+        return f"{'>' if excluded else '>='} {low}"
+    return f"<= {high}"
+
+
+def check_bounds(f: dataclasses.Field, value: Any, where: str) -> None:
+    """A number given for ``f`` (or each number of a list) within ``field_bounds(f)``, else a
+    ConfigError naming the key, the range and the value: found when the recipe loads, not
+    when the number is first used, hours later."""
+    low, high, excluded = field_bounds(f)
+    if low is None and high is None:
+        return
+    for number in value if isinstance(value, (list, tuple)) else [value]:
+        if not isinstance(number, numbers.Real) or isinstance(number, bool):
+            continue
+        below = low is not None and (number <= low if excluded else number < low)
+        if below or (high is not None and number > high):
+            seed = " (a seed numpy, torch and vLLM all accept)" if is_seed(f.name) else ""
+            raise ConfigError(f"{where}: must be {_range_text(low, high, excluded)}{seed}, got {number!r}")
 
 
 def _init_values(config: Any) -> dict[str, Any]:
@@ -503,6 +560,42 @@ def field_docs(cls: type, prefix: str = "", defaults: Any = None) -> list[tuple[
 
 
 def describe(cls: type) -> str:
-    """A help text listing each key (nested ones too) with its type, default and docs."""
-    return "\n".join(f"  {key} ({kind}, default {default})" + (f"\n      {doc}" if doc else "")
-                     for key, kind, default, doc in field_docs(cls))
+    """A help text listing each key (nested ones too) with its type, default and docs: the keys a class of
+    the project declares first, the most specific class's first (a trainer's method keys before its model
+    keys), then the keys it inherits from transformers or TRL under their own heading."""
+    rank = _declared_rank(cls)
+    rows = sorted(field_docs(cls), key=lambda row: rank.get(_top_key(row[0]), 0))
+    own = [row for row in rows if rank.get(_top_key(row[0]), 0) >= 0]
+    inherited = [row for row in rows if rank.get(_top_key(row[0]), 0) < 0]
+    text = "\n".join(_key_line(row) for row in own)
+    if inherited:
+        origins = sorted({c.__module__.split(".")[0] for c in cls.__mro__ if _is_library_class(c)})
+        text += (f"\n\n  Inherited from {' and '.join(origins)} (their own documentation has more):\n"
+                 + "\n".join(_key_line(row) for row in inherited))
+    return text
+
+
+def _key_line(row: tuple[str, str, str, str]) -> str:
+    key, kind, default, doc = row
+    return f"  {key} ({kind}, default {default})" + (f"\n      {doc}" if doc else "")
+
+
+def _top_key(key: str) -> str:
+    return key.split(".")[0].split("[")[0]
+
+
+def _is_library_class(klass: type) -> bool:
+    return dataclasses.is_dataclass(klass) and klass.__module__.split(".")[0] not in ("align", "rewards", "bench")
+
+
+def _declared_rank(cls: type) -> dict[str, int]:
+    """Each field by the class that declares it: 0, 1, ... from the most specific of the project's classes,
+    negative for a field a library class declares (and no class of the project declares again)."""
+    rank: dict[str, int] = {}
+    own = [c for c in cls.__mro__ if dataclasses.is_dataclass(c) and not _is_library_class(c)]
+    for position, klass in enumerate(own):
+        for name in vars(klass).get("__annotations__", {}):
+            rank.setdefault(name, position)
+    for f in dataclasses.fields(cls):
+        rank.setdefault(f.name, -1)
+    return rank

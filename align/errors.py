@@ -24,9 +24,11 @@ from typing import Any
 __all__ = [
     "AlignError",
     "ConfigError",
+    "DiskFullError",
     "InputError",
     "MissingDependencyError",
     "MissingInputError",
+    "NotWritableError",
     "RecordError",
     "ServiceError",
     "loading",
@@ -49,6 +51,16 @@ class InputError(AlignError, ValueError):
 
 class MissingInputError(InputError, FileNotFoundError):
     """A path that a recipe names and that does not exist."""
+
+
+class DiskFullError(InputError, OSError):
+    """A write that found no space left (ENOSPC, or EDQUOT: the quota used up); the message
+    names the path, what to free, and that a rerun resumes (``align.io.disk``)."""
+
+
+class NotWritableError(InputError, OSError):
+    """A write refused by the file system (read-only: EROFS; EACCES or EPERM); the message
+    names the path, and that a rerun resumes once it is writable (``align.io.disk``)."""
 
 
 class RecordError(AlignError, ValueError):

@@ -37,6 +37,7 @@ from pathlib import Path
 from string import Template
 
 from align.errors import ConfigError, InputError, MissingInputError
+from align.io.files import read_text
 
 DEFAULT_CHARTER = "default.md"
 
@@ -245,7 +246,7 @@ def load_charter(path: str | Path | None = None) -> Charter:
     project's default charter."""
     file = find_charter(path)
     source = f"charter/{file.name}" if file.parent == charter_dir() else str(path)
-    return parse_charter(file.read_text(encoding="utf-8"), source)
+    return parse_charter(read_text(file, what="charter"), source)  # UTF-8, else an error naming the byte
 
 
 def load_template(name_or_path: str | Path) -> Template:
@@ -256,7 +257,7 @@ def load_template(name_or_path: str | Path) -> Template:
     """
     candidate = Path(name_or_path)
     if candidate.suffix and candidate.exists():
-        return Template(candidate.read_text(encoding="utf-8").strip())
+        return Template(read_text(candidate, what="prompt template").strip())
     resource = charter_dir() / f"{name_or_path}.txt"
     if not resource.is_file():
         raise MissingInputError(f"no prompt template {name_or_path!r} (neither a file nor a template in {charter_dir()})")

@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
 
 from align.errors import ConfigError
-from align.io.http import check_api_key_env
+from align.io.http import check_api_key_env, check_base_url, check_connection
 from align.sampling.config import SamplerConfig, build_sampler
 
 if TYPE_CHECKING:
@@ -98,6 +98,9 @@ def _check_judge(config: Any) -> None:
     if config.backend == "openai" and not config.base_url:
         raise ConfigError("base_url: the openai backend needs the endpoint URL")
     check_api_key_env(config.api_key_env)
+    if config.base_url:
+        config.base_url = check_base_url(config.base_url, config.api_key_env)
+    check_connection(config.timeout_s, config.max_retries)
     if len(config.scale) != 2:
         raise ConfigError(f"scale: expected [low, high], got {config.scale}")
 
@@ -126,11 +129,16 @@ class JudgeModelConfig(EngineFields):
     backend: Literal["transformers", "vllm", "openai"] = field(default="transformers", metadata={
         "help": "transformers | vllm | openai (an OpenAI-compatible server at base_url: the judge and the "
                 "classifier)"})
-    base_url: str | None = field(default=None, metadata={"help": "openai backend: the endpoint (http://host:8000/v1)"})
+    base_url: str | None = field(default=None, metadata={
+        "help": "openai backend: the endpoint (http://host:8000/v1; $VAR is the environment's value; credentials "
+                "in it are sent as the Authorization header, never shown, and cannot be submitted: use "
+                "api_key_env). Changes no result"})
     timeout_s: float = field(default=1800.0, metadata={
-        "help": "openai backend: seconds per request, sized for a server many array tasks share"})
+        "help": "openai backend: the deadline of each request, whole (at most a week), sized for a server many "
+                "array tasks share. Changes no result"})
     max_retries: int = field(default=5, metadata={
-        "help": "openai backend: retries of a request (connection errors, 5xx, 408, 429), with backoff"})
+        "help": "openai backend: retries of a request (0 to 100; connection errors, requests past the deadline, "
+                "answers cut short or aborted, 5xx, 408, 429), with backoff. Changes no result"})
     tokenizer: str | None = field(default=None, metadata={"help": "openai backend: tokenizer of the served model"})
     api_key_env: str | None = field(default=None, metadata={
         "help": "openai backend: environment variable holding the API key (default: $OPENAI_API_KEY when set); "

@@ -239,7 +239,7 @@ def test_cli_judge_without_the_key_is_one_line_naming_the_url(server, no_keys, t
     assert rc == 2, err
     assert "Traceback" not in err
     lines = [line for line in err.splitlines() if line.startswith("align annotate: ")]
-    assert len(lines) == 1 and f"ServerError: {server}/completions: HTTP 401" in lines[0], err
+    assert len(lines) == 1 and f"ServerError: {server}/models: HTTP 401" in lines[0], err
 
 
 def test_cli_judge_with_the_named_variable_runs_and_writes_no_key(server, no_keys, tokenizer_dir, tmp_path, capsys):

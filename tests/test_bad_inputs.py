@@ -12,12 +12,15 @@ loads. docs/bad-inputs.md lists the same entries as a table.
 
 from __future__ import annotations
 
+import base64
 import contextlib
 import io
 import json
+import os
 import shutil
 import socket
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, HTTPServer
@@ -210,6 +213,18 @@ def _check_sft_skip(ws: Workspace, out: str, err: str) -> None:
     assert summary["special_token_text"] == 1
 
 
+def _check_long_row_dropped(ws: Workspace, out: str, err: str) -> None:
+    """The long row is dropped as every row past max_length is: said, and counted in the summary."""
+    _assert_in("dropped 1 of 5 rows: no assistant token within max_length=128", out)
+    assert json.loads((ws.out() / "_COMPLETE.json").read_text())["summary"]["rows_dropped"] == 1
+
+
+def _check_train_loss(ws: Workspace, out: str, err: str) -> None:
+    """No loss was logged during the one step; the summary has the loss the trainer printed at its end."""
+    loss = json.loads((ws.out() / "_COMPLETE.json").read_text())["summary"]["train_loss"]
+    assert isinstance(loss, float) and loss > 0, loss
+
+
 def _check_passed_on(rid: str):
     """A skip row of a stage before: passed on as it came, counted, never scored."""
     def check(ws: Workspace, out: str, err: str) -> None:
@@ -248,6 +263,15 @@ steps:
   a: {{stage: pairs, input: {rows}, output_dir: {ws.root / 'real' / 'pairs'}}}
   b: {{stage: pairs, input: {rows}, output_dir: {ws.root / 'alias' / 'pairs'}}}
 """)
+
+
+_FIFOS: dict[Path, threading.Event] = {}  # each FIFO an entry made -> set once something opened it to read
+
+
+def _check_traced(ws: Workspace, out: str, err: str) -> None:
+    """The plan traced runs/x/sft through the named recipe, and opened no FIFO beside it."""
+    _assert_in("via runs/x/sft <- ", out)
+    assert not any(opened.is_set() for path, opened in _FIFOS.items() if path.parent == ws.root)
 
 
 CASES: list[Case] = [
@@ -459,7 +483,8 @@ CASES: list[Case] = [
     Case("train: pairs without reference log-probs", "train",
          lambda ws: [f"input={ws.file('pairs.jsonl', [pair('a')])}", f"output_dir={ws.out()}",
                      f"model_name_or_path={ws.policy}", "use_cpu=true", "report_to=[]"],
-         "RecordError", ("record 'a'", "ref_chosen_logps", "run `align logprobs`")),
+         "RecordError", ("record 'a'", "ref_chosen_logps", "`align logprobs`, or align.compute_ref_logprobs",
+                          'reference="model"')),
     Case("train: NaN reference log-prob", "train",
          lambda ws: [f"input={ws.file('pairs.jsonl', [with_logps(pair('a'), ref_rejected_logps=float('nan'))])}",
                      f"output_dir={ws.out()}", f"model_name_or_path={ws.policy}", "use_cpu=true", "report_to=[]"],
@@ -656,10 +681,10 @@ CASES: list[Case] = [
     # --- OpenAI-compatible servers: the API key and a server that is down ---------------------
     Case("annotate: judge server down", "annotate",
          lambda ws: [*_judge_openai(ws, _closed_url()), "max_retries=2"],
-         "ServerError", ("/v1/completions: request failed after 3 tries",)),
+         "ServerError", ("/v1/models: request failed after 3 tries",)),
     Case("annotate: judge server demands an API key, none set", "annotate",
          lambda ws: [*_judge_openai(ws, _keyed_url())],
-         "ServerError", ("/v1/completions: HTTP 401", "no API key was sent", "api_key_env")),
+         "ServerError", ("/v1/models: HTTP 401", "no API key was sent", "api_key_env")),
     Case("annotate: api_key_env names an unset variable", "annotate",
          lambda ws: [*_judge_openai(ws, _keyed_url()), "api_key_env=ALIGN_NO_SUCH_KEY_VAR"],
          "ConfigError", ("api_key_env='ALIGN_NO_SUCH_KEY_VAR'", "$ALIGN_NO_SUCH_KEY_VAR is not set")),
@@ -900,9 +925,171 @@ steps:
     Case("step: a name the recipe does not hold", "step", lambda ws: [_recipe(ws, f"""
 annotate: {{input: {ws.file('in.jsonl', [annotated('a')])}, output_dir: {ws.out()}, provider: verifiable}}
 """), "anotate"], "ConfigError", ("no step 'anotate' in", "steps: ['annotate']")),
+    Case("sample: server answers 400 n exceeds max_num_seqs", "sample",
+         lambda ws: [*_sample_one(ws), *_openai_sampler(ws, _failing_url("refuse"))],
+         "ServerError", ("/refuse/v1/completions: HTTP 400 BadRequestError: n=2 exceeds max_num_seqs (1)",)),
+    Case("annotate: judge server answers 400 without a length code", "annotate",
+         lambda ws: [*_judge_openai(ws, _failing_url("refuse")), "max_retries=0"],
+         "ServerError", ("/refuse/v1/completions: HTTP 400 BadRequestError: n=2 exceeds max_num_seqs (1)",)),
+    Case("sample: server drips its answer a byte at a time", "sample",
+         lambda ws: [*_sample_one(ws), *_openai_sampler(ws, _failing_url("drip")), "sampler.timeout_s=1",
+                     "sampler.max_retries=0"],
+         "ServerError", ("/drip/v1/models: request failed after 1 tries (timeout 1 s each): no whole answer",)),
+    Case("sample: server aborts every completion", "sample",
+         lambda ws: [*_sample_one(ws), *_openai_sampler(ws, _failing_url("abort")), "sampler.max_retries=1"],
+         "ServerError", ("/abort/v1/completions: the server aborted 2 of 2 choices (finish_reason 'abort')",
+                         "after 2 tries")),
+    Case("sample: server answer shorter than its Content-Length", "sample",
+         lambda ws: [*_sample_one(ws), *_openai_sampler(ws, _failing_url("short")), "sampler.max_retries=1"],
+         "ServerError", ("/short/v1/completions: the answer was cut short after 2 tries (", " bytes of ")),
+    Case("sample: /models answers a JSON list", "sample",
+         lambda ws: [*_sample_one(ws), *_openai_sampler(ws, _failing_url("listmodels"))],
+         "ServerError", ("/listmodels/v1/models: answer is a JSON list, not an object",)),
+    Case("annotate: judge /models answers a JSON list", "annotate",
+         lambda ws: _judge_openai(ws, _failing_url("listmodels")),
+         "ServerError", ("/listmodels/v1/models: answer is a JSON list, not an object",)),
+    Case("sample: server max_model_len below every prompt", "sample",
+         lambda ws: [*_sample_one(ws), *_openai_sampler(ws, _failing_url("small"))],
+         "InputError", ("every prompt is too long for the context length of 8 tokens (the server's max_model_len (",
+                        "/small/v1/models)): the shortest has ", "vllm serve --max-model-len")),
+    Case("sample: timeout_s=1e12", "sample", lambda ws: ["prompts=p.jsonl", "sampler.timeout_s=1e12"],
+         "ConfigError", ("sampler: timeout_s: must be a number of seconds in (0, 604800] (a week), got 1e+12",)),
+    Case("sample: max_retries=-1", "sample", lambda ws: ["prompts=p.jsonl", "sampler.max_retries=-1"],
+         "ConfigError", ("sampler: max_retries: must be an integer in [0, 100], got -1",)),
+    Case("annotate: max_retries=1000", "annotate", lambda ws: ["input=x.jsonl", "provider=verifiable",
+                                                               "max_retries=1000"],
+         "ConfigError", ("max_retries: must be an integer in [0, 100], got 1000",)),
+    Case("sample: concurrency=0", "sample", lambda ws: ["prompts=p.jsonl", "sampler.concurrency=0"],
+         "ConfigError", ("sampler: concurrency: must be an integer in [1, 1024], got 0",)),
+    Case("sample: base_url names an unset $VAR", "sample",
+         lambda ws: ["prompts=p.jsonl", "sampler.backend=openai", "sampler.model=m",
+                     "sampler.base_url=$ALIGN_NO_SUCH_URL"],
+         "ConfigError", ("sampler: base_url='$ALIGN_NO_SUCH_URL': $ALIGN_NO_SUCH_URL is not set",)),
+    Case("sample: base_url from $VAR (sampled)", "sample",
+         lambda ws: [*_sample_one(ws), *_openai_sampler(ws, "$ALIGN_BAD_INPUTS_URL")],
+         None, check=lambda ws, out, err: _check_sampled_without(ws, out, err, ()),
+         extra={"env": {"ALIGN_BAD_INPUTS_URL": lambda: _failing_url("ok")}}),
+    Case("sample: user:password@ in base_url (sent as a header, sampled)", "sample",
+         lambda ws: [*_sample_one(ws), *_openai_sampler(ws, _failing_url("keyed", userinfo=True))],
+         None, check=lambda ws, out, err: _check_sampled_without(ws, out, err, _URL_SECRETS)),
+    Case("sample: ?api_key= in base_url (sent as a header, sampled)", "sample",
+         lambda ws: [*_sample_one(ws), *_openai_sampler(ws, _failing_url("keyed", query=True))],
+         None, check=lambda ws, out, err: _check_sampled_without(ws, out, err, _URL_SECRETS)),
+    Case("sample: base_url with credentials and api_key_env", "sample",
+         lambda ws: ["prompts=p.jsonl", "sampler.backend=openai", "sampler.model=m",
+                     "sampler.base_url=http://node17:8000/v1?api_key=k-2718", "sampler.api_key_env=MY_KEY"],
+         "ConfigError", ("sampler: base_url='http://node17:8000/v1?api_key=' carries credentials",
+                         "api_key_env names $MY_KEY: keep one")),
     # --- servers: the openai backend (entries above this line) ------------------------------
+    Case("sft: own template without a generation prompt", "sft",
+         lambda ws: [f"input={ws.file('sft.jsonl', [SFT_ROW])}", f"output_dir={ws.out()}", "chat_format=tokenizer",
+                     f"model_name_or_path={_own_model(ws, NO_GENERATION_PROMPT)}", "use_cpu=true", "report_to=[]"],
+         "ConfigError", ("chat template of '{root}/own'", "has no generation prompt", "'<|assistant_start|>'")),
+    Case("sample: own template without a generation prompt", "sample",
+         lambda ws: [f"prompts={ws.file('prompts.jsonl', [prompt()])}", f"output_dir={ws.out()}",
+                     *_cpu_sampler(ws.policy), "sampler.chat_format=tokenizer",
+                     f"sampler.tokenizer={_own_tokenizer(ws, NO_GENERATION_PROMPT)}"],
+         "ConfigError", ("chat template of '{root}/own_tokenizer'", "has no generation prompt",
+                         "write it into every completion")),
+    Case("sft: own template rendering every role the same way", "sft",
+         lambda ws: [f"input={ws.file('sft.jsonl', [SFT_ROW])}", f"output_dir={ws.out()}", "chat_format=tokenizer",
+                     f"model_name_or_path={_own_model(ws, EVERY_ROLE_AS_USER)}", "use_cpu=true", "report_to=[]"],
+         "ConfigError", ("chat template of '{root}/own'", "renders a user message and an assistant message",
+                         "the same way")),
+    Case("sample: own template raising ZeroDivisionError", "sample",
+         lambda ws: [f"prompts={ws.file('prompts.jsonl', [prompt()])}", f"output_dir={ws.out()}",
+                     *_cpu_sampler(ws.policy), "sampler.chat_format=tokenizer",
+                     f"sampler.tokenizer={_own_tokenizer(ws, '{{ 1 / 0 }}')}"],
+         "ConfigError", ("chat template of '{root}/own_tokenizer'", "ZeroDivisionError: division by zero")),
+    Case("sft: own template dropping earlier turns' thinking", "sft",
+         lambda ws: [f"input={ws.file('sft.jsonl', _thinking_rows())}", f"output_dir={ws.out()}",
+                     "chat_format=tokenizer", f"model_name_or_path={_own_model(ws, like='qwen3')}", "use_cpu=true",
+                     "report_to=[]"],
+         "ConfigError", ("record 't0'", "chat template of '{root}/own'", "leaves out the reasoning",
+                         "('reasoning_content') of assistant message 1", "set thinking_turns=last_turn")),
+    Case("sft: own template dropping earlier turns' thinking, thinking_turns=last_turn (trained)", "sft",
+         lambda ws: [f"input={ws.file('sft.jsonl', _thinking_rows())}", f"output_dir={ws.out()}",
+                     "chat_format=tokenizer", "thinking_turns=last_turn",
+                     f"model_name_or_path={_own_model(ws, like='qwen3')}", "use_cpu=true", "bf16=false", "report_to=[]", "max_steps=1", "optimizer=adamw",
+                     "per_device_train_batch_size=2", "save_strategy='no'", "disable_tqdm=true"],
+         None, check=lambda ws, out, err: _assert_in('"steps": 1', (ws.out() / "_COMPLETE.json").read_text())),
+    Case("sft: own template rendering no reasoning", "sft",
+         lambda ws: [f"input={ws.file('sft.jsonl', _thinking_rows())}", f"output_dir={ws.out()}",
+                     "chat_format=tokenizer", f"model_name_or_path={_own_model(ws, like='llama3')}", "use_cpu=true",
+                     "report_to=[]"],
+         "ConfigError", ("record 't0'", "assistant message 3 has reasoning in 'reasoning_content'",
+                         "does not render in any assistant turn")),
+    Case("sft: thinking_turns=last_turn with an align format", "sft",
+         lambda ws: [f"input={ws.file('sft.jsonl', [SFT_ROW])}", f"output_dir={ws.out()}", "thinking_turns=last_turn",
+                     f"model_name_or_path={ws.policy}", "use_cpu=true", "report_to=[]"],
+         "ConfigError", ("thinking_turns=last_turn applies to chat_format=tokenizer only",)),
     # --- a model's own chat template (entries above this line) ------------------------------
+    Case("a Latin-1 recipe", "pairs", lambda ws: [_latin1(ws, "recipe.yaml", "# café\nseed: 1\n")],
+         "ConfigError", ("recipe.yaml: not UTF-8 text: byte 5 (line 1) is b'\\xe9'", "save it as UTF-8")),
+    Case("a Latin-1 from: file", "status", lambda ws: [_recipe(ws, f"""
+output_dir: {ws.out('g')}
+steps:
+  pairs: {{stage: pairs, from: {_latin1(ws, 'pairs.yaml', 'seed: 1  # café')}}}
+""")], "ConfigError", ("steps.pairs.from: ", "pairs.yaml: not UTF-8 text: byte 14 (line 1)")),
+    Case("a Latin-1 judge charter", "annotate", lambda ws: [
+        *_judge_openai(ws, _closed_url()), "charter=" + str(_latin1(ws, "mine.md", "# Charter\n\nBe fair, café.\n"))],
+         "InputError", ("charter ", "mine.md: not UTF-8 text: byte 23 (line 3)",)),
+    Case("a Latin-1 personas file", "sample", lambda ws: [
+        f"prompts={ws.file('p.jsonl', [prompt('a')])}", f"output_dir={ws.out()}", "mode=offline",
+        "on_unclassified=persona", "personas_file=" + str(_latin1(ws, "personas.txt", "a café owner\n")),
+        *_cpu_sampler(ws.policy)],
+         "InputError", ("personas file ", "personas.txt: not UTF-8 text: byte 5 (line 1)",)),
+    Case("a Latin-1 JSONL input", "pairs", lambda ws: [
+        "input=" + str(_latin1(ws, "in.jsonl", json.dumps(annotated("a")) + "\n" + '{"id": "café"}\n')),
+        f"output_dir={ws.out()}"],
+         "InputError", ("in.jsonl:2: not UTF-8 text: byte ", "is b'\\xe9'", "JSONL is read as UTF-8")),
+    Case("a Latin-1 .json input", "pairs", lambda ws: [
+        "input=" + str(_latin1(ws, "in.json", '[{"id": "café"}]')), f"output_dir={ws.out()}"],
+         "InputError", ("in.json: not UTF-8 text: byte 12 (line 1) is b'\\xe9'",)),
+    Case("a FIFO as the recipe", "pairs", lambda ws: [_fifo(ws, "recipe.yaml")],
+         "ConfigError", ("recipe.yaml: not a regular file (a FIFO, a device or a directory)",)),
+    Case("plan: a Latin-1 notes.yaml beside the recipe (not read)", "plan",
+         lambda ws: _plan_beside(ws, _latin1(ws, "notes.yaml", "owner: José\n")), None, check=_check_traced),
+    Case("plan: a FIFO named queue.yaml beside the recipe (not read)", "plan",
+         lambda ws: _plan_beside(ws, _fifo(ws, "queue.yaml")), None, check=_check_traced),
+    Case("plan: a lineage file that is not UTF-8", "plan",
+         lambda ws: _plan_beside(ws, None, lineage=_latin1(ws, "sft.yaml", "output_dir: runs/x/sft  # café\n")),
+         "ConfigError", ("lineage ", "sft.yaml: not UTF-8 text: byte 29 (line 1)")),
+    Case("a writer lock that is a directory", "pairs", lambda ws: _odd_lock(ws, ".align-writer.lock", "directory"),
+         "InputError", (".align-writer.lock is a directory, not a lock file this library writes", "remove it")),
+    Case("a writer lock that is a symbolic link", "pairs", lambda ws: _odd_lock(ws, ".align-writer.lock", "link"),
+         "InputError", (".align-writer.lock is a symbolic link, not a lock file", "remove the link")),
+    Case("a stage lock that is a directory", "pairs", lambda ws: _odd_lock(ws, ".align-stage.lock", "directory"),
+         "InputError", (".align-stage.lock is a directory, not a lock file this library writes", "remove it")),
+    Case("a stage lock that is a symbolic link", "pairs", lambda ws: _odd_lock(ws, ".align-stage.lock", "link"),
+         "InputError", (".align-stage.lock is a symbolic link, not a lock file", "remove the link")),
     # --- disks and files (entries above this line) ------------------------------------------
+    Case("sft: a conversation of 300,000 characters past max_length", "sft", lambda ws: [
+        f"input={ws.file('sft.jsonl', [dict(SFT_ROW, id=f's{i}') for i in range(4)] + [_sft_row('word ' * 60_000)])}",
+        *_sft_one_step(ws), "max_length=128"], None, check=_check_long_row_dropped),
+    Case("sft: max_steps below logging_steps", "sft", lambda ws: [
+        f"input={ws.file('sft.jsonl', [dict(SFT_ROW, id=f's{i}') for i in range(4)])}", *_sft_one_step(ws),
+        "logging_steps=10"], None, check=_check_train_loss),
+    Case("evaluate: a negative seed", "evaluate", lambda ws: ["prompts=x.jsonl", "seed=-1"],
+         "ConfigError", ("seed: must be from 0 to 4294967295", "got -1")),
+    Case("sft: a seed past 2**32 - 1", "sft", lambda ws: ["input=x.jsonl", "use_cpu=true", "data_seed=4294967296"],
+         "ConfigError", ("data_seed: must be from 0 to 4294967295", "got 4294967296")),
+    Case("evaluate: top_p = 0", "evaluate", lambda ws: ["prompts=x.jsonl", "top_p=0"],
+         "ConfigError", ("top_p: must be above 0 and at most 1", "got 0.0")),
+    Case("demo: a length bias that makes the reward inf", "demo",
+         lambda ws: [f"output_dir={ws.out()}", "reward_length_bias=1e306"],
+         "ConfigError", ("reward_length_bias: must be from 0 to 1e+300", "got 1e+306")),
+    Case("join: a file joined with itself", "join", lambda ws: [
+        f"input={ws.file('s.jsonl', [annotated('a')])}", f"completions={ws.root / 's.jsonl'}", f"output_dir={ws.out()}"],
+         "InputError", ("join: input=", "give the same data twice ({root}/s.jsonl)", "would be doubled")),
+    Case("join: a file and a symlink to it", "join", lambda ws: _join_through_link(ws),
+         "InputError", ("completions=", "link.jsonl", "give the same data twice ({root}/s.jsonl)")),
+    Case("rerun: a truncated manifest on a partial output", "annotate", lambda ws: _truncated_manifest(ws),
+         "StaleOutputError", ("holds a partial output whose manifest (_manifest.json) is truncated or not valid JSON",
+                              "rerun with overwrite=true")),
+    Case("rerun: the input now a plain copy of an earlier stage's output", "pairs", lambda ws: _plain_copy(ws),
+         "StaleOutputError", ("pairs.input ({root}/copy.jsonl): the input file's content changed: a plain file now, "
+                              "no earlier stage's output (it was the annotate stage's output; the same rows)",)),
     # --- data (entries above this line) -----------------------------------------------------
 ]
 
@@ -943,6 +1130,37 @@ def _done_annotate(ws: Workspace) -> Path:
                            "provider=verifiable"])
     assert rc == 0, err
     return out
+
+
+def _sft_one_step(ws: Workspace) -> list:
+    return [f"output_dir={ws.out()}", f"model_name_or_path={ws.policy}", "use_cpu=true", "bf16=false",
+            "report_to=[]", "max_steps=1", "optimizer=adamw", "per_device_train_batch_size=2", "save_strategy='no'",
+            "disable_tqdm=true"]
+
+
+def _join_through_link(ws: Workspace) -> list:
+    (ws.root / "link.jsonl").symlink_to(ws.file("s.jsonl", [annotated("a")]))
+    return [f"input={ws.root / 's.jsonl'}", f"completions={ws.root / 'link.jsonl'}", f"output_dir={ws.out()}"]
+
+
+def _truncated_manifest(ws: Workspace) -> list:
+    """Shard 0 of 2 annotated (a partial output), then its manifest cut in half."""
+    args = [f"input={ws.file('in.jsonl', [annotated(f'a{i}') for i in range(4)])}", f"output_dir={ws.out()}",
+            "provider=verifiable", "num_shards=2"]
+    rc, _, err = run_main(["annotate", *args, "shard_index=0"])
+    assert rc == 0, err
+    manifest = ws.out() / "_manifest.json"
+    manifest.write_text(manifest.read_text()[:100])
+    return [*args, "shard_index=1"]
+
+
+def _plain_copy(ws: Workspace) -> list:
+    """pairs made from an annotate output, then run again on a plain copy of that output's rows."""
+    upstream = _done_annotate(ws)
+    rc, _, err = run_main(["pairs", f"input={upstream}", f"output_dir={ws.out()}"])
+    assert rc == 0, err
+    shutil.copy(upstream / "shard-00000-of-00001.jsonl", ws.root / "copy.jsonl")
+    return [f"input={ws.root / 'copy.jsonl'}", f"output_dir={ws.out()}"]
 
 
 def _upstream_changed(ws: Workspace) -> list:
@@ -1096,6 +1314,58 @@ def _write(path: Path, text: str) -> Path:
     return path
 
 
+def _latin1(ws: Workspace, name: str, text: str) -> Path:
+    """A text file saved in Latin-1 (an editor's default on some systems), not UTF-8."""
+    path = ws.root / name
+    path.write_bytes(text.encode("latin-1"))
+    return path
+
+
+def _fifo(ws: Workspace, name: str) -> Path:
+    """A FIFO named like a file align reads. For a minute a watcher opens it for writing (then closes it)
+    as soon as anything opens it to read: a reader gets an empty file instead of blocking forever, and
+    ``_FIFOS`` says it was read."""
+    path = ws.root / name
+    os.mkfifo(path)
+    opened = _FIFOS[path] = threading.Event()
+
+    def watch() -> None:
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            try:
+                fd = os.open(path, os.O_WRONLY | os.O_NONBLOCK)  # ENXIO while no one reads it
+            except OSError:
+                time.sleep(0.05)
+                continue
+            os.close(fd)
+            opened.set()
+            return
+
+    threading.Thread(target=watch, daemon=True).start()
+    return path
+
+
+def _plan_beside(ws: Workspace, beside: Path | None, lineage: Path | None = None) -> list:
+    """A train recipe whose model is another recipe's output (its `# lineage:` line names that recipe),
+    with ``beside`` in the same directory, named by nothing."""
+    if lineage is None:
+        lineage = _write(ws.root / "sft.yaml", f"output_dir: runs/x/sft\nmodel_name_or_path: {ws.policy}\n")
+    recipe = _recipe(ws, f"# align train train.yaml\n# lineage: {lineage.name}\nmodel_name_or_path: runs/x/sft\n"
+                         "input: pairs\noutput_dir: runs/x/qrpo\n", name="train.yaml")
+    return [recipe]
+
+
+def _odd_lock(ws: Workspace, name: str, kind: str) -> list:
+    """An output directory whose lock file ``name`` is a directory, or a symbolic link (to nothing)."""
+    out = ws.out()
+    out.mkdir(parents=True)
+    if kind == "directory":
+        (out / name).mkdir()
+    else:
+        (out / name).symlink_to(ws.root / "elsewhere")
+    return [f"input={ws.file('in.jsonl', [annotated('a')])}", f"output_dir={out}"]
+
+
 def _pairs_dir(ws: Workspace) -> Path:
     """A finished pairs output: pairs.jsonl and skipped.jsonl side by side."""
     out = ws.root / "pairs"
@@ -1198,6 +1468,143 @@ def _openai_sampler(ws: Workspace, url: str) -> list[str]:
             f"sampler.tokenizer={ws.policy}", f"sampler.chat_date={DATE}", "max_tokens=4", "n=2"]
 
 
+_URL_SECRETS = ("pw-1618", "k-2718")  # the password and the key a base_url carries in the cases above
+
+
+class _FailingHandler(BaseHTTPRequestHandler):
+    """An OpenAI-compatible server on 127.0.0.1 that answers like vLLM, or fails as servers do, by the first
+    segment of its path (``http://127.0.0.1:PORT/MODE/v1``): ``ok``; ``keyed`` (only with the credentials of
+    ``_URL_SECRETS``, as a header); ``refuse`` (every completion a 400 whose structured error has no length
+    code); ``drip`` (a byte every 0.2 s); ``abort`` (every choice aborted); ``short`` (an answer 100 bytes short
+    of its Content-Length); ``listmodels`` (``/models`` a JSON list); ``small`` (``max_model_len`` 8)."""
+
+    def do_GET(self):
+        mode = self._mode()
+        if mode is None:
+            return
+        models = [{"id": "served", "max_model_len": 8 if mode == "small" else 65536}]
+        self._send(200, models if mode == "listmodels" else {"data": models}, drip=mode == "drip")
+
+    def do_POST(self):
+        body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+        mode = self._mode()
+        if mode is None:
+            return
+        if mode == "refuse":
+            return self._send(400, {"error": {"message": "n=2 exceeds max_num_seqs (1)", "type": "BadRequestError",
+                                              "param": None, "code": 400}})
+        reason = "abort" if mode == "abort" else "stop"
+        if "stop_token_ids" in body:  # the sampler: the stop token alone
+            choices = [{"index": i, "token_ids": [body["stop_token_ids"][0]], "finish_reason": reason}
+                       for i in range(body["n"])]
+        else:  # the judge: the first position's top log-probs
+            choices = [{"index": i, "text": "7", "finish_reason": "length" if reason == "stop" else reason,
+                        "logprobs": {"top_logprobs": [{"7": -0.1}]}} for i in range(len(body["prompt"]))]
+        self._send(200, {"choices": choices}, short=mode == "short")
+
+    def _mode(self) -> str | None:
+        """The mode the path names; a keyed request without its credentials (or with them in the URL) is
+        answered 401 here (None)."""
+        mode = self.path.split("/")[1]
+        sent = self.headers.get("Authorization")
+        basic = "Basic " + base64.b64encode(f"ana:{_URL_SECRETS[0]}".encode()).decode()
+        if mode == "keyed" and (sent not in (basic, f"Bearer {_URL_SECRETS[1]}") or _URL_SECRETS[1] in self.path):
+            self._send(401, {"error": {"message": "invalid api key", "type": "AuthenticationError"}})
+            return None
+        return mode
+
+    def _send(self, status: int, data, *, drip: bool = False, short: bool = False) -> None:
+        raw = json.dumps(data).encode()
+        try:
+            self.send_response(status)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(raw) + 100 * short))
+            self.end_headers()
+            for start in range(0, len(raw), 1 if drip else len(raw)):
+                self.wfile.write(raw[start : start + (1 if drip else len(raw))])
+                self.wfile.flush()
+                if drip:
+                    time.sleep(0.2)
+        except (BrokenPipeError, ConnectionResetError):
+            pass  # the client gave up (its deadline passed)
+
+    def log_message(self, *args):
+        pass
+
+
+_FAILING: list[HTTPServer] = []
+
+
+def _failing_url(mode: str, *, userinfo: bool = False, query: bool = False) -> str:
+    """The base_url of ``_FailingHandler``'s ``mode`` (with the password in it, or the key in its query)."""
+    if not _FAILING:
+        server = HTTPServer(("127.0.0.1", 0), _FailingHandler)
+        server.daemon_threads = True
+        threading.Thread(target=server.serve_forever, daemon=True).start()
+        _FAILING.append(server)
+    user = f"ana:{_URL_SECRETS[0]}@" if userinfo else ""
+    return f"http://{user}127.0.0.1:{_FAILING[0].server_address[1]}/{mode}/v1" + \
+        (f"?api_key={_URL_SECRETS[1]}" if query else "")
+
+
+def _sample_one(ws: Workspace) -> list[str]:
+    return [f"prompts={ws.file('prompts.jsonl', [prompt('a')])}", f"output_dir={ws.out()}"]
+
+
+def _check_sampled_without(ws: Workspace, out: str, err: str, secrets: tuple[str, ...]) -> None:
+    """Sampled (two completions), and no secret in what the stage printed or wrote."""
+    rows = _annotate_rows(ws.out())
+    assert len(rows[0]["completions"]) == 2, rows
+    written = "".join(p.read_text(errors="replace") for p in ws.out().rglob("*") if p.is_file())
+    assert not [s for s in secrets if s in out + err + written]
+
+
+# A model's own chat template: each role opens and closes with its own tokens (the tiny tokenizer's
+# Apertus tokens), less what each bad template leaves out.
+OWN_TEMPLATE = ("{% for m in messages %}<|{{ m.role }}_start|>{{ m.content }}<|{{ m.role }}_end|>{% endfor %}"
+                "{% if add_generation_prompt %}<|assistant_start|>{% endif %}")
+NO_GENERATION_PROMPT = OWN_TEMPLATE.split("{% if")[0]
+EVERY_ROLE_AS_USER = ("{% for m in messages %}<|user_start|>{{ m.content }}<|user_end|>{% endfor %}"
+                      "{% if add_generation_prompt %}<|user_start|>{% endif %}")
+
+
+def _templated(ws: Workspace, template: str | None, like: str | None):
+    """The tiny tokenizer with `template` as its chat template, or a real model's (`like`: qwen3, llama3)."""
+    from transformers import AutoTokenizer
+
+    from align.testing.tiny import build_template_tokenizer
+
+    if like is not None:
+        return build_template_tokenizer(like)
+    tokenizer = AutoTokenizer.from_pretrained(ws.base)
+    tokenizer.chat_template = template
+    return tokenizer
+
+
+def _own_tokenizer(ws: Workspace, template: str) -> Path:
+    """A tokenizer directory (no model) whose own chat template is `template`."""
+    _templated(ws, template, None).save_pretrained(ws.root / "own_tokenizer")
+    return ws.root / "own_tokenizer"
+
+
+def _own_model(ws: Workspace, template: str | None = None, *, like: str | None = None) -> Path:
+    """The tiny base model, its tokenizer carrying `template` (or a real model's, `like`)."""
+    shutil.copytree(ws.base, ws.root / "own")
+    _templated(ws, template, like).save_pretrained(ws.root / "own")
+    return ws.root / "own"
+
+
+def _thinking_rows() -> list[dict]:
+    """Two conversations whose assistant turns both reason (`reasoning_content`), thinking on."""
+    def row(rid: str) -> dict:
+        return {"id": rid, "enable_thinking": True, "messages": [
+            {"role": "user", "content": "Is 4 even?"},
+            {"role": "assistant", "content": "yes", "reasoning_content": "4 is two twos."},
+            {"role": "user", "content": "And 5?"},
+            {"role": "assistant", "content": "no", "reasoning_content": "5 is odd."}]}
+    return [row("t0"), row("t1")]
+
+
 def run_main(args: list) -> tuple[int, str, str]:
     out, err = io.StringIO(), io.StringIO()
     with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
@@ -1213,7 +1620,7 @@ def test_bad_input(case: Case, models, tmp_path, monkeypatch):
     for var in ("SLURM_ARRAY_TASK_ID", "SLURM_ARRAY_TASK_COUNT", "RANK", "WORLD_SIZE", "OPENAI_API_KEY"):
         monkeypatch.delenv(var, raising=False)
     for var, value in case.extra.get("env", {}).items():
-        monkeypatch.setenv(var, value)
+        monkeypatch.setenv(var, value() if callable(value) else value)  # a callable: a value known when it runs
     monkeypatch.chdir(tmp_path)
     ws = Workspace(root=tmp_path, **models)
     threads = torch.get_num_threads()

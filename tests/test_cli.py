@@ -80,3 +80,25 @@ def test_the_training_stages_name_their_keys_to_set():
 
     for stage in ("sft", "sample", "logprobs", "train", "evaluate", "sweep"):
         assert stage_module(stage).REQUIRED_KEYS, stage
+
+
+def test_a_trainers_help_puts_the_methods_keys_before_the_inherited_ones(capsys):
+    """`align train --help`: QRPO's keys (loss_type, beta, num_ref_rewards, reference) within the first lines,
+    transformers' TrainingArguments after, under their own heading."""
+    main(["train", "--help"])
+    out = capsys.readouterr().out
+    heading = out.index("Inherited from transformers")
+    for key in ("loss_type", "beta", "num_ref_rewards", "reference", "lora_r"):
+        assert out.index(f"\n  {key} (") < heading, key
+    for key in ("per_device_train_batch_size", "gradient_accumulation_steps", "report_to"):
+        assert out.index(f"\n  {key} (") > heading, key
+    assert out[:heading].count("\n  ") < 90  # the method's keys fit a screen or two
+
+
+def test_a_typo_in_a_large_config_names_the_nearest_keys_only(capsys):
+    assert main(["train", "input=x.jsonl", "bta=3"]) == 2
+    err = capsys.readouterr().err
+    assert "unknown key 'bta' for Config. Did you mean 'beta'? Nearest keys: beta" in err
+    assert "keys in all: --help lists each" in err and "per_device_train_batch_size" not in err
+    assert main(["pairs", "input=x.jsonl", "sed=1"]) == 2  # a small config still lists all of its keys
+    assert "Allowed keys: chat_format, input, low_threshold" in capsys.readouterr().err

@@ -98,8 +98,8 @@ def test_a_bad_input_file_is_one_line_naming_the_file_and_line(tmp_path, monkeyp
     (tmp_path / "in.jsonl").write_bytes(b'{"id": "a"}\n{"id": "\xff"}\n')
     rc, err = run_main(["pairs", f"input={tmp_path / 'in.jsonl'}", f"output_dir={tmp_path / 'out'}"])
     assert rc == 2
-    expected = (f"align pairs: InputError: {tmp_path / 'in.jsonl'}:2: not UTF-8 text (invalid start byte); "
-                "JSONL is read as UTF-8")
+    expected = (f"align pairs: InputError: {tmp_path / 'in.jsonl'}:2: not UTF-8 text: byte 20 is b'\\xff' (invalid "
+                "start byte); JSONL is read as UTF-8: save it as UTF-8 (a Latin-1 file: iconv -f latin1 -t utf-8)")
     assert err.splitlines() == [expected]
 
 

@@ -166,9 +166,12 @@ def test_a_url_with_credentials_is_printed_without_them():
     from align.errors import ServiceError
     from align.io.http import request_json
 
-    with pytest.raises(ServiceError) as info:
-        request_json("http://user:pw123@127.0.0.1:9/v1/models?api_key=k456", None, method="GET", max_retries=0,
-                     timeout_s=2)
+    for url in ("http://user:pw123@127.0.0.1:9/v1/models", "http://127.0.0.1:9/v1/models?api_key=k456&x=1"):
+        with pytest.raises(ServiceError) as info:
+            request_json(url, None, method="GET", max_retries=0, timeout_s=2)
+        assert "pw123" not in str(info.value) and "k456" not in str(info.value)
+    with pytest.raises(ValueError, match="more than one credential") as info:  # two keys: which one?
+        request_json("http://user:pw123@127.0.0.1:9/v1/models?api_key=k456", None, method="GET", max_retries=0)
     assert "pw123" not in str(info.value) and "k456" not in str(info.value)
     from align.io.http import join_url
 
@@ -725,9 +728,13 @@ def _model(files: dict | None, fingerprint: str) -> dict:
     ({"prompts": _stage("f1")}, {"prompts": _stage("f2", stage="annotate")}, None,
      ["train.prompts (runs/sample): now the annotate stage's output (was the sample stage's)"]),
     ({"prompts": _file("p.jsonl", "h")}, {"prompts": _stage("f")}, None,
-     ["train.prompts (runs/sample): made from other settings or inputs (the sample stage's manifest changed)"]),
+     ["train.prompts (runs/sample): now the sample stage's output (was a plain file)"]),
     ({"prompts": _stage("f")}, {"prompts": _file("p.jsonl", "h")}, None,
-     ["train.prompts (p.jsonl): made from other settings or inputs (the earlier stage's manifest changed)"]),
+     ["train.prompts (p.jsonl): the input file's content changed: a plain file now, no earlier stage's output (it "
+      "was the sample stage's output)"]),
+    ({"prompts": _stage("f", stage=None)}, {"prompts": _file("p.jsonl", "h")}, None,
+     ["train.prompts (p.jsonl): the input file's content changed: a plain file now, no earlier stage's output (it "
+      "was the earlier stage's output)"]),
     ({"prompts": _stage("f")}, {"prompts": _stage("f", output_id=None)}, None,
      ["train.prompts (runs/sample): the sample step that makes it is not current, so it will be made again"]),
     ({"prompts": _stage("f", stage=None)}, {"prompts": _stage("f", output_id=None, stage=None)}, None,

@@ -1278,7 +1278,8 @@ def unwritable_directory(tmp_path) -> Path:
 def test_an_output_dir_under_a_directory_that_cannot_be_written_is_refused(tmp_path):
     locked = unwritable_directory(tmp_path)
     out = locked / "align-out"
-    assert begin_refusal(out) == f"{STAGE}: output_dir={str(out)!r}: {str(locked)!r} is not writable"
+    assert begin_refusal(out) == (f"{STAGE}: output_dir={str(out)!r}: {str(locked)!r} is not writable (a read-only "
+                                  "mount, or no write permission): make it writable, or choose another output_dir")
 
 
 # --------------------------------------------------------------------------- an overwrite of a job's output
@@ -1570,3 +1571,54 @@ def test_a_file_of_an_unfinished_job_is_refused_however_its_path_is_spelled(tmp_
             monkeypatch.chdir(job)
         with pytest.raises(InputError, match="file of an unfinished stage output"):
             read_input(spelling, "sweep", "input")
+
+
+def test_a_plain_copy_of_an_earlier_output_is_named_as_the_input_files_content_changed(tmp_path, rows):
+    """No earlier stage is involved any more: the message names the file's content, not a manifest."""
+    first, second = made_from(tmp_path, rows)
+    copy = tmp_path / "copy.jsonl"
+    copy.write_text((first / "pairs.jsonl").read_text())
+    assert refusal("reader", Toy(str(copy), str(second))) == (
+        f"reader: {second} holds an output made from other settings or inputs: reader.input ({copy}): the input "
+        f"file's content changed: a plain file now, no earlier stage's output (it was the {STAGE} stage's output). "
+        f"{forward(second)}")
+
+
+def test_a_plain_copy_read_as_rows_names_how_its_rows_differ(tmp_path, rows):
+    first, second = tmp_path / "first", tmp_path / "second"
+    toy(first, rows, {"pairs.jsonl": '{"id": "p"}\n{"id": "q"}\n'})
+    toy(second, first / "pairs.jsonl", stage="reader")
+    copy = write_rows(tmp_path / "copy.jsonl", [{"id": "p"}])
+    assert refusal("reader", Toy(str(copy), str(second))).endswith(
+        f"(it was the {STAGE} stage's output; 1 removed). {forward(second)}")
+    write_rows(copy, [{"id": "p"}, {"id": "q"}])
+    assert f"(it was the {STAGE} stage's output; the same rows)" in refusal("reader", Toy(str(copy), str(second)))
+
+
+def test_an_input_that_became_an_earlier_stages_output_is_named_so(tmp_path, rows):
+    first, _ = made_from(tmp_path, rows)
+    toy_run(Toy(str(rows), str(tmp_path / "third")), stage="reader")
+    assert f"reader.input ({first / 'pairs.jsonl'}): now the {STAGE} stage's output (was a plain file)" in \
+        refusal("reader", Toy(str(first / "pairs.jsonl"), str(tmp_path / "third")))
+
+
+@pytest.mark.parametrize(("text", "why"), [('{"stage": "toy", "fingerp', "truncated or not valid JSON (line 1: "),
+                                           ("[1, 2]", "not a manifest (a JSON list)"),
+                                           (b"\xff\xfe{}", "unreadable (not UTF-8 text)")])
+def test_a_partial_output_whose_manifest_is_cut_off_names_it_and_overwrite_redoes_it(tmp_path, rows, text, why):
+    """Not taken for an earlier version's output: the manifest is there and cannot be read; overwrite=true
+    removes what the stage's ledger lists and starts afresh."""
+    out = tmp_path / "out"
+    toy(out, rows, finish=False)
+    (out / "notes.txt").write_text("mine")
+    manifest = out / "_manifest.json"
+    manifest.write_bytes(text if isinstance(text, bytes) else text.encode())
+    with pytest.raises(StaleOutputError) as info:
+        StageRun.begin(STAGE, Toy(str(rows), str(out)))
+    assert str(info.value).startswith(f"{STAGE}: {out} holds a partial output whose manifest (_manifest.json) is "
+                                      f"{why}")
+    assert str(info.value).endswith("so what it was made from is unknown: rerun with overwrite=true to remove what "
+                                    f"the stage wrote there and redo it, or remove {out} yourself")
+    toy(out, rows, overwrite=True)
+    assert complete(out)["manifest"]["stage"] == STAGE and (out / "notes.txt").read_text() == "mine"
+    assert refusal(STAGE, Toy(str(rows), str(out))) == "current"

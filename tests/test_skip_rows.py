@@ -146,7 +146,13 @@ def consume_sample(made: Made, out: Path, policy: Path) -> Path:
 
 
 def consume_join(made: Made, out: Path, policy: Path) -> Path:
-    align("join", f"input={made.path}", f"completions={made.path}", f"output_dir={out}")
+    """The producer's rows as π_ref's samples and a copy of them as the policy's (a file joined with itself is
+    refused: it would double every prompt's completions)."""
+    import shutil
+
+    policy_samples = out.parent / f"{out.name}-policy-samples"
+    shutil.copytree(made.path, policy_samples) if made.path.is_dir() else shutil.copy(made.path, policy_samples)
+    align("join", f"input={made.path}", f"completions={policy_samples}", f"output_dir={out}")
     return out
 
 

@@ -124,17 +124,67 @@ def message_spans(
     return spans
 
 
+# A conversation wanted only up to ``max_tokens`` (SFT keeps its first max_length tokens) is
+# tokenized only as far as they need: its first PREFIX_CHARS_PER_TOKEN x max_tokens characters,
+# then twice as many, until they hold max_tokens + PREFIX_MARGIN tokens. The margin keeps the
+# tokens kept clear of the cut, where a prefix's last tokens may differ from the whole text's (a
+# word cut in two). A 20 MB conversation then costs a few kB of tokenizing, not gigabytes.
+PREFIX_CHARS_PER_TOKEN = 8
+PREFIX_MARGIN = 64
+
+
+def _cut_segments(segments: Sequence[Segment], chars: int) -> list[Segment]:
+    """The segments of the text's first ``chars`` characters (the last one cut short)."""
+    out, pos = [], 0
+    for s in segments:
+        if pos >= chars:
+            break
+        out.append(s if pos + len(s.text) <= chars else Segment(s.text[: chars - pos], s.index, s.trained))
+        pos += len(s.text)
+    return out
+
+
+def first_tokens(tokenizer: Any, text: str, max_tokens: int) -> tuple[int, list[int], list[tuple[int, int]]]:
+    """(characters tokenized, ids, offsets): the first ``max_tokens`` tokens of ``text``, from the
+    shortest doubling prefix that holds ``PREFIX_MARGIN`` tokens more (the whole text when it is
+    short or holds fewer tokens)."""
+    chars = max_tokens * PREFIX_CHARS_PER_TOKEN
+    while chars < len(text):
+        ids, offsets = tokenize(tokenizer, text[:chars])
+        if len(ids) >= max_tokens + PREFIX_MARGIN:
+            return chars, ids[:max_tokens], offsets[:max_tokens]
+        chars *= 2
+    ids, offsets = tokenize(tokenizer, text)
+    return len(text), ids[:max_tokens], offsets[:max_tokens]
+
+
+def _encoded(tokenizer: Any, text: str, segs: Sequence[Segment], n_messages: int, bos: str | None,
+             max_tokens: int | None) -> EncodedChat:
+    """Token ids, mask and spans of rendered text: all of it, or its first ``max_tokens`` tokens."""
+    if max_tokens is None:
+        chars, (ids, offsets) = len(text), tokenize(tokenizer, text)
+    else:
+        chars, ids, offsets = first_tokens(tokenizer, text, max_tokens)
+    if chars < len(text):
+        segs = _cut_segments(segs, chars)
+    _check_single_bos(ids, tokenizer, bos)
+    return EncodedChat(input_ids=ids, loss_mask=loss_mask(text[:chars], offsets, segs),
+                       spans=message_spans(offsets, segs, n_messages), text=text)
+
+
 def _check_single_bos(ids: Sequence[int], tokenizer: Any, bos: str | None) -> None:
     if bos and len(ids) > 1 and ids[0] == ids[1] == tokenizer.convert_tokens_to_ids(bos):
         raise InputError("the token ids start with two BOS tokens")
 
 
 def _encode_with_template(tokenizer: Any, messages: Sequence[Mapping[str, Any]], *, tools: Sequence[Any] | None,
-                          add_generation_prompt: bool, enable_thinking: bool) -> EncodedChat:
+                          add_generation_prompt: bool, enable_thinking: bool,
+                          max_tokens: int | None = None) -> EncodedChat:
     """``encode`` for ``chat_format='tokenizer'`` (align.chat.template): the template's text,
     trained on each assistant turn from its generation prompt to its end of turn. ``spans``
     covers the assistant messages; the others are (0, 0)."""
     template.check_fast(tokenizer)
+    template.check_own_template(tokenizer, enable_thinking=enable_thinking)
     template.check_text(tokenizer, messages)
     text = template.apply_template(tokenizer, messages, tools=tools, add_generation_prompt=add_generation_prompt,
                                    enable_thinking=enable_thinking)
@@ -145,10 +195,7 @@ def _encode_with_template(tokenizer: Any, messages: Sequence[Mapping[str, Any]],
         pos = stop
     segs.append(Segment(text[pos:], None))
     segs = [s for s in segs if s.text]
-    ids, offsets = tokenize(tokenizer, text)
-    _check_single_bos(ids, tokenizer, tokenizer.bos_token)
-    return EncodedChat(input_ids=ids, loss_mask=loss_mask(text, offsets, segs),
-                       spans=message_spans(offsets, segs, len(messages)), text=text)
+    return _encoded(tokenizer, text, segs, len(messages), tokenizer.bos_token, max_tokens)
 
 
 def encode(
@@ -160,31 +207,27 @@ def encode(
     add_generation_prompt: bool = False,
     enable_thinking: bool = False,
     chat_date: _dt.date | str | None = None,
+    max_tokens: int | None = None,
 ) -> EncodedChat:
     """Tokenize a conversation with its SFT loss mask and per-message token spans.
 
     The mask trains on assistant content and the end-of-turn token, never on system,
     developer, user text, tool outputs or the turn-opening marker (see the format
     modules for the exact rule). The tokenizer must be fast and have the format's
-    tokens (``install_format``).
+    tokens (``install_format``). ``max_tokens``: only the first ``max_tokens`` tokens are
+    given (SFT truncates to ``max_length``), and a long conversation is tokenized only as
+    far as they need (``first_tokens``), never whole.
     """
     if chat_format == TOKENIZER_FORMAT:
         return _encode_with_template(tokenizer, messages, tools=tools, add_generation_prompt=add_generation_prompt,
-                                     enable_thinking=enable_thinking)
+                                     enable_thinking=enable_thinking, max_tokens=max_tokens)
     fmt = get_format(chat_format)
     check_tokenizer(tokenizer, fmt)
     segs = render_segments(messages, chat_format=fmt.name, tools=tools,
                            add_generation_prompt=add_generation_prompt,
                            enable_thinking=enable_thinking, chat_date=chat_date)
     text = "".join(s.text for s in segs)
-    ids, offsets = tokenize(tokenizer, text)
-    _check_single_bos(ids, tokenizer, fmt.bos)
-    return EncodedChat(
-        input_ids=ids,
-        loss_mask=loss_mask(text, offsets, segs),
-        spans=message_spans(offsets, segs, len(messages)),
-        text=text,
-    )
+    return _encoded(tokenizer, text, segs, len(messages), fmt.bos, max_tokens)
 
 
 def encode_completion(
@@ -213,6 +256,7 @@ def encode_completion(
         # the model's own template: its generation prompt, then what the model wrote and the
         # template's end of turn (the tokens the model produced when it sampled the completion)
         template.check_fast(tokenizer)
+        template.check_own_template(tokenizer, enable_thinking=enable_thinking)
         end = eos = template.turn_end(tokenizer, enable_thinking=enable_thinking)
         bos, forbidden = tokenizer.bos_token, template.special_tokens(tokenizer)
     else:

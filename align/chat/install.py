@@ -69,9 +69,9 @@ def _keep_own_template(tokenizer: Any, model: Any = None) -> None:
     stop at the template's end of turn, so a one-token end of turn (``<|im_end|>``,
     ``<|eot_id|>``) becomes EOS; padding gets a token of its own when it has none or shares
     EOS's."""
-    from align.chat.template import check_template, turn_end
+    from align.chat.template import check_own_template, turn_end
 
-    check_template(tokenizer)
+    check_own_template(tokenizer)
     end = turn_end(tokenizer)
     if end in tokenizer.get_added_vocab():
         tokenizer.eos_token = end

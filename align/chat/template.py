@@ -17,19 +17,33 @@ block, tool calls, the end-of-turn token); the newline some templates write afte
 of turn is not. A template that renders the conversation before a turn differently from its
 own generation prompt (so the model was never prompted with what it would be trained on)
 cannot give exact masks: that conversation is refused, naming the message.
+
+The template itself is probed once, before it renders any row (``check_own_template``): it
+has a generation prompt wherever it opens an assistant turn with text, it renders user,
+assistant and system messages apart, and it raises nothing on a plain conversation. Each of
+these went unnoticed before: SFT trained the turn opener as the model's text, a role-blind
+template trained the user's words as the model's, a crashing template left a traceback.
+Whether it renders the reasoning of assistant turns before the last is checked only on
+conversations that have such reasoning (``dropped_reasoning``).
 """
 
 from __future__ import annotations
 
+import re
 import weakref
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from align.chat.messages import REASONING_FIELDS
 from align.errors import ConfigError, InputError
 
 TOKENIZER_FORMAT = "tokenizer"
 _PROBE = "align-turn-end-probe"
+_ASK = "align probe question"
+_SAME = "align probe text"
 _turn_ends: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+_probed: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # tokenizer -> {(template, enable_thinking)}
+_last_reasoning: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # tokenizer -> {key: renders it}
 
 
 def check_template(tokenizer: Any) -> None:
@@ -61,6 +75,174 @@ def apply_template(tokenizer: Any, messages: Sequence[Mapping[str, Any]], *, too
                                              enable_thinking=enable_thinking)
     except (TemplateError, TypeError, KeyError) as err:  # a conversation the template cannot read
         raise InputError(f"the tokenizer's chat template cannot render the conversation: {err!r}") from None
+    except Exception as err:  # noqa: BLE001 - anything else is the template's own fault, whatever the row
+        raise ConfigError(f"the chat template of {template_name(tokenizer)!r} fails on a conversation: "
+                          f"{_what_failed(err)}; fix the template, or use an align.chat format (apertus, llama3, "
+                          "chatml)") from None
+
+
+def template_name(tokenizer: Any) -> str:
+    """What errors call the template: the tokenizer's (or model's) path or name."""
+    return str(getattr(tokenizer, "name_or_path", "") or "the tokenizer")
+
+
+def _what_failed(err: BaseException) -> str:
+    lines = [line.strip() for line in str(err).splitlines() if line.strip()]
+    return f"{type(err).__name__}: {lines[0] if lines else ''}"
+
+
+def check_own_template(tokenizer: Any, *, enable_thinking: bool = False) -> None:
+    """Probe a model's own template once (per template and ``enable_thinking``), before it renders
+    any row: it renders a plain conversation without raising, has a generation prompt wherever it
+    opens an assistant turn with text, and renders user, assistant and system messages apart. Each
+    failure is a ``ConfigError`` naming the template; later calls cost one lookup."""
+    check_template(tokenizer)
+    key = (str(tokenizer.chat_template), bool(enable_thinking))
+    done = _probed.setdefault(tokenizer, set())
+    if key in done:
+        return
+    _check_generation_prompt(tokenizer, enable_thinking)
+    _check_roles(tokenizer, enable_thinking)
+    _check_marker_tokens(tokenizer, enable_thinking)
+    done.add(key)
+
+
+_MARKER = re.compile(r"<\|[^<>|\s]{1,40}\|>")  # <|im_start|>, <|eot_id|>, <|assistant_end|>: a template's structure
+
+
+def _check_marker_tokens(tokenizer: Any, enable_thinking: bool) -> None:
+    """Every ``<|...|>`` marker the template writes is one token of the vocabulary. A template carried over
+    from another model (ChatML on a tokenizer without ``<|im_end|>``) would otherwise train its markers as
+    ordinary text, split into pieces, and the end of turn could not become EOS: generation would not stop."""
+    text = _probe_render(tokenizer, [{"role": "user", "content": "U"}, {"role": "assistant", "content": "A"}],
+                         enable_thinking=enable_thinking)
+    vocab = tokenizer.get_vocab()
+    missing = {m: len(tokenizer(m, add_special_tokens=False)["input_ids"]) for m in dict.fromkeys(_MARKER.findall(text))
+               if m not in vocab}
+    if missing:
+        shown = ", ".join(f"{m!r} ({n} tokens)" for m, n in missing.items())
+        raise ConfigError(f"the chat template of {template_name(tokenizer)!r} writes {shown}, which its tokenizer "
+                          "does not hold as tokens: they would be trained as ordinary text and the end of a turn "
+                          "could not stop generation; use the tokenizer the template was written for, or add them "
+                          "as special tokens (tokenizer.add_special_tokens, then model.resize_token_embeddings) and "
+                          "save both")
+
+
+def _probe_render(tokenizer: Any, messages: list[dict], *, enable_thinking: bool,
+                  add_generation_prompt: bool = False) -> str:
+    """A probe conversation any chat template must render; whatever it raises is the template's fault."""
+    try:
+        return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=add_generation_prompt,
+                                             enable_thinking=enable_thinking)
+    except Exception as err:  # noqa: BLE001 - a plain conversation: any error is the template's
+        shown = ", ".join(m["role"] for m in messages)
+        raise ConfigError(f"the chat template of {template_name(tokenizer)!r} fails on a plain conversation "
+                          f"({shown}): {_what_failed(err)}; fix the template, or use an align.chat format "
+                          "(apertus, llama3, chatml)") from None
+
+
+def _shared_prefix(a: str, b: str) -> int:
+    return next((k for k, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
+
+
+def _check_generation_prompt(tokenizer: Any, enable_thinking: bool) -> None:
+    """A template that opens an assistant turn with text (``<|im_start|>assistant``) must write
+    that opener as its generation prompt: otherwise SFT trains the opener as the model's text and
+    a sampled model writes it into every completion. A template that opens no turn (Mistral's
+    ``[/INST]`` ends the user turn) needs none."""
+    user = [{"role": "user", "content": _ASK}]
+    plain = _probe_render(tokenizer, user, enable_thinking=enable_thinking)
+    prompted = _probe_render(tokenizer, user, enable_thinking=enable_thinking, add_generation_prompt=True)
+    answered = _probe_render(tokenizer, user + [{"role": "assistant", "content": _PROBE}],
+                             enable_thinking=enable_thinking)
+    at = answered.find(_PROBE)
+    opener = answered[_shared_prefix(plain, answered):at] if at >= 0 else ""
+    added = prompted[_shared_prefix(plain, prompted):]
+    if opener.strip() and not added.strip():
+        raise ConfigError(
+            f"the chat template of {template_name(tokenizer)!r} has no generation prompt (add_generation_prompt "
+            f"adds nothing after the last turn), yet it opens an assistant turn with {opener.strip()!r}: SFT would "
+            "train that opener as the model's own text, and a sampled model would write it into every completion; "
+            "add the generation prompt to the template, or use an align.chat format (apertus, llama3, chatml)")
+
+
+# Each pair renders the same text in two roles, in a place where both are valid. A render the
+# template refuses counts as telling the roles apart (it read the role to refuse it).
+_ROLE_PROBES = (
+    ("user", "assistant", lambda role: [{"role": "user", "content": _ASK}, {"role": role, "content": _SAME}]),
+    ("user", "system", lambda role: [{"role": role, "content": _SAME}, {"role": "user", "content": _ASK}]),
+    ("assistant", "system", lambda role: [{"role": role, "content": _SAME}, {"role": "user", "content": _ASK}]),
+)
+
+
+def _render_or_none(tokenizer: Any, messages: list[dict], enable_thinking: bool) -> str | None:
+    try:
+        return tokenizer.apply_chat_template(messages, tokenize=False, enable_thinking=enable_thinking)
+    except Exception:  # noqa: BLE001 - a refused role order: the template read the roles
+        return None
+
+
+def _check_roles(tokenizer: Any, enable_thinking: bool) -> None:
+    """The same text as a user's, an assistant's and a system message renders three ways: a
+    template that writes every role alike trains the user's words as the model's and leaves the
+    model no way to tell whose turn it is."""
+    for first, second, conversation in _ROLE_PROBES:
+        a = _render_or_none(tokenizer, conversation(first), enable_thinking)
+        b = _render_or_none(tokenizer, conversation(second), enable_thinking)
+        if a is not None and a == b:
+            raise ConfigError(
+                f"the chat template of {template_name(tokenizer)!r} renders {_article(first)} message and "
+                f"{_article(second)} message the same way ({a[:120]!r}): the model could not tell whose turn it is, "
+                "and SFT would train one role's words as the other's; use a template that writes each role, or an "
+                "align.chat format (apertus, llama3, chatml)")
+
+
+def _article(role: str) -> str:
+    return f"{'an' if role == 'assistant' else 'a'} {role}"
+
+
+def reasoning_fields(message: Mapping[str, Any]) -> list[str]:
+    """The reasoning fields (``reasoning_content``, ...) an assistant message fills with text."""
+    return [f for f in REASONING_FIELDS if isinstance(message.get(f), str) and message[f].strip()]
+
+
+def earlier_reasoning(messages: Sequence[Mapping[str, Any]]) -> list[tuple[int, str]]:
+    """(message index, field) of each reasoning text in an assistant message before the last
+    assistant message: a scan of the fields, no rendering."""
+    turns = [i for i, m in enumerate(messages) if isinstance(m, Mapping) and m.get("role") == "assistant"]
+    return [(i, f) for i in turns[:-1] for f in reasoning_fields(messages[i])]
+
+
+def renders_last_reasoning(tokenizer: Any, field: str, *, enable_thinking: bool = False) -> bool:
+    """Whether the template renders the reasoning ``field`` of the last assistant turn at all (one
+    probe, remembered per template, field and ``enable_thinking``)."""
+    key = (str(tokenizer.chat_template), field, bool(enable_thinking))
+    known = _last_reasoning.setdefault(tokenizer, {})
+    if key not in known:
+        marker = "align-reasoning-probe"
+        conversation = [{"role": "user", "content": _ASK}, {"role": "assistant", "content": _SAME, field: marker}]
+        known[key] = marker in _probe_render(tokenizer, conversation, enable_thinking=enable_thinking)
+    return known[key]
+
+
+def dropped_reasoning(tokenizer: Any, messages: Sequence[Mapping[str, Any]], *, tools: Sequence[Any] | None = None,
+                      enable_thinking: bool = False) -> list[tuple[int, str]]:
+    """(message index, field) of each earlier-turn reasoning (``earlier_reasoning``) the template
+    leaves out of this conversation's render (Qwen3's drops the reasoning of turns before the last
+    user message). Each reasoning text is replaced by a marker of its own, so a text that also
+    appears elsewhere cannot pass for rendered. No earlier-turn reasoning: no render. A
+    conversation the template cannot render at all gives [] (encoding it names the row)."""
+    earlier = earlier_reasoning(messages)
+    if not earlier:
+        return []
+    marked = [dict(m) if isinstance(m, Mapping) else m for m in messages]
+    for k, (i, field) in enumerate(earlier):
+        marked[i][field] = f"align-reasoning-probe-{k}"
+    try:
+        text = apply_template(tokenizer, marked, tools=tools, enable_thinking=enable_thinking)
+    except InputError:
+        return []
+    return [place for k, place in enumerate(earlier) if f"align-reasoning-probe-{k}" not in text]
 
 
 def turn_end(tokenizer: Any, *, enable_thinking: bool = False) -> str:

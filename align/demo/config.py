@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, fields
 from typing import Any
 
+from align.demo.reward import MAX_WEIGHT
 from align.errors import ConfigError
 
 # The Apertus default system text's date, the same in every step (SFT, sampling, the pass,
@@ -49,7 +50,8 @@ class DemoConfig:
                 "(whose files, listed in its _demo.json, a new run replaces)"})
     preset: str = field(default="full", metadata={
         "help": "'full' (the defaults below) or 'ci' (fewer examples, prompts and steps: a quick path check)"})
-    seed: int = field(default=0, metadata={"help": "seeds data, model init, sampling and training"})
+    seed: int = field(default=0, metadata={"help": "seeds data, model init, sampling and training",
+                                           "max": 2**32 - 2})  # sampling takes seed + 1
     length: int = field(default=5, metadata={"help": "digits per problem (the task sorts them)"})
     num_sft_examples: int = field(default=40000, metadata={"help": "SFT conversations"})
     tool_fraction: float = field(default=0.05, metadata={"help": "share of SFT conversations that call the calculator"})
@@ -83,9 +85,11 @@ class DemoConfig:
                 "'graded' (a reward-model stand-in: partial credit, a length bias, noise; align/demo/reward.py). The "
                 "held-out evaluation reports both"})
     reward_noise: float = field(default=0.1, metadata={
-        "help": "graded reward: the noise's standard deviation (a fixed draw per prompt and answer)"})
+        "help": "graded reward: the noise's standard deviation (a fixed draw per prompt and answer)",
+        "min": 0, "max": MAX_WEIGHT})
     reward_length_bias: float = field(default=0.05, metadata={
-        "help": "graded reward: the bonus per digit beyond the prompt's count (a bias a policy can exploit)"})
+        "help": "graded reward: the bonus per digit beyond the prompt's count (a bias a policy can exploit)",
+        "min": 0, "max": MAX_WEIGHT})
     metric: str = field(default="reward_sampled", metadata={
         "help": "what chooses each method's point on the validation prompts (align.sweep.METRICS)"})
     validation_samples: int = field(default=4, metadata={

@@ -41,19 +41,23 @@ def summary_table(accuracy: Mapping[str, Mapping[str, Any]], gains: Mapping[str,
     ci = lambda value, signed=False: _ci(value, form["scale"], signed, form["digits"])
     width = max([8] + [len(name) + 2 for name in accuracy])
     what = form["what"]
+    with_kl = measure == "exact" and any(values.get("kl") for values in accuracy.values())
     header = f"{'policy':<{width}}{f'sampled {what} (T=1)':>30}{f'greedy {what}':>26}{'sampled gain vs SFT':>26}"
+    header += f"{'KL to SFT (nats)':>24}" if with_kl else ""
     lines = [header, "-" * len(header)]
     for name, values in accuracy.items():
         gain = gains.get(name, {}).get("sampled")
+        kl = (f"{_ci(values.get('kl'), 1.0, False, 2) if values.get('kl') else '(reference)':>24}"
+              if with_kl else "")
         lines.append(f"{name.upper():<{width}}{ci(values['sampled']):>30}{ci(values['greedy']):>26}"
-                     f"{ci(gain, signed=True) if gain else '(baseline)':>26}")
+                     f"{ci(gain, signed=True) if gain else '(baseline)':>26}{kl}")
     differences = [("QRPO - DPO", head_to_head)] if head_to_head else []
     for method, later in (rounds or {}).items():
         differences += [(f"{method.upper()} round {r['round']} - {r['round'] - 1}", r) for r in later]
     for label, difference in differences:
         lines.append(f"{label:<{width + 4}}{ci(difference.get('sampled'), signed=True):>26}"
                      f"{ci(difference.get('greedy'), signed=True):>26}")
-    lines.append(form["unit"])
+    lines.append(form["unit"] + ("; KL of each policy's sampled answers to SFT's, per prompt" if with_kl else ""))
     for name, label in (chosen or {}).items():
         lines.append(f"{name.upper()}: {label}, chosen on the validation prompts")
     return "\n".join(lines)

@@ -42,6 +42,10 @@ from rewards.base import Conversation, RewardProvider, Score
 DIGITS = "0123456789"
 # Model output is untrusted: a longer answer is not read, it scores 0 (before noise and bias).
 MAX_ANSWER_CHARS = 1000
+# The largest noise or length bias: times the most extra digits (fewer than MAX_ANSWER_CHARS) or
+# the largest normal draw (|z| < 9: Box-Muller on 53-bit uniforms), each term stays below 1e304,
+# so every reward is a finite number (1e306 per extra digit would make an answer's reward inf).
+MAX_WEIGHT = 1e300
 
 
 def problem_of(conversation: Conversation) -> str:
@@ -81,10 +85,10 @@ class GradedSortingReward(RewardProvider):
     reference_field = None  # scored from the prompt and the completion, as a reward model is
 
     def __init__(self, *, noise: float = 0.1, length_bias: float = 0.05):
-        if not (math.isfinite(noise) and noise >= 0):
-            raise ConfigError(f"reward_noise: a finite value >= 0, got {noise}")
-        if not (math.isfinite(length_bias) and length_bias >= 0):
-            raise ConfigError(f"reward_length_bias: a finite value >= 0, got {length_bias}")
+        for key, value in (("reward_noise", noise), ("reward_length_bias", length_bias)):
+            if not (math.isfinite(value) and 0 <= value <= MAX_WEIGHT):
+                raise ConfigError(f"{key}: must be from 0 to {MAX_WEIGHT} (so that every reward stays finite), "
+                                  f"got {value}")
         self.noise, self.length_bias = float(noise), float(length_bias)
 
     def score(self, conversations: Sequence[Conversation], completions: Sequence[str], *,
@@ -100,6 +104,8 @@ class GradedSortingReward(RewardProvider):
         extra = max(0, digits - len(problem))
         z = noise_draw(problem, answer)
         value = parts["base"] + self.length_bias * extra + self.noise * z
+        if not math.isfinite(value):  # MAX_WEIGHT keeps it finite: a bug if this is ever reached
+            raise RuntimeError(f"graded reward: {value} for an answer with {extra} extra digits")
         return Score(value, None, {**{k: round(v, 6) for k, v in parts.items()}, "extra_digits": extra,
                                    "noise": round(self.noise * z, 6)})
 
@@ -108,4 +114,4 @@ class GradedSortingReward(RewardProvider):
                 "max_answer_chars": MAX_ANSWER_CHARS}
 
 
-__all__ = ["GradedSortingReward", "base_score", "noise_draw", "problem_of"]
+__all__ = ["MAX_WEIGHT", "GradedSortingReward", "base_score", "noise_draw", "problem_of"]

@@ -16,9 +16,11 @@ The hardware comes from these keys, else from the recipe's ``# hardware:`` comme
 else one node of 8 GPUs of 80 GiB; how training is launched from ``zero_stage`` /
 ``accelerate_config``, else from the ``accelerate launch --config_file`` command in the
 recipe's header, else the trainer's ``deepspeed`` key (none: DDP). A model path that is
-the output_dir of another recipe in the same directory (``runs/apertus-8b/sft``) is traced
-back to the model it was trained from; hub names need a local copy, the Hugging Face cache,
-or the numbers align ships (align/plan/known_configs/), else ``model_config=PATH``.
+the output_dir of another step of the same pipeline recipe, or of a recipe the header's
+``# lineage: sft.yaml`` line names (``runs/apertus-8b/sft``), is traced back to the model it
+was trained from (no other file beside the recipe is read); hub names need a local copy, the
+Hugging Face cache, or the numbers align ships (align/plan/known_configs/), else
+``model_config=PATH``.
 
 Examples::
 

@@ -58,6 +58,7 @@ from align.drivers.submit_checks import (
     partition_limits_or_none,
     required_problems,
     unset_variables,
+    url_credentials,
 )
 from align.errors import ConfigError, InputError
 from align.io import write_json
@@ -65,7 +66,12 @@ from align.io.records import looks_local
 from align.manifests import redact
 from align.manifests.lifecycle import input_paths
 from align.manifests.settings import flatten, init_settings, is_path_key
-from align.manifests.state import recorded_manifest, remove_stage_output
+from align.manifests.state import (
+    recorded_manifest,
+    remove_stage_output,
+    started_manifest,
+    unreadable_manifest,
+)
 from align.manifests.status import Outputs, StepState, shard_list, step_state
 from align.recipe import PipelineSettings, Recipe, Step
 from align.slurm import SHIPPED_SCRIPTS, StepJob, active_jobs, dependency_options, sbatch
@@ -236,7 +242,7 @@ def _redo(stale: list[tuple[Step, StepState]], dry_run: bool) -> None:
         if not output_dir.is_dir():
             continue
         _, found = recorded_manifest(output_dir)
-        if found is None:
+        if found is None and unreadable_manifest(output_dir) is None:  # a cut-off manifest: its ledger still says
             raise InputError(f"{step.name}: {output_dir} was written without a manifest (an earlier version of "
                              "align): what it holds is unknown, so it is not removed; remove it yourself")
         if dry_run:
@@ -245,9 +251,7 @@ def _redo(stale: list[tuple[Step, StepState]], dry_run: bool) -> None:
         from align.io import stage_completion_info
         from align.manifests.state import MANIFEST_FILE
 
-        removed, kept = remove_stage_output(output_dir, json.loads((output_dir / MANIFEST_FILE).read_text())
-                                            if (output_dir / MANIFEST_FILE).exists() else None,
-                                            stage_completion_info(output_dir))
+        removed, kept = remove_stage_output(output_dir, started_manifest(output_dir), stage_completion_info(output_dir))
         (output_dir / MANIFEST_FILE).unlink(missing_ok=True)
         print(f"[align submit] {step.name}: overwrite=true: removed the {len(removed)} entries the step wrote in "
               f"{output_dir}" + (f"; kept {', '.join(kept[:5])}" if kept else ""))
@@ -287,6 +291,7 @@ def run(submission: Submission | Recipe) -> dict[str, str]:
     problems += _missing_files(planned)
     problems += required_problems([p.job for p in planned if p.job], settings.slurm.required)
     problems += unset_variables(settings.slurm.env)
+    problems += url_credentials(recipe)
     fitted, refused = fit_time_limits([p.job for p in planned if p.job], partition_limits_or_none)
     times = {job.step: job.settings.time for job in fitted}
     problems += refused

@@ -12,6 +12,9 @@ never downloads, and never runs other code than was submitted.
   Apertus recipes) the jobs only read it: 16 judge tasks never download a 32B model each.
 - **Variables**: a ``$VAR`` in ``slurm.env`` unset here is refused (the jobs take this
   shell's environment, and would run without it).
+- **Keys**: a URL setting that carries credentials (``base_url: http://user:pw@host/v1``,
+  ``?api_key=``) is refused: the recipe the jobs read leaves them out, so the jobs would reach
+  the server without a key; the key goes in the variable ``api_key_env`` names.
 - **Code frozen per submission**: the ``align`` the jobs run is a snapshot of this one
   (``log_dir/code/DIGEST``, first on the jobs' ``PYTHONPATH``); editing the checkout during a
   three-day run changes nothing, and a job checks it runs the snapshot (``ALIGN_CODE``).
@@ -29,6 +32,7 @@ from typing import Any
 
 from align.errors import ConfigError, ServiceError
 from align.io.fingerprint import file_digest, json_digest
+from align.io.http import has_credentials, safe_url
 from align.io.records import looks_local
 from align.manifests.settings import flatten, init_settings
 from align.recipe import Recipe
@@ -126,6 +130,21 @@ def _served(flat: dict[str, Any], key: str) -> bool:
             if flat.get(backend) is not None:
                 return flat[backend] == "openai"
     return False
+
+
+def url_credentials(recipe: Recipe) -> list[str]:
+    """One line per setting whose URL carries credentials (``user:password@``, ``?api_key=``): the recipe the
+    jobs read is written without them (``redact``), so a job would reach its server without the key."""
+    problems = []
+    for step in recipe:
+        if step.phase:
+            continue
+        for key, value in flatten(init_settings(recipe.config(step))).items():
+            if isinstance(value, str) and has_credentials(value):
+                problems.append(f"{step.name}.{key}={safe_url(value)!r} carries credentials, and the recipe the "
+                                "jobs read is written without them: give the URL without them and put the key in "
+                                "an environment variable named by api_key_env (the jobs take this environment)")
+    return problems
 
 
 def unset_variables(env: dict[str, Any]) -> list[str]:

@@ -32,6 +32,7 @@ from align.bootstrap import check_resamples
 from align.data.records import record_id, validate_prompt
 from align.errors import ConfigError, InputError, RecordError
 from align.eval import stats
+from align.eval.rescore import DIGEST_FIELD, prompt_digest
 from align.eval.summary import BREAKDOWN_COLUMNS, build_report
 from align.io import job_is_complete, read_output
 from align.jobs import run_job
@@ -179,9 +180,9 @@ class EvalSettings:
 
     greedy: bool = field(default=True, metadata={"help": "generate one greedy completion per prompt"})
     n: int = field(default=4, metadata={"help": "samples per prompt (0: greedy only)"})
-    temperature: float = field(default=1.0, metadata={"help": "sampling temperature (KL needs 1)"})
-    top_p: float = field(default=1.0, metadata={"help": "nucleus sampling (KL needs 1)"})
-    max_tokens: int = field(default=512, metadata={"help": "completion length budget"})
+    temperature: float = field(default=1.0, metadata={"help": "sampling temperature (KL needs 1)", "min": 0})
+    top_p: float = field(default=1.0, metadata={"help": "nucleus sampling (KL needs 1)", "above": 0, "max": 1})
+    max_tokens: int = field(default=512, metadata={"help": "completion length budget", "min": 1})
     seed: int = field(default=0, metadata={"help": "each prompt's draws are seeded by (seed, id), the same for "
                                            "every policy"})
     judge_pairwise: bool = field(default=True, metadata={"help": "judge: also compare with the baseline head to "
@@ -200,8 +201,8 @@ class EvalSettings:
     confidence: float = field(default=stats.DEFAULT_CONFIDENCE, metadata={"help": "confidence level of every "
                                                                           "interval"})
     batch_size: int = field(default=256, metadata={"help": "prompts per job batch (each step; generation sends "
-                                                   "batch_size x (1 + n) sequences to the engine at once)"})
-    kl_batch_size: int = field(default=32, metadata={"help": "KL: sequences per forward pass"})
+                                                   "batch_size x (1 + n) sequences to the engine at once)", "min": 1})
+    kl_batch_size: int = field(default=32, metadata={"help": "KL: sequences per forward pass", "min": 1})
     plots: bool = field(default=True, metadata={"help": "write the PNG plots"})
     shard_index: int = field(default=0, metadata={"help": "this task's shard of the prompts"})
     num_shards: int = field(default=1, metadata={"help": "number of shards"})
@@ -711,7 +712,7 @@ def assemble_rows(prompts: list[dict], policies: Sequence[EvalPolicy], generatio
     """One eval.jsonl row per prompt: each policy's completions with their scores and comparisons."""
     rows = []
     for k, prompt in enumerate(prompts):
-        row: dict[str, Any] = {"id": prompt["id"]}
+        row: dict[str, Any] = {"id": prompt["id"], DIGEST_FIELD: prompt_digest(prompt)}  # what rescore_rows matches
         for column in BREAKDOWN_COLUMNS:
             if prompt.get(column) is not None:
                 row[column] = prompt[column]

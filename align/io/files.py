@@ -11,13 +11,14 @@ from __future__ import annotations
 import json
 import os
 import re
+import stat
 import tempfile
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import IO, Any
 
+from align.errors import AlignError, InputError
 from align.io.ledger import note
-from align.errors import InputError
 
 
 def _file_line(path: Path, line: int) -> str:
@@ -135,17 +136,52 @@ def _utf8_lines(path: Path, handle: IO[str], where: Callable[[Path, int], str]) 
     try:
         yield from enumerate(handle, 1)
     except UnicodeDecodeError as exc:
-        with path.open("rb") as raw:  # the text reader decodes ahead: find the line itself
-            number = next((n for n, line in enumerate(raw, 1) if not _is_utf8(line)), 1)
-        raise InputError(f"{where(path, number)}: not UTF-8 text ({exc.reason}); JSONL is read as UTF-8") from None
+        number, offset, byte = _first_bad_byte(path)  # the text reader decodes ahead: find the byte itself
+        raise InputError(f"{where(path, number)}: not UTF-8 text: byte {offset} is {byte!r} ({exc.reason}); JSONL "
+                         "is read as UTF-8: save it as UTF-8 (a Latin-1 file: iconv -f latin1 -t utf-8)") from None
 
 
-def _is_utf8(data: bytes) -> bool:
+def _first_bad_byte(path: Path) -> tuple[int, int, bytes]:
+    """(line number, byte offset in the file, the byte) of the first byte that is not UTF-8."""
+    offset = 0
+    with path.open("rb") as raw:
+        for number, line in enumerate(raw, 1):
+            try:
+                line.decode("utf-8")
+            except UnicodeDecodeError as exc:
+                return number, offset + exc.start, line[exc.start:exc.start + 1]
+            offset += len(line)
+    return 1, 0, b""
+
+
+def read_text(path: str | Path, *, error: type[AlignError] = InputError, what: str = "") -> str:
+    """A text file a user wrote (a recipe, a ``from:`` file, a charter, a prompt file), read as
+    UTF-8 whatever the locale. Bytes that are not UTF-8 are one ``error`` naming the file, the
+    byte offset and line; so is a path that is not a regular file (a FIFO would block the read
+    forever). ``what`` says what the file is for (``charter``), before its path."""
+    path = Path(path)
+    label = f"{what} {path}" if what else str(path)
     try:
-        data.decode("utf-8")
-    except UnicodeDecodeError:
-        return False
-    return True
+        regular = stat.S_ISREG(os.stat(path).st_mode)
+        data = path.read_bytes() if regular else b""
+    except FileNotFoundError:
+        raise error(f"{label}: file not found") from None
+    except OSError as exc:
+        raise error(f"{label}: cannot be read ({exc.strerror or exc})") from None
+    if not regular:
+        raise error(f"{label}: not a regular file (a FIFO, a device or a directory); name a text file")
+    return decode_utf8(data, label, error=error)
+
+
+def decode_utf8(data: bytes, label: str, *, error: type[AlignError] = InputError) -> str:
+    """``data`` as UTF-8 text; otherwise one ``error`` naming ``label``, the byte offset and line."""
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        line = data.count(b"\n", 0, exc.start) + 1
+        raise error(f"{label}: not UTF-8 text: byte {exc.start} (line {line}) is {data[exc.start:exc.start + 1]!r} "
+                    f"({exc.reason}); align reads text files as UTF-8: save it as UTF-8 (a Latin-1 file: "
+                    f"iconv -f latin1 -t utf-8)") from None
 
 
 def _umask() -> int:
@@ -176,8 +212,10 @@ def atomic_write(path: str | Path, write: Callable[[IO[str]], None]) -> Path:
             handle.flush()
             os.fsync(handle.fileno())
         os.replace(tmp, path)
-    except BaseException:
+    except BaseException as exc:
         Path(tmp).unlink(missing_ok=True)
+        if isinstance(exc, OSError) and exc.filename is None:
+            exc.filename = str(path)  # a write or fsync names no file: name the one it was for (a full disk)
         raise
     return path
 

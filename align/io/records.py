@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from align.errors import InputError, MissingInputError, RecordError
-from align.io.files import iter_jsonl, parse_json
+from align.io.files import iter_jsonl, parse_json, read_text
 from align.io.shards import is_job_shard
 
 DATA_SUFFIXES = (".jsonl", ".json", ".parquet")
@@ -127,12 +127,9 @@ def _read_located(source: str | Path, split: str) -> tuple[list[dict[str, Any]],
         return [record for _, record in located], [f"{path.name}:{number}" for number, _ in located]
     if suffix == ".json":
         try:
-            data = parse_json(path.read_text(encoding="utf-8"), str(path))
+            data = parse_json(read_text(path), str(path))
         except json.JSONDecodeError as exc:
             raise InputError(f"{path}:{exc.lineno}: not valid JSON ({exc.msg})") from exc
-        except UnicodeDecodeError as exc:
-            raise InputError(f"{path}: not UTF-8 text ({exc.reason} at byte {exc.start}); JSON is read as UTF-8") \
-                from None
         if not isinstance(data, list):
             raise InputError(f"{path}: expected a JSON list of records")
         for number, row in enumerate(data):

@@ -17,6 +17,7 @@ a half record and the record is simply redone.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import fcntl
 import json
@@ -156,21 +157,38 @@ class ShardWriter:
             os.fsync(self._fd)
 
     def write(self, line: bytes) -> None:
-        """Append one encoded line (a single write, retried only on a short write)."""
+        """Append one encoded line (a single write, retried only on a short write). A write the disk
+        refuses (full) names the shard; the line it cut short is dropped when the shard is opened again."""
         view = memoryview(line)
-        while view:
-            view = view[os.write(self._fd, view):]
+        with self._naming():
+            while view:
+                view = view[os.write(self._fd, view):]
 
     def sync(self) -> None:
-        os.fsync(self._fd)
+        with self._naming():
+            os.fsync(self._fd)
+
+    @contextlib.contextmanager
+    def _naming(self) -> Iterator[None]:
+        """An ``OSError`` of a write names no file: here it names the shard."""
+        try:
+            yield
+        except OSError as exc:
+            if exc.filename is None:
+                exc.filename = str(self.path)
+            raise
 
     def close(self) -> None:
-        if self._fd >= 0:
-            os.fsync(self._fd)
-            os.close(self._fd)
-            self._fd = -1
-        fcntl.flock(self._lock, fcntl.LOCK_UN)
-        os.close(self._lock)
+        try:
+            if self._fd >= 0:
+                with self._naming():
+                    os.fsync(self._fd)
+        finally:
+            if self._fd >= 0:
+                os.close(self._fd)
+                self._fd = -1
+            fcntl.flock(self._lock, fcntl.LOCK_UN)
+            os.close(self._lock)
 
     def __enter__(self) -> Self:
         return self

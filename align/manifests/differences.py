@@ -21,14 +21,29 @@ def _show(value: Any) -> str:
     return text if len(text) <= 60 else text[:57] + "..."
 
 
-def _rows_change(old: Mapping[str, str], new: Mapping[str, str]) -> str:
+def _row_counts(old: Mapping[str, str], new: Mapping[str, str]) -> str:
+    """How the rows differ (``1 row differs, 1 added``), or "" for the same rows."""
     differ = sum(1 for k in old.keys() & new.keys() if old[k] != new[k])
     added, removed = len(new.keys() - old.keys()), len(old.keys() - new.keys())
     parts = ([f"{differ} row{'s differ' if differ != 1 else ' differs'}"] if differ else []) + \
         ([f"{added} added"] if added else []) + ([f"{removed} removed"] if removed else [])
-    if not parts:
-        return "content changed (the same rows, in another order or layout)"
-    return f"content changed ({', '.join(parts)})"
+    return ", ".join(parts)
+
+
+def _rows_change(old: Mapping[str, str], new: Mapping[str, str]) -> str:
+    counts = _row_counts(old, new)
+    return f"content changed ({counts})" if counts else "content changed (the same rows, in another order or layout)"
+
+
+def _now_plain(name: str, before: Mapping[str, Any], after: Mapping[str, Any], counts: str | None) -> str:
+    """An input that was a stage's output and is a plain file or directory now (a copy of it): no
+    earlier stage's manifest is involved, so what changed is the input's own content."""
+    rows = "" if counts is None else f"; {counts}" if counts else "; the same rows"
+    kind, stage = after.get("kind"), before.get("stage") or "earlier"
+    if kind == "name":
+        return f"{name}: now a dataset name, no earlier stage's output (was the {stage} stage's output)"
+    return (f"{name}: the input {kind}'s content changed: a plain {kind} now, no earlier stage's output (it was the "
+            f"{stage} stage's output{rows})")
 
 
 def _model_change(old: Mapping[str, str], new: Mapping[str, str]) -> str:
@@ -76,6 +91,11 @@ def differences(stage: str, old: Mapping[str, Any], new: Manifest, old_rows: Map
                 before.get("stage") != after.get("stage"):
             lines.append(f"{name}: now the {after.get('stage')} stage's output (was the {before.get('stage')} "
                          "stage's)")
+        elif before.get("kind") == "stage" and after.get("kind") in ("file", "directory", "name"):
+            known = old_rows and new_rows and key in old_rows and key in new_rows
+            lines.append(_now_plain(name, before, after, _row_counts(old_rows[key], new_rows[key]) if known else None))
+        elif after.get("kind") == "stage" and before.get("kind") != "stage":
+            lines.append(f"{name}: now the {after.get('stage')} stage's output (was a plain {before.get('kind')})")
         elif after.get("kind") == "stage" or before.get("kind") == "stage":
             if before.get("fingerprint") == after.get("fingerprint") and after.get("output_id") is None \
                     and "output_id" in after:

@@ -32,7 +32,12 @@ The rules (each also in docs/bad-inputs.md):
   (``align.io.ledger``) and the files its completion marker lists, after every input was
   read and checked; nothing else in the directory is touched;
 * **verified outputs**: ``_COMPLETE.json`` lists every file written with its digest
-  (``align.manifests.outputs``); an output edited since is "changed since it was made".
+  (``align.manifests.outputs``); an output edited since is "changed since it was made";
+* **a disk that refuses**: a complete and current output is skipped before its directory's
+  writability is checked and without a lock file (a read-only mount holds finished work); a
+  write that finds the disk full or read-only is one line naming the path, what to free and
+  that the same command resumes (``align.io.disk.writing``, around the stage's writes); a lock
+  file that is a directory, a link or cannot be opened is refused by name.
 """
 
 from __future__ import annotations
@@ -50,9 +55,10 @@ from typing import Any
 
 from align import ranks, stage_table
 from align.config import to_dict
-from align.errors import ConfigError, InputError, MissingInputError
+from align.errors import ConfigError, InputError, MissingInputError, NotWritableError
 from align.io import STAGE_COMPLETE_MARKER, mark_stage_complete, read_records, stage_completion_info
-from align.io.fingerprint import json_digest, remembered
+from align.io.disk import writing
+from align.io.fingerprint import json_digest, remembered, weight_files
 from align.io.ledger import close_ledger, note_names, open_ledger
 from align.io.records import is_marker, looks_local
 from align.jobs.runner import guard_writes
@@ -60,7 +66,7 @@ from align.manifests.outputs import changed_outputs, record_outputs
 from align.manifests.redaction import redact
 from align.manifests.rerun import Begun, StaleOutputError, begin, completion_fields, start
 from align.manifests.settings import flatten, init_settings, looks_like_path
-from align.manifests.state import MANIFEST_FILE, WRITER_LOCK, read_json
+from align.manifests.state import MANIFEST_FILE, WRITER_LOCK, open_lock, read_json
 from align.stage_table import data_file_of
 
 # --------------------------------------------------------------------------- input checks
@@ -128,9 +134,10 @@ def check_model_path(model: str | Path | None, stage: str, key: str) -> None:
                                 "name such as org/name)")
 
 
-def check_output_dir(path: str | Path, stage: str, key: str = "output_dir") -> None:
-    """An output directory that cannot be created or written is an error before any work; so is one
-    that is a dangling or looping symbolic link."""
+def check_output_dir(path: str | Path, stage: str, key: str = "output_dir", *, writable: bool = True) -> None:
+    """An output directory that cannot be created is an error before any work; so is one that is a
+    dangling or looping symbolic link, and (``writable``) one that cannot be written. A stage checks
+    ``writable`` only once it knows it will write: a finished output on a read-only mount is skipped."""
     path = Path(path).expanduser()
     if path.is_symlink() and not path.exists():
         raise InputError(f"{stage}: {key}={str(path)!r} is a symbolic link to nothing (or to itself): point it "
@@ -139,9 +146,17 @@ def check_output_dir(path: str | Path, stage: str, key: str = "output_dir") -> N
         if ancestor.exists():
             if not ancestor.is_dir():
                 raise InputError(f"{stage}: {key}={str(path)!r}: {str(ancestor)!r} is a file, not a directory")
-            if not os.access(ancestor, os.W_OK | os.X_OK):
-                raise InputError(f"{stage}: {key}={str(path)!r}: {str(ancestor)!r} is not writable")
+            if writable:
+                check_writable(path, ancestor, stage, key)
             return
+
+
+def check_writable(path: Path, ancestor: Path, stage: str, key: str = "output_dir") -> None:
+    """The nearest existing directory of ``output_dir`` may be written (a read-only mount or a
+    directory without write permission is refused before any work, naming it)."""
+    if not os.access(ancestor, os.W_OK | os.X_OK):
+        raise NotWritableError(f"{stage}: {key}={str(path)!r}: {str(ancestor)!r} is not writable (a read-only "
+                               "mount, or no write permission): make it writable, or choose another output_dir")
 
 
 def read_input(path: str | Path, stage: str, key: str) -> list[dict[str, Any]]:
@@ -219,7 +234,7 @@ class StageRun:
 
     def _begin(self) -> None:
         if self.output_dir is not None:
-            check_output_dir(self.output_dir, self.stage)
+            check_output_dir(self.output_dir, self.stage, writable=False)  # written only if not skipped
             check_apart(self.stage, self.config, self.output_dir)
         self._memo = contextlib.ExitStack()
         self._memo.enter_context(remembered())
@@ -234,8 +249,15 @@ class StageRun:
             if self.begun.skip:
                 self._end()
             return
+        self._decide()
+
+    def _decide(self) -> None:
+        """Rank 0 (or the only process) applies the rerun rules and shares what it decided; an output
+        it will write must be writable (a complete and current one is skipped without writing)."""
         try:
             self.begun = begin(self.stage, self.config, self.output_dir, overwrite=self.overwrite)
+            if not self.begun.skip:
+                check_output_dir(self.output_dir, self.stage)
         except BaseException:
             if ranks.launch_group() is not None:
                 ranks.share({"error": True})  # the other ranks raise on it, reading nothing else
@@ -257,7 +279,7 @@ class StageRun:
         if key in _HELD:  # the abandoned run keeps no claim on it: closing it later leaves the lock alone
             _HELD[key] = (_HELD[key][0], self)
             return
-        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o644)
+        fd = open_lock(path, self.stage)  # a directory, a link or an unwritable file there: refused by name
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
@@ -457,6 +479,8 @@ def run_stage(name: str, config: Any, work: Callable[[StageRun], dict[str, Any] 
     run = StageRun.begin(name, config, job=entry.shards)
     if run.skip:
         return {}
+    needs = (lambda: model_bytes(setting_at(config, "model_name_or_path"))) if entry.writes == stage_table.MODEL \
+        else None
     try:
         for key, reads in entry.reads.items():
             value = setting_at(config, key)
@@ -466,17 +490,29 @@ def run_stage(name: str, config: Any, work: Callable[[StageRun], dict[str, Any] 
                 run.check(key)
             elif reads.how == "model":
                 check_model_path(value, name, key)
-        if prepare is not None:
-            prepare(run)
-        run.start()
-        result = work(run)
+        with writing(name, run.output_dir, needs):  # a full or read-only disk: one line, and a rerun resumes
+            if prepare is not None:
+                prepare(run)
+            run.start()
+            result = work(run)
     except BaseException:
         run.close()
         raise
     if isinstance(result, Unfinished):
         run.close()
         return result.summary
-    return run.finish(result)
+    with writing(name, run.output_dir, needs):
+        return run.finish(result)
+
+
+def model_bytes(model: Any) -> int | None:
+    """The bytes of a local model's weight files: about what saving the model trained from it takes."""
+    if not isinstance(model, (str, Path)) or not Path(model).expanduser().is_dir():
+        return None
+    try:
+        return sum(path.stat().st_size for path in weight_files(Path(model).expanduser())) or None
+    except OSError:
+        return None
 
 
 def setting_at(config: Any, key: str) -> Any:

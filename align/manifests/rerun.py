@@ -38,6 +38,8 @@ from align.manifests.state import (
     read_json,
     recorded_manifest,
     remove_stage_output,
+    started_manifest,
+    unreadable_manifest,
 )
 
 
@@ -89,6 +91,13 @@ def begin(stage: str, config: Any, output_dir: str | Path, *, overwrite: bool = 
     if recorded is not None and recorded.get("stage") not in (None, stage):
         raise StaleOutputError(f"{stage}: {output_dir} holds the {recorded.get('stage')} stage's output; choose "
                                "another output_dir (overwrite=true never removes another stage's output)")
+    problem = unreadable_manifest(output_dir) if recorded is None else None
+    if problem is not None:
+        if overwrite:
+            return Begun(False, manifest, output_dir, overwrite=True)
+        raise StaleOutputError(f"{stage}: {output_dir} holds a partial output whose manifest ({MANIFEST_FILE}) is "
+                               f"{problem}, so what it was made from is unknown: rerun with overwrite=true to remove "
+                               f"what the stage wrote there and redo it, or remove {output_dir} yourself")
     if recorded is None:
         raise StaleOutputError(f"{stage}: {output_dir} holds a stage output written without a manifest (by an "
                                "earlier version of align), so what it was made from, and which of its files the "
@@ -113,9 +122,9 @@ def start(begun: Begun, rows_by_key: Mapping[str, Sequence[Mapping[str, Any]]] |
     if not ranks.is_writer():
         _wait_for_manifest(output_dir, manifest)
         return
-    with locked(output_dir):
+    with locked(output_dir, manifest.stage):
         state, recorded = recorded_manifest(output_dir)  # again, under the lock: others may have started
-        found = read_json(output_dir / MANIFEST_FILE)
+        found = started_manifest(output_dir)
         if begun.redo or (state != "empty" and (recorded or {}).get("fingerprint") != manifest.fingerprint):
             if not begun.overwrite:  # another run started here since `begin` looked
                 raise StaleOutputError(f"{manifest.stage}: {output_dir} now holds work of another run with other "
@@ -142,7 +151,7 @@ def _wait_for_manifest(output_dir: Path, manifest: Manifest, timeout: float = 18
     """Ranks other than 0 start once rank 0 has cleaned (if asked) and recorded this manifest."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        found = read_json(output_dir / MANIFEST_FILE)
+        found = started_manifest(output_dir)
         if found and found.get("fingerprint") == manifest.fingerprint:
             return
         time.sleep(0.2)
@@ -157,7 +166,7 @@ def completion_fields(begun: Begun | None) -> dict[str, Any]:
     """
     if begun is None:
         return {}
-    found = read_json(begun.output_dir / MANIFEST_FILE)
+    found = started_manifest(begun.output_dir)
     if found is not None and found.get("fingerprint") != begun.manifest.fingerprint:
         raise StaleOutputError(f"{begun.manifest.stage}: {begun.output_dir} was taken over by a run with other "
                                "settings or inputs while this one worked; it is not marked complete. "

@@ -27,8 +27,11 @@ NEUTRAL_KEYS = frozenset({
     "local_rank", "ddp_timeout", "skip_memory_metrics",
     "dataloader_num_workers", "dataloader_pin_memory", "dataloader_persistent_workers",
     "dataloader_prefetch_factor",
+    # how an OpenAI-compatible server is reached (at any depth: sampler.base_url, reward.timeout_s): the served
+    # model is named by ``model``, so a server back on another port, or a longer wait, changes no result
     "api_key_env",  # names the variable holding a key; never the key, never a result
     "concurrency",  # requests in flight to an OpenAI-compatible server
+    "base_url", "timeout_s", "max_retries",
 })
 
 # Per stage: keys that group work without changing any result (the stage table says which and

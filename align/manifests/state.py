@@ -4,6 +4,7 @@ empty, the lock its writers share, and removing what the stage wrote."""
 from __future__ import annotations
 
 import contextlib
+import errno
 import fcntl
 import json
 import os
@@ -13,7 +14,9 @@ from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
+from align.errors import InputError, NotWritableError
 from align.io import STAGE_COMPLETE_MARKER, stage_completion_info
+from align.io.disk import not_writable_message
 from align.io.ledger import LEDGER_FILE, written
 from align.io.records import is_marker
 
@@ -29,8 +32,33 @@ def read_json(path: Path) -> Any:
     """The JSON in ``path``, or None where it is missing or half-written."""
     try:
         return json.loads(path.read_text())
-    except (OSError, json.JSONDecodeError):
+    except (OSError, ValueError):  # JSONDecodeError and UnicodeDecodeError are ValueErrors
         return None
+
+
+def started_manifest(output_dir: str | Path) -> dict[str, Any] | None:
+    """The manifest a run recorded when it started (``_manifest.json``), or None where there is
+    none or it cannot be read (``unreadable_manifest`` says why)."""
+    found = read_json(Path(output_dir) / MANIFEST_FILE)
+    return found if isinstance(found, dict) else None
+
+
+def unreadable_manifest(output_dir: str | Path) -> str | None:
+    """Why ``output_dir``'s ``_manifest.json`` cannot be read (cut short, not JSON, not a mapping),
+    or None where it reads or is absent. A manifest that is there but unreadable is no sign of an
+    earlier version: its writer was cut off (a full disk, a killed copy)."""
+    path = Path(output_dir) / MANIFEST_FILE
+    if not path.is_file():
+        return None
+    try:
+        found = json.loads(path.read_text(encoding="utf-8"))
+    except OSError as exc:
+        return f"unreadable ({exc.strerror or exc})"
+    except UnicodeDecodeError:
+        return "unreadable (not UTF-8 text)"
+    except json.JSONDecodeError as exc:
+        return f"truncated or not valid JSON (line {exc.lineno}: {exc.msg})"
+    return None if isinstance(found, dict) else f"not a manifest (a JSON {type(found).__name__})"
 
 
 def recorded_manifest(output_dir: str | Path) -> tuple[str, dict[str, Any] | None]:
@@ -39,14 +67,14 @@ def recorded_manifest(output_dir: str | Path) -> tuple[str, dict[str, Any] | Non
     info = stage_completion_info(output_dir) if output_dir.is_dir() else None
     if info is not None:
         return "complete", info.get("manifest")
-    started = read_json(output_dir / MANIFEST_FILE)
+    started = started_manifest(output_dir)
     if started is not None:
         own = {MANIFEST_FILE, ROWS_FILE, LOCK_FILE, WRITER_LOCK, LEDGER_FILE, *(started.get("preexisting") or [])}
         if all(p.name in own for p in output_dir.iterdir()):
             return "empty", None  # started, but failed before writing anything: nothing to keep
         return "partial", started
-    if output_dir.is_dir() and stage_artifacts(output_dir):
-        return "partial", None
+    if output_dir.is_dir() and (stage_artifacts(output_dir) or unreadable_manifest(output_dir)):
+        return "partial", None  # a stage's work, of unknown settings
     return "empty", None
 
 
@@ -57,11 +85,36 @@ def stage_artifacts(output_dir: Path) -> list[Path]:
     return [p for p in output_dir.iterdir() if names.match(p.name)]
 
 
+def open_lock(path: Path, stage: str = "") -> int:
+    """Open (creating) one of the library's lock files, never through a symbolic link.
+
+    A lock that is a directory, a symbolic link, or a file that cannot be opened for writing
+    (immutable, or on a read-only mount) is refused by name, saying what to remove or make
+    writable: a lock is a file the library writes, and only that.
+    """
+    who = f"{stage}: " if stage else ""
+    if path.is_symlink():
+        raise InputError(f"{who}{path} is a symbolic link, not a lock file this library writes; remove the link "
+                         "(nothing it points to is touched), then run again")
+    if path.is_dir():
+        raise InputError(f"{who}{path} is a directory, not a lock file this library writes; remove it (rmdir, "
+                         "after moving out anything of yours), then run again")
+    try:
+        return os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o644)
+    except OSError as exc:
+        if exc.errno == errno.EROFS:
+            raise NotWritableError(not_writable_message(stage or "align", path, exc.errno)) from None
+        if exc.errno not in (errno.EACCES, errno.EPERM, errno.ELOOP, errno.EISDIR):
+            raise
+        raise InputError(f"{who}{path} cannot be opened for writing ({exc.strerror}): remove it (an immutable file: "
+                         "chattr -i it first), then run again") from None
+
+
 @contextlib.contextmanager
-def locked(output_dir: Path) -> Iterator[None]:
+def locked(output_dir: Path, stage: str = "") -> Iterator[None]:
     """One process at a time decides and cleans (SLURM array tasks, ranks of one launch)."""
     output_dir.mkdir(parents=True, exist_ok=True)
-    fd = os.open(output_dir / LOCK_FILE, os.O_RDWR | os.O_CREAT, 0o644)
+    fd = open_lock(output_dir / LOCK_FILE, stage)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX)
         yield

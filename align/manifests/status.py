@@ -17,7 +17,7 @@ from align.manifests.differences import explain
 from align.manifests.inputs import dir_key
 from align.manifests.manifest import build_manifest
 from align.manifests.outputs import changed_outputs
-from align.manifests.state import recorded_manifest
+from align.manifests.state import MANIFEST_FILE, recorded_manifest, unreadable_manifest
 
 _SHARD = re.compile(r"^shard-(\d{5})-of-(\d{5})\.jsonl$")
 _DONE = re.compile(r"^shard-(\d{5})-of-(\d{5})\.done\.json$")
@@ -94,6 +94,10 @@ def step_state(stage: str, config: Any, outputs: Outputs) -> StepState:
     outputs[dir_key(output_dir)] = (stage, manifest.fingerprint, (info or {}).get("output_id") if current else None)
     if state == "empty":
         return StepState("not started")
+    problem = unreadable_manifest(output_dir) if recorded is None else None
+    if problem is not None:
+        return StepState("stale", [(f"its manifest ({MANIFEST_FILE}) is {problem}: what the partial output was "
+                                    "made from is unknown; rerun the step with overwrite=true to redo it")])
     if recorded is None:
         return StepState("stale", ["written without a manifest (by an earlier version of align): what it was made "
                                    "from is unknown; remove it to redo it"])

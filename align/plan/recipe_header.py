@@ -5,8 +5,10 @@ A shipped recipe opens with comment lines: the command that runs it (``accelerat
 and a ``hardware:`` line naming the machines it is meant for (``# hardware: nodes=8
 gpus_per_node=8 gpu_memory_gib=80``). The plan reads the stage, the accelerate config and
 the hardware from them, unless its keys say otherwise. ``model_lineage`` finds where a
-model path such as ``runs/apertus-8b/sft`` comes from: the recipe (beside this one, or a
-section of the same pipeline recipe) whose ``output_dir`` it is.
+model path such as ``runs/apertus-8b/sft`` comes from: the recipe whose ``output_dir`` it
+is, among the sections or steps of the same pipeline recipe and the recipes its ``#
+lineage:`` line names (``# lineage: sft.yaml``, beside it). No other file is read: a
+directory of recipes may hold notes, or a FIFO, that are none of the plan's business.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from typing import Any
 import yaml
 
 from align.errors import ConfigError
+from align.io.files import read_text
 
 HARDWARE_KEYS = ("nodes", "gpus_per_node", "gpu_memory_gib")
 
@@ -27,7 +30,7 @@ HARDWARE_KEYS = ("nodes", "gpus_per_node", "gpu_memory_gib")
 def header_lines(path: str | Path) -> list[tuple[int, str]]:
     """(line number, text without '#') of the recipe's opening comment lines."""
     lines = []
-    for number, line in enumerate(Path(path).read_text().splitlines(), start=1):
+    for number, line in enumerate(read_text(path, error=ConfigError).splitlines(), start=1):
         if not line.startswith("#"):
             break
         lines.append((number, line.lstrip("#").strip()))
@@ -106,8 +109,8 @@ def find_file(name: str, recipe: str | Path) -> Path | None:
 def read_accelerate_config(path: str | Path) -> dict[str, Any]:
     """ZeRO stage, CPU offload and process count of an accelerate config file."""
     try:
-        data = yaml.safe_load(Path(path).read_text()) or {}
-    except (OSError, yaml.YAMLError) as exc:
+        data = yaml.safe_load(read_text(path, error=ConfigError)) or {}
+    except (ConfigError, yaml.YAMLError) as exc:
         raise ConfigError(f"accelerate_config: cannot read {path} ({exc})") from None
     deepspeed = data.get("deepspeed_config") or {}
     deepspeed_on = str(data.get("distributed_type", "")).upper() == "DEEPSPEED"
@@ -123,9 +126,30 @@ def _normal(path: str) -> str:
     return str(Path(path)).rstrip("/")
 
 
-def model_lineage(recipe: str | Path, sections: Mapping[str, Mapping[str, Any]] | None = None) -> dict[str, str]:
-    """output_dir -> the model it was trained from, for the training recipes beside ``recipe``
-    (``*.yaml`` in its directory) and the sections of a pipeline recipe."""
+def lineage_files(recipe: str | Path, lines: list[tuple[int, str]]) -> list[Path]:
+    """The recipes the header's ``# lineage: FILE ...`` line names (beside the recipe, or from
+    the working directory or a directory above it); the prose after the files is skipped."""
+    found: list[Path] = []
+    for number, text in lines:
+        match = re.match(r"lineage:\s*(.*)$", text)
+        if match is None:
+            continue
+        for word in match.group(1).split():
+            if not word.endswith((".yaml", ".yml")):
+                break  # the prose after the files
+            beside = Path(recipe).parent / word
+            path = beside if beside.exists() else find_file(word, recipe)  # a FIFO there is refused when read
+            if path is None:
+                raise ConfigError(f"{recipe}:{number}: lineage: {word} not found (beside the recipe, or from the "
+                                  "working directory)")
+            found.append(path)
+    return found
+
+
+def model_lineage(recipe: str | Path, sections: Mapping[str, Mapping[str, Any]] | None = None,
+                  lines: list[tuple[int, str]] | None = None) -> dict[str, str]:
+    """output_dir -> the model it was trained from, for the sections of a pipeline recipe and
+    the recipes its ``# lineage:`` line names (``lines``: its header, read here when not given)."""
     lineage: dict[str, str] = {}
 
     def add(mapping: Mapping[str, Any]) -> None:
@@ -136,11 +160,11 @@ def model_lineage(recipe: str | Path, sections: Mapping[str, Mapping[str, Any]] 
     for section in (sections or {}).values():
         if isinstance(section, Mapping):
             add(section)
-    for sibling in sorted(Path(recipe).resolve().parent.glob("*.yaml")):
+    for path in lineage_files(recipe, header_lines(recipe) if lines is None else lines):
         try:
-            data = yaml.safe_load(sibling.read_text())
-        except (OSError, yaml.YAMLError):
-            continue
+            data = yaml.safe_load(read_text(path, error=ConfigError, what="lineage"))
+        except yaml.YAMLError as exc:
+            raise ConfigError(f"{recipe}: lineage: {path} is not valid YAML ({exc})") from None
         if isinstance(data, Mapping):
             add(data)
     return lineage

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from align.config import ConfigError, apply_defaults
+from align.io.files import read_text
 from align.plan.advice import Knob, doublings, halvings, smallest_change
 from align.plan.configs import load_model_config, missing_config_error
 from align.plan.deepspeed_check import deepspeed_estimate
@@ -263,7 +264,10 @@ def _trainer_launch(ctx: Context, trainer: Any) -> dict[str, Any]:
         if isinstance(ds, str) and ds:
             path = find_file(ds, ctx.config.recipe)
             if path is not None:
-                ds = json.loads(path.read_text())
+                try:
+                    ds = json.loads(read_text(path, error=ConfigError, what="deepspeed"))
+                except json.JSONDecodeError as exc:
+                    raise ConfigError(f"deepspeed {path}: not valid JSON ({exc.msg}, line {exc.lineno})") from None
         stage = ((ds or {}).get("zero_optimization") or {}).get("stage", 0) if isinstance(ds, dict) else 0
         launch["zero_stage"], launch["source"] = int(stage), ("the trainer's deepspeed key" if ds else "no DeepSpeed")
     return launch
@@ -636,7 +640,7 @@ def plan_jobs(config: PlanSettings, recipe: Any, steps: list[Any]) -> tuple[list
         if step.phase:
             sections[step.name] = sections[step.name.removesuffix(f".{step.phase}")]
     ctx = Context(config, header, _hardware(config, header), _launch_source(config, header),
-                  model_lineage(path, {name: keys for name, keys in sections.items() if "." not in name}))
+                  model_lineage(path, {name: keys for name, keys in sections.items() if "." not in name}, header))
     plans = []
     for step in steps:
         here = _step_context(ctx, recipe, step) if recipe.kind == "pipeline" else ctx

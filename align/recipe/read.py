@@ -168,7 +168,10 @@ def _step_keys(name: str, keys: Any, base: Path, stages: Sequence[str]) -> dict[
         path = Path(str(keys["from"]))
         if not path.is_absolute() and (base / path).exists():
             path = base / path  # beside the recipe, else from the working directory
-        included = read_yaml(path)
+        try:
+            included = read_yaml(path)
+        except ConfigError as exc:  # the file's own error (not found, not UTF-8, not YAML), with the step it is for
+            raise ConfigError(f"steps.{name}.from: {exc}") from None
         if is_pipeline(included):
             raise ConfigError(f"steps.{name}.from: {keys['from']} is a pipeline recipe; name a stage file")
         out = merge(expand_paths(included), out)

@@ -130,9 +130,9 @@ class PromptEncoder:
         self.tokenizer, self.chat_format = tokenizer, chat_format
         self.chat_date, self.enable_thinking = chat_date, enable_thinking
         if chat_format == "tokenizer":
-            from align.chat.template import check_template
+            from align.chat.template import check_own_template
 
-            check_template(tokenizer)
+            check_own_template(tokenizer, enable_thinking=enable_thinking)
             stops, ends = list(stop_tokens or []), []
         else:
             from align.chat import get_format

@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from align.errors import ConfigError, loading
-from align.io.http import check_api_key_env
+from align.io.http import check_api_key_env, check_base_url, check_connection
 from align.sampling.base import Sampler
 
 
@@ -43,12 +43,20 @@ class SamplerConfig:
     openai backend (`vllm serve MODEL` on an inference node):
         base_url: the server's API root (http://node17:8000/v1); ``model`` is the served
             model name and ``tokenizer`` its tokenizer path (default: ``model``).
+            ``$VAR`` in it is the environment's value. Credentials in it (``user:password@``,
+            ``?api_key=...``) are sent as the Authorization header, never shown; a job
+            ``align submit`` writes cannot carry them (use api_key_env).
         api_key_env: the environment variable holding the server's API key (default:
             $OPENAI_API_KEY, sent when set). The key itself never goes in a recipe.
-        concurrency: requests in flight at once.
-        timeout_s / max_retries: per request, sized for a server many array tasks share (30
-            minutes, 5 retries with backoff on connection errors, 5xx, 408 and 429 answers). A
-            prompt the server refuses for its length is a recorded skip of that prompt.
+        concurrency: requests in flight at once (1 to 1024).
+        timeout_s / max_retries: the deadline of each request, whole (connecting and reading
+            the whole answer), and how often it is asked again, sized for a server many array
+            tasks share (30 minutes, 5 retries with backoff on connection errors, requests past
+            the deadline, answers cut short or aborted, 5xx, 408 and 429). At most a week, and
+            100 retries. A prompt that does not fit the server's max_model_len is skipped
+            before it is sent; any refusal of a request is a ServerError.
+        The connection keys (base_url, api_key_env, timeout_s, max_retries, concurrency)
+        change no result: a finished output stays current when they change.
         The context length is the smaller of the server's (asked from ``/models``) and the
         recipe's (``max_model_len`` or ``engine_kwargs.max_model_len``).
     """
@@ -79,6 +87,9 @@ class SamplerConfig:
         if self.backend == "openai" and not self.base_url:
             raise ConfigError("base_url: the openai backend needs the server's URL (http://host:8000/v1)")
         check_api_key_env(self.api_key_env)
+        if self.base_url:
+            self.base_url = check_base_url(self.base_url, self.api_key_env)
+        check_connection(self.timeout_s, self.max_retries, self.concurrency)
         if "dtype" in self.engine_kwargs:
             raise ConfigError("engine_kwargs.dtype: set the dtype key instead (one dtype for every backend; "
                               "docs/settings.md)")
@@ -90,12 +101,6 @@ class SamplerConfig:
             raise ConfigError(f"gpu_memory_utilization: must be in (0, 1], got {self.gpu_memory_utilization}")
         if self.max_model_len is not None and self.max_model_len < 2:
             raise ConfigError(f"max_model_len: must be >= 2, got {self.max_model_len}")
-        if not self.timeout_s > 0:
-            raise ConfigError(f"timeout_s: must be > 0, got {self.timeout_s}")
-        if self.max_retries < 0:
-            raise ConfigError(f"max_retries: must be >= 0, got {self.max_retries}")
-        if self.concurrency < 1:
-            raise ConfigError(f"concurrency: must be >= 1, got {self.concurrency}")
 
     @property
     def context_limit(self) -> int | None:
@@ -107,11 +112,12 @@ def build_sampler(config: SamplerConfig) -> Sampler:
     """The sampler a config describes (vLLM is imported only for the vllm backend)."""
     if not config.model:
         raise ConfigError("model: set the path or name of the model to sample from")
+    own = _own_template_tokenizer(config) if config.chat_format == "tokenizer" else None
     if config.backend == "transformers":
         from align.sampling.hf import TransformersSampler
 
-        tokenizer = None
-        if config.tokenizer:
+        tokenizer = own
+        if tokenizer is None and config.tokenizer:
             from transformers import AutoTokenizer
 
             with loading("tokenizer", config.tokenizer):
@@ -125,7 +131,8 @@ def build_sampler(config: SamplerConfig) -> Sampler:
         from align.sampling.openai_backend import OpenAISampler
 
         return OpenAISampler(
-            config.base_url, config.model, config.tokenizer or config.model, chat_format=config.chat_format,
+            config.base_url, config.model, own if own is not None else config.tokenizer or config.model,
+            chat_format=config.chat_format,
             chat_date=config.chat_date, enable_thinking=config.enable_thinking, max_model_len=config.context_limit,
             api_key_env=config.api_key_env, concurrency=config.concurrency, timeout_s=config.timeout_s,
             max_retries=config.max_retries,
@@ -140,3 +147,18 @@ def build_sampler(config: SamplerConfig) -> Sampler:
         dtype=config.dtype or "auto", chat_date=config.chat_date, enable_thinking=config.enable_thinking,
         engine_kwargs=config.engine_kwargs,
     )
+
+
+def _own_template_tokenizer(config: SamplerConfig) -> Any:
+    """``chat_format: tokenizer``: the tokenizer, its own template probed
+    (``align.chat.template.check_own_template``) before any model or engine loads, so a template
+    that cannot serve fails in seconds, not after the model is up."""
+    from transformers import AutoTokenizer
+
+    from align.chat.template import check_own_template
+
+    key, name = ("tokenizer", config.tokenizer) if config.tokenizer else ("model", config.model)
+    with loading(key, name):
+        tokenizer = AutoTokenizer.from_pretrained(name)
+    check_own_template(tokenizer, enable_thinking=config.enable_thinking)
+    return tokenizer

@@ -20,7 +20,19 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from align.errors import ServiceError, loading
-from align.io.http import api_key_from_env, join_url, refused_for_length, request_json, safe_url
+from align.io.http import (
+    ServerError,
+    api_key_from_env,
+    check_choices,
+    check_connection,
+    endpoint,
+    expand_url,
+    join_url,
+    refused_for_length,
+    request_json,
+    served_length,
+    served_model,
+)
 from align.sampling.base import (
     Completion,
     Conversation,
@@ -42,12 +54,15 @@ class OpenAISampler(Sampler):
         chat_format / chat_date / enable_thinking / stop_tokens: as for `VLLMSampler`.
         api_key: sent as a bearer token (``vllm serve --api-key``); default from the
             environment: the variable ``api_key_env`` names, else ``$OPENAI_API_KEY``.
+            Credentials in ``base_url`` (``user:password@``, ``?api_key=``) are sent instead,
+            as the Authorization header, and never shown (`align.io.http.endpoint`).
         max_model_len: the recipe's context length; the one used is the smaller of it and the
             server's (asked from ``/models``), so a prompt the server would refuse is skipped here.
         concurrency: requests in flight at once.
-        timeout_s / max_retries: per request; connection errors, 5xx, 408 and 429 answers are
-            retried with backoff; a prompt refused for its length is recorded in ``refusals``
-            (no completions), any other refusal raises.
+        timeout_s / max_retries: ``timeout_s`` bounds each request whole; connection errors,
+            requests past it, answers cut short or aborted, 5xx, 408 and 429 answers are retried
+            with backoff. A prompt the server refuses with a length code is recorded in
+            ``refusals`` (no completions); any other refusal is a `ServerError`.
     """
 
     backend = "openai"
@@ -75,9 +90,13 @@ class OpenAISampler(Sampler):
 
             with loading("tokenizer", tokenizer):
                 tokenizer = AutoTokenizer.from_pretrained(tokenizer)
-        self.base_url = base_url.rstrip("/")
+        check_connection(timeout_s, max_retries)
+        target = endpoint(expand_url(base_url))
+        self.base_url = target.url.rstrip("/")  # never holds credentials: it is printed
         self.refusals = {}
-        self.model, self.api_key = model, api_key if api_key is not None else api_key_from_env(api_key_env)
+        self.model = model
+        self._authorization = target.authorization  # the URL's credentials, sent instead of a key
+        self.api_key = api_key if api_key is not None or target.authorization else api_key_from_env(api_key_env)
         self.model_name = model_name or model
         self.tokenizer = tokenizer
         self.encoder = PromptEncoder(tokenizer, chat_format, chat_date=chat_date, enable_thinking=enable_thinking,
@@ -85,6 +104,7 @@ class OpenAISampler(Sampler):
         self.concurrency, self.timeout_s, self.max_retries = max(1, concurrency), timeout_s, max_retries
         self._max_model_len = max_model_len
         self._context: int | None = None
+        self._served: int | None = None
 
     @property
     def max_model_len(self) -> int:
@@ -93,20 +113,28 @@ class OpenAISampler(Sampler):
             served = self._served_length()
             limits = [n for n in (self._max_model_len, served) if n is not None]
             if not limits:
-                raise ServiceError(f"{safe_url(self.base_url)}/models does not say the context length of "
+                raise ServiceError(f"{self.base_url}/models does not say the context length of "
                                    f"{self.model!r}: set max_model_len")
             self._context = min(limits)
+            self._served = served
         return self._context
+
+    @property
+    def context_source(self) -> str:
+        """Where the context length comes from, for a message about it."""
+        context = self.max_model_len
+        if self._served == context:
+            return f"the server's max_model_len ({self.base_url}/models)"
+        return "max_model_len in the recipe"
 
     def _served_length(self) -> int | None:
         """The server's ``max_model_len`` for this model (None when it does not say)."""
-        models = self._request("GET", "/models").get("data") or []
-        served = next((m for m in models if isinstance(m, dict) and m.get("id") == self.model), None)
+        reply = self._request("GET", "/models")
+        served = served_model(reply, self.model, join_url(self.base_url, "/models"))
         if served is None:
-            names = [m.get("id") for m in models if isinstance(m, dict)]
-            raise ServiceError(f"{safe_url(self.base_url)}: model {self.model!r} is not served here (served: {names})")
-        length = served.get("max_model_len")
-        return length if isinstance(length, int) and not isinstance(length, bool) and length > 1 else None
+            names = [m["id"] for m in reply["data"]]
+            raise ServerError(f"{self.base_url}: model {self.model!r} is not served here (served: {names[:20]})")
+        return served_length(served)
 
     def sample(
         self,
@@ -134,32 +162,38 @@ class OpenAISampler(Sampler):
                 results.append([])
                 continue
             record_params = self.params(temperature, top_p, max_tokens, conv_seed)
-            choices = reply.get("choices")
-            if not isinstance(choices, list) or len(choices) != n:
-                raise ServiceError(f"{safe_url(self.base_url)}/completions: expected {n} choices, got {choices!r:.200}")
-            results.append([self._completion(choice, record_params)
-                            for choice in sorted(choices, key=lambda c: c.get("index", 0))])
+            results.append([self._completion(choice, record_params) for choice in reply])
         return results
 
-    def _complete(self, body: dict[str, Any]) -> dict[str, Any] | str:
-        """The server's answer, or the reason it refused this prompt for its length."""
+    def _complete(self, body: dict[str, Any]) -> list[dict[str, Any]] | str:
+        """The server's ``n`` choices in index order, or the reason it refused this prompt for its length."""
+        url = join_url(self.base_url, "/completions")
+        choices: list[list[dict[str, Any]]] = []
         try:
-            return self._request("POST", "/completions", body)
-        except ServiceError as error:
+            self._request("POST", "/completions", body,
+                          check=lambda reply: choices.append(check_choices(reply, body["n"], url)))
+        except ServerError as error:
             reason = refused_for_length(error)
             if reason is None:
                 raise
             return f"the server refused the prompt ({len(body['prompt'])} tokens) as too long: {reason}"
+        return choices[-1]
 
     def _completion(self, choice: dict[str, Any], params: dict[str, Any]) -> Completion:
+        url = f"{self.base_url}/completions"
         ids = choice.get("token_ids")
-        if not isinstance(ids, list):
-            raise ServiceError(f"{safe_url(self.base_url)}/completions: a choice has no token_ids (a vLLM server with "
-                               "`return_token_ids` support is needed)")
-        return engine_completion(self.encoder, ids, choice.get("finish_reason"), self.model_name, params,
-                                 engine="the server")
+        if not isinstance(ids, list) or not all(isinstance(i, int) and not isinstance(i, bool) and i >= 0
+                                                 for i in ids):
+            raise ServerError(f"{url}: a choice has no list of token_ids (a vLLM server with `return_token_ids` "
+                              "support is needed)")
+        try:
+            return engine_completion(self.encoder, ids, choice.get("finish_reason"), self.model_name, params,
+                                     engine="the server")
+        except RuntimeError as error:  # the server's finish_reason and its ids disagree: its answer is unusable
+            raise ServerError(f"{url}: {error}") from None
 
-    def _request(self, method: str, path: str, body: dict[str, Any] | None = None) -> dict[str, Any]:
-        """One JSON request, retrying connection errors and 5xx answers."""
+    def _request(self, method: str, path: str, body: dict[str, Any] | None = None, *,
+                 check: Any = None) -> dict[str, Any]:
+        """One JSON request (`request_json`: a deadline per try, retries with backoff)."""
         return request_json(join_url(self.base_url, path), body, method=method, api_key=self.api_key,
-                            timeout_s=self.timeout_s, max_retries=self.max_retries)
+                            authorization=self._authorization, timeout_s=self.timeout_s, max_retries=self.max_retries, check=check)

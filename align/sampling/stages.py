@@ -70,31 +70,55 @@ def preflight(records: Sequence[Mapping[str, Any]] | Any, sampler: Sampler, vari
     from align.jobs.sharding import shard_of
 
     reasons: dict[tuple[str, str], str] = {}
+    tried, too_long = 0, []  # prompts rendered; the lengths of those that fill the context
     for record in records:
         if shard_of(record["id"], num_shards) != shard_index or skip_reason(record) is not None:
             continue
         for tag, conversation in variants(record):
-            reason = structure_text_problem([conversation, record.get("tools")], sampler.encoder.chat_format) \
-                or _fits(sampler, record, conversation)
+            tried += 1
+            reason = structure_text_problem([conversation, record.get("tools")], sampler.encoder.chat_format)
+            if reason is None and (length := _length(sampler, record, conversation)) >= sampler.max_model_len:
+                reason = f"prompt has {length} tokens; the model's context length is {sampler.max_model_len}"
+                too_long.append(length)
             if reason is not None:
                 reasons[(record["id"], tag)] = reason
+    if too_long and len(too_long) == tried:
+        _refuse_if_none_fits(records, sampler, variants, min(too_long))
     return reasons
 
 
-def _fits(sampler: Sampler, record: Mapping[str, Any], conversation: Sequence[Mapping[str, Any]]) -> str | None:
-    """None when the prompt leaves room to generate, else the reason to skip it.
+def _length(sampler: Sampler, record: Mapping[str, Any], conversation: Sequence[Mapping[str, Any]]) -> int:
+    """The prompt's tokens as the sampler sends them.
 
     A prompt the chat format cannot render (an unknown role, content that is not text,
     tools that are not a list) is an error naming the record and the field.
     """
     try:
-        length = sampler.prompt_length(conversation, record.get("tools"))
+        return sampler.prompt_length(conversation, record.get("tools"))
     except InputError as err:
         field = "tools" if str(err).lstrip("'").startswith("tool") else "messages"
         raise RecordError(record_id(record), field, f"cannot be rendered: {err}") from None
-    if length >= sampler.max_model_len:
-        return f"prompt has {length} tokens; the model's context length is {sampler.max_model_len}"
-    return None
+
+
+def _refuse_if_none_fits(records: Sequence[Mapping[str, Any]] | Any, sampler: Sampler, variants: Any,
+                         shortest: int) -> None:
+    """Every prompt of this shard fills the context: unless a prompt of another shard fits, nothing of the
+    job would be sampled, and a stage "complete" with every prompt skipped hides a context length set wrong
+    (a server started with a small ``--max-model-len``). Then it is an error naming the limit and the
+    shortest prompt, before anything is written."""
+    limit = sampler.max_model_len
+    for record in records:
+        if skip_reason(record) is not None:
+            continue
+        for _, conversation in variants(record):
+            length = _length(sampler, record, conversation)
+            if length < limit:
+                return
+            shortest = min(shortest, length)
+    source = getattr(sampler, "context_source", "the model's context length")
+    raise InputError(f"every prompt is too long for the context length of {limit} tokens ({source}): the "
+                     f"shortest has {shortest} tokens, so nothing would be sampled; give the model a longer "
+                     "context (a server: vllm serve --max-model-len), or shorter prompts")
 
 
 def _all_dropped(n: int, max_tokens: int) -> str:

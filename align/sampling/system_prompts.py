@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from align.errors import ConfigError, InputError, MissingInputError
+from align.io.files import read_text
 
 ATTRIBUTES: tuple[str, ...] = ("truthful", "helpful", "honest")
 
@@ -255,7 +256,7 @@ def load_personas(path: str | Path, *, field: str = "persona") -> list[str]:
     if not path.is_file():
         raise MissingInputError(f"{path}: no such personas file")
     personas: list[str] = []
-    for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1):
+    for number, line in enumerate(read_text(path, what="personas file").splitlines(), start=1):
         if not line.strip():
             continue
         if path.suffix.lower() == ".jsonl":

@@ -89,8 +89,9 @@ class Config(EvalSettings):
     )
     reward: RewardProviderConfig = field(default_factory=_eval_reward, metadata={
         "help": "the reward provider (rewards.config.RewardProviderConfig): reward_model | judge | verifiable"})
-    shard_index: int | None = field(default=None, metadata={"help": "this shard (default: from SLURM/RANK env)"})
-    num_shards: int | None = field(default=None, metadata={"help": "number of shards (default: from env)"})
+    shard_index: int | None = field(default=None, metadata={"help": "this shard (default: from SLURM/RANK env)",
+                                                           "min": 0})
+    num_shards: int | None = field(default=None, metadata={"help": "number of shards (default: from env)", "min": 1})
     overwrite: bool = field(default=False, metadata={"help": "redo a finished or partial output made from other settings or inputs (removes only what this stage wrote there)"})
 
     def __post_init__(self) -> None:

@@ -12,6 +12,8 @@ references (docs/method.md, Quantile rewards and Pair selection). Both outputs m
 the same prompts: the same ids, each with the same messages. The annotate stage then scores
 the references and the policy's completions of a prompt together, as one group (the
 judge's pairwise ranking and the empty-completion rule compare within a prompt's group).
+One file given as both (by the same path, through a link, or an output directory and a file
+in it) is refused: joined with itself, it would double every prompt's completions.
 Writes ``output_dir/records.jsonl``.
 
 Example: ``align join input=runs/round-1/sample completions=runs/round-2/sample output_dir=runs/round-2/join``.
@@ -19,6 +21,7 @@ Example: ``align join input=runs/round-1/sample completions=runs/round-2/sample 
 
 from __future__ import annotations
 
+import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -96,8 +99,30 @@ def join_records(references: Sequence[Mapping[str, Any]],
     return out
 
 
+def _one_data(a: Path, b: Path) -> bool:
+    """Whether two paths name the same data: one file (through symlinks or hard links), or a
+    stage output directory and a file in it."""
+    if os.path.samefile(a, b):
+        return True
+    a, b = a.resolve(), b.resolve()
+    return (a.is_dir() and b.is_relative_to(a)) or (b.is_dir() and a.is_relative_to(b))
+
+
+def check_two_inputs(config: Config) -> None:
+    """``input`` and ``completions`` must be two sample outputs: one file given twice would add
+    every reference completion to itself as the policy's, doubling each prompt's completions."""
+    given = Path(config.input).expanduser(), Path(config.completions).expanduser()
+    if not all(path.exists() for path in given):
+        return  # a missing path is named when the stage reads its inputs
+    if _one_data(*given):
+        raise InputError(f"join: input={config.input!r} and completions={config.completions!r} give the same "
+                         f"data twice ({given[0].resolve()}): joined with itself, every prompt's completions would "
+                         "be doubled; completions is the policy's sample output, input π_ref's")
+
+
 def run(config: Config) -> dict[str, Any]:
     """Join the two sample outputs; mark the output complete."""
+    check_two_inputs(config)
     return run_stage("join", config, _join)
 
 

@@ -56,13 +56,18 @@ class Config:
 
 def run(config: Config) -> dict:
     """Sample this shard's prompts; mark the output complete once every prompt is in."""
-    return run_stage("sample", config, _sample, prepare=_check_model)
+    return run_stage("sample", config, _sample, prepare=_prepare)
 
 
-def _check_model(run: StageRun) -> None:
-    """The policy is a saved model (or a hub name), unless a server holds it."""
+def _prepare(run: StageRun) -> None:
+    """The policy is a saved model (or a hub name), unless a server holds it; the personas file is read
+    (and checked: UTF-8, one persona a line) before anything is written."""
     if run.config.sampler.backend != "openai":
         check_model_path(run.config.sampler.model, "sample", "sampler.model")
+    if run.config.mode == "offline" and run.config.personas_file:
+        from align.sampling.system_prompts import load_personas
+
+        run.held["personas"] = load_personas(run.config.personas_file)
 
 
 def _sample(run: StageRun) -> dict | Unfinished:
@@ -81,9 +86,9 @@ def _sample(run: StageRun) -> dict | Unfinished:
     if config.mode == "reference":
         summary = sample_references(records, sampler, **common)
     else:
-        from align.sampling.system_prompts import DEFAULT_PERSONAS, load_personas
+        from align.sampling.system_prompts import DEFAULT_PERSONAS
 
-        personas = load_personas(config.personas_file) if config.personas_file else DEFAULT_PERSONAS
+        personas = run.held.get("personas") or DEFAULT_PERSONAS
         summary = sample_offline(
             records, sampler, controversial_field=config.controversial_field, on_unclassified=config.on_unclassified,
             default_prompt=config.default_prompt, charter_persona=config.charter_persona, personas=personas, **common,

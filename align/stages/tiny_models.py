@@ -1,6 +1,8 @@
 """Random-weight tiny models to run the recipes in `recipes/tiny/` on CPU: a Llama policy
 (hidden 64, two layers; ``architecture=apertus`` or ``qwen3`` for the recipes' 8B/70B
-architectures, shrunk) and a one-label reward model, each saved with its tokenizer.
+architectures, shrunk), a one-label reward model whose tokenizer carries a chat template (what
+`align annotate provider=reward_model` renders with), and a Llama that brings its own chat
+template (Qwen3's, for `chat_format: tokenizer`), each saved with its tokenizer.
 
 They learn nothing worth keeping; they make every stage's wiring run in seconds. The
 weights depend only on `seed`, so a second run writes the same files. An existing
@@ -20,13 +22,14 @@ from align.config import load_config
 from align.errors import ConfigError
 
 USAGE = "align tiny-models [output_dir=DIR] [seed=N] [architecture=llama|apertus|qwen3] [overwrite=true]"
-MODELS = ("policy", "reward_model")
+MODELS = ("policy", "reward_model", "own_template")
 
 
 @dataclass
 class Config:
-    output_dir: str = field(default="runs/tiny_models", metadata={"help": "where policy/ and reward_model/ go"})
-    seed: int = field(default=0, metadata={"help": "the policy's weights seed (the reward model takes seed + 1)"})
+    output_dir: str = field(default="runs/tiny_models", metadata={"help": "where policy/, reward_model/ and own_template/ go"})
+    seed: int = field(default=0, metadata={"help": "the policy's weights seed (the reward model takes seed + 1, "
+                                                   "own_template seed + 2)", "max": 2**32 - 3})
     architecture: str = field(default="llama", metadata={"help": "the policy's: llama | apertus (xIELU, QK-norm, "
                                                                  "untied head) | qwen3"})
     overwrite: bool = field(default=False, metadata={"help": "rebuild models that are already there"})

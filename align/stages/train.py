@@ -15,14 +15,14 @@ from dataclasses import dataclass, field
 
 from align.manifests import StageRun
 from align.manifests.lifecycle import Unfinished, run_stage
-from align.trainers.common import keep_hub_token_out_of_outputs
+from align.ranks import is_writer
+from align.trainers.common import device_note, keep_hub_token_out_of_outputs, last_loss
 from align.trainers.preference_config import PreferenceConfig
 
 # what `align train --help` lists first: the keys no default can stand for
 REQUIRED_KEYS = {
     "input": "pair rows with reference log-probs (an `align logprobs` output)",
     "model_name_or_path": "the policy to start from (the SFT output)",
-    "use_cpu": "true on a machine without a GPU (bf16 needs one)",
 }
 
 
@@ -41,6 +41,9 @@ class Config(PreferenceConfig):
 def run(config: Config) -> dict:
     """Train ``model_name_or_path`` on the pairs in ``input``; save to ``output_dir``."""
     keep_hub_token_out_of_outputs(config)
+    note = device_note(config)
+    if note and is_writer():
+        print(f"[align train] {note}")
     return run_stage("train", config, _train)
 
 
@@ -56,8 +59,7 @@ def _train(run: StageRun) -> dict | Unfinished:
     trainer = train(config, records)
     if not trainer.is_world_process_zero():
         return Unfinished()
-    losses = [log["loss"] for log in trainer.state.log_history if "loss" in log]
     summary = {"loss_type": config.loss_type, "steps": trainer.state.global_step,
-               "train_loss": losses[-1] if losses else None, "world_size": trainer.args.world_size,
+               "train_loss": last_loss(trainer), "world_size": trainer.args.world_size,
                "deepspeed": bool(trainer.is_deepspeed_enabled), **trainer.data_summary}
     return summary

@@ -8,6 +8,8 @@ accepts, and a one-label Llama sequence classifier that stands in for a reward m
 
 from __future__ import annotations
 
+import copy
+
 import random
 from importlib import resources
 from pathlib import Path
@@ -148,16 +150,26 @@ def save_tiny_models(root: str | Path, *, seed: int = 0, architecture: str = "ll
     """Build and save tokenizer + causal LM + reward model under `root`; return their dirs.
 
     The tokenizer is saved next to each model so both load with `from_pretrained(dir)`.
-    ``architecture`` picks the policy's (``ARCHITECTURES``); the reward model is a Llama.
+    ``architecture`` picks the policy's (``ARCHITECTURES``); the reward model is a Llama whose
+    tokenizer carries a chat template (the Apertus format's), as a real reward model's does;
+    ``own_template`` is a Llama whose tokenizer brings Qwen3's template and tokens, for
+    ``chat_format: tokenizer``.
     """
+    from align.chat import install_format
+
     check_architecture(architecture)
     root = Path(root)
     tokenizer = build_tokenizer()
-    paths = {"policy": root / "policy", "reward_model": root / "reward_model"}
+    paths = {"policy": root / "policy", "reward_model": root / "reward_model", "own_template": root / "own_template"}
     ARCHITECTURES[architecture](tokenizer, seed=seed).save_pretrained(paths["policy"])
+    tokenizer.save_pretrained(paths["policy"])
     build_reward_model(tokenizer, seed=seed + 1).save_pretrained(paths["reward_model"])
-    for path in paths.values():
-        tokenizer.save_pretrained(path)
+    reward_tokenizer = copy.deepcopy(tokenizer)
+    install_format(reward_tokenizer, chat_format="apertus")  # a reward model renders with its own template
+    reward_tokenizer.save_pretrained(paths["reward_model"])
+    own = build_template_tokenizer("qwen3")  # a model that brings its own chat template (chat_format: tokenizer)
+    build_causal_lm(own, seed=seed + 2).save_pretrained(paths["own_template"])
+    own.save_pretrained(paths["own_template"])
     return paths
 
 

@@ -62,6 +62,21 @@ __all__ = [
 MODEL_DTYPES = ("auto", "float32", "bfloat16", "float16")
 
 
+def device_note(config: Any) -> str | None:
+    """One line for a run on a machine without a GPU: where it trains and in which precision (float32
+    unless bf16 was asked for), so a CPU run says what it does instead of failing or guessing."""
+    if torch.cuda.is_available():
+        return None
+    precision = "bfloat16 (bf16=true, as asked)" if config.bf16 else "float32 (bf16=true for bfloat16)"
+    return f"no GPU here: training on the CPU in {precision}"
+
+
+def bf16_available() -> bool:
+    """bf16 by default only where it is fast and exact enough: a CUDA device that supports it. Elsewhere
+    (a CPU machine, a notebook) training runs in float32 unless bf16 is asked for."""
+    return torch.cuda.is_available() and torch.cuda.is_bf16_supported()
+
+
 # --------------------------------------------------------------------------- config mixins
 
 
@@ -437,3 +452,14 @@ def deepspeed_reference(model: Any, accelerator: Any, args: Any) -> torch.nn.Mod
     engine, *_ = deepspeed.initialize(model=model, config=_fill_auto(ds_config, args, hidden))
     engine.eval()
     return engine
+
+
+def last_loss(trainer: Any) -> float | None:
+    """The loss the trainer printed last: its last logged ``loss``, else (fewer steps than
+    ``logging_steps``: nothing logged during training) the run's mean ``train_loss``, which the
+    trainer logs when training ends."""
+    for key in ("loss", "train_loss"):
+        losses = [log[key] for log in trainer.state.log_history if key in log]
+        if losses:
+            return losses[-1]
+    return None

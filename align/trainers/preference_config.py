@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-import torch
 from transformers import TrainingArguments
 
 from align.errors import ConfigError
@@ -13,6 +12,7 @@ from align.trainers.common import (
     LoraFields,
     ModelFields,
     OptimizerFields,
+    bf16_available,
     check_lora_fields,
     check_model_fields,
     check_optimizer_fields,
@@ -21,11 +21,6 @@ from align.trainers.common import (
 from align.trainers.guards import CheckpointFields, check_checkpoint_fields
 
 REFERENCE_MODES = ("precomputed", "model", "adapter")
-
-
-def _bf16_available() -> bool:
-    """bf16 by default only where it is fast and exact enough: a CUDA device that supports it."""
-    return torch.cuda.is_available() and torch.cuda.is_bf16_supported()
 
 
 @dataclass
@@ -189,7 +184,7 @@ class PreferenceConfig(ModelFields, LoraFields, OptimizerFields, CheckpointField
 
     def __post_init__(self) -> None:
         if self.bf16 is None:
-            self.bf16 = bool(not self.use_cpu and _bf16_available())
+            self.bf16 = bool(not self.use_cpu and bf16_available())
         self._check_loss()
         self._check_data()
         self._check_reference()

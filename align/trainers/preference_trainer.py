@@ -160,6 +160,20 @@ class PreferenceTrainer(Trainer):
 
     # ----- construction helpers
 
+    def _reference_in_policy_dtype(self, ref_model: PreTrainedModel) -> PreTrainedModel:
+        """One batch layout (its attention mask in the policy's dtype) serves both models, so the reference
+        runs in the policy's dtype: a reference loaded in another one (a float32 load of a policy saved in
+        bf16) is cast, and said so; under DeepSpeed, which places both models itself, it is refused."""
+        policy = next((p.dtype for p in self.model.parameters() if p.is_floating_point()), None)
+        found = next((p.dtype for p in ref_model.parameters() if p.is_floating_point()), None)
+        if policy is None or found is None or policy == found:
+            return ref_model
+        if self.is_deepspeed_enabled:
+            raise ConfigError(f"the reference model is {found} and the policy {policy}: load both in one dtype "
+                              "(dtype=..., or bf16 for both)")
+        logger.warning("the reference model is %s and the policy %s: the reference runs in %s", found, policy, policy)
+        return ref_model.to(policy)
+
     @staticmethod
     def _check_reference(model: torch.nn.Module, ref_model: Any, args: PreferenceConfig) -> None:
         if args.reference == "model" and ref_model is None:
@@ -192,6 +206,7 @@ class PreferenceTrainer(Trainer):
         )
 
     def _prepare_reference(self, ref_model: PreTrainedModel) -> torch.nn.Module:
+        ref_model = self._reference_in_policy_dtype(ref_model)
         if getattr(unwrap_model(self.model).config, "_attn_implementation", None) == BLOCK_ATTENTION:
             use_block_attention(ref_model)  # it reads the same batches (a model not on sdpa ignores the pieces)
         ref_model.eval()

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 from transformers import TrainingArguments
 from trl import SFTConfig as TRLSFTConfig
@@ -19,6 +19,7 @@ from align.trainers.common import (
     LoraFields,
     ModelFields,
     OptimizerFields,
+    bf16_available,
     check_lora_fields,
     check_model_fields,
     check_optimizer_fields,
@@ -103,6 +104,12 @@ class SFTConfig(ModelFields, LoraFields, OptimizerFields, CheckpointFields, TRLS
     chat_date (`str` or `None`, default `None`):
         Date written into the default system prompt of conversations without a system
         message. Set it so that tokenization does not depend on the day the job runs.
+    thinking_turns (`"all"` or `"last_turn"`, default `"all"`):
+        With `chat_format="tokenizer"`: which assistant turns' reasoning (`reasoning_content`)
+        is trained. `all` refuses a model's template that leaves out the reasoning of turns
+        before the last (Qwen3's does) when a conversation has some, since that reasoning
+        would be lost silently; `last_turn` trains with such a template, the earlier turns'
+        reasoning left out. align's own formats render every turn's thoughts.
     identity_filter (`bool`, default `False`):
         Drop conversations whose assistant text names another model or its maker
         ("I am ChatGPT, made by OpenAI"; Apertus report E.1.1, Lucie-7B §5.2.1), before
@@ -140,6 +147,11 @@ class SFTConfig(ModelFields, LoraFields, OptimizerFields, CheckpointFields, TRLS
         default=None,
         metadata={"help": "Date for the default system prompt (reproducible tokenization)."},
     )
+    thinking_turns: Literal["all", "last_turn"] = field(
+        default="all",
+        metadata={"help": "chat_format tokenizer: all (refuse a template dropping earlier turns' reasoning) | "
+                          "last_turn (train only the last turn's reasoning)"},
+    )
     identity_filter: bool = field(
         default=False,
         metadata={"help": "Drop conversations whose assistant text names another model or maker."},
@@ -165,6 +177,8 @@ class SFTConfig(ModelFields, LoraFields, OptimizerFields, CheckpointFields, TRLS
     )
 
     def __post_init__(self) -> None:
+        if self.bf16 is None:  # TRL's default is on everywhere; here only where a GPU supports it
+            self.bf16 = bool(not self.use_cpu and bf16_available())
         with library_checks(self):
             super().__post_init__()
         self._check_align_fields()
@@ -179,6 +193,7 @@ class SFTConfig(ModelFields, LoraFields, OptimizerFields, CheckpointFields, TRLS
             )
         if not 0.0 <= self.prompt_loss_weight <= 1.0:
             raise ConfigError(f"prompt_loss_weight must be in [0, 1], got {self.prompt_loss_weight}")
+        self._check_thinking_turns()
         check_model_fields(self)
         check_lora_fields(self)
         check_optimizer_fields(self)
@@ -189,6 +204,15 @@ class SFTConfig(ModelFields, LoraFields, OptimizerFields, CheckpointFields, TRLS
             )
         if self.identity_keywords is not None and not [k for k in self.identity_keywords if k]:
             raise ConfigError("identity_keywords: give at least one name, or None for the built-in list")
+
+    def _check_thinking_turns(self) -> None:
+        """``last_turn`` changes nothing in align's formats (they render every turn's thoughts), and a
+        setting that does nothing is refused rather than ignored."""
+        if self.thinking_turns not in ("all", "last_turn"):
+            raise ConfigError(f"thinking_turns: {self.thinking_turns!r} is not one of ['all', 'last_turn']")
+        if self.thinking_turns == "last_turn" and self.chat_format != "tokenizer":
+            raise ConfigError(f"thinking_turns=last_turn applies to chat_format=tokenizer only; the "
+                              f"{self.chat_format!r} format renders the thoughts of every turn (set thinking_turns=all)")
 
     @classmethod
     def apertus(cls, size: str = "8b", **overrides: Any) -> SFTConfig:

@@ -88,10 +88,15 @@ def encode_sft_row(
     index: int | None = None,
     chat_format: str = "apertus",
     chat_date: str | None = None,
+    max_length: int | None = None,
 ) -> dict[str, list[int]]:
     """Tokenize one conversation into ``input_ids`` and ``labels`` (-100 off the loss mask).
 
-    Raises `RecordError` naming the row (its id, else its index) and the field.
+    With ``max_length`` only its first ``max_length`` tokens are made, from a bounded prefix of
+    the rendered text (``align.chat.encode.first_tokens``): a conversation far over the limit is
+    never tokenized whole, and one whose trained tokens all lie past it comes back with no label
+    for ``truncate_sft_dataset`` to drop. Raises `RecordError` naming the row (its id, else its
+    index) and the field.
     """
     rid = record_id(row, index)
     messages = _row_messages(row, rid)
@@ -107,10 +112,12 @@ def encode_sft_row(
             tools=tools,
             enable_thinking=bool(thinking),
             chat_date=chat_date,
+            max_tokens=max_length,
         )
     except InputError as err:
         raise RecordError(rid, "messages", str(err)) from None
-    if not any(encoded.loss_mask):
+    cut = max_length is not None and len(encoded.input_ids) >= max_length
+    if not any(encoded.loss_mask) and not cut:
         raise RecordError(
             rid, "messages", "the loss mask is all zeros (no trained assistant token)"
         )
@@ -127,11 +134,14 @@ def tokenize_sft_dataset(
     chat_format: str = "apertus",
     chat_date: str | None = None,
     num_proc: int | None = None,
+    max_length: int | None = None,
 ) -> Dataset:
-    """Map conversation rows to ``input_ids`` + ``labels``, dropping every other column."""
+    """Map conversation rows to ``input_ids`` + ``labels``, dropping every other column; with
+    ``max_length``, each row's first ``max_length`` tokens only (``encode_sft_row``)."""
 
     def _encode(row: dict[str, Any], index: int) -> dict[str, list[int]]:
-        return encode_sft_row(row, tokenizer, index=index, chat_format=chat_format, chat_date=chat_date)
+        return encode_sft_row(row, tokenizer, index=index, chat_format=chat_format, chat_date=chat_date,
+                              max_length=max_length)
 
     return dataset.map(
         _encode,
@@ -142,6 +152,11 @@ def tokenize_sft_dataset(
     )
 
 
+def _check_max_length(max_length: int | None) -> None:
+    if max_length is not None and max_length < 2:
+        raise ConfigError(f"max_length must be >= 2 to hold a prediction target, got {max_length}")
+
+
 def truncate_sft_dataset(dataset: Dataset, max_length: int | None) -> Dataset:
     """Cut rows to ``max_length`` tokens (keeping the start) and drop rows left untrained.
 
@@ -150,8 +165,7 @@ def truncate_sft_dataset(dataset: Dataset, max_length: int | None) -> Dataset:
     """
     if max_length is None:
         return dataset
-    if max_length < 2:
-        raise ConfigError(f"max_length must be >= 2 to hold a prediction target, got {max_length}")
+    _check_max_length(max_length)
     cut = dataset.map(
         lambda row: {
             "input_ids": row["input_ids"][:max_length],
@@ -254,8 +268,10 @@ def prepare_sft_dataset(
                                     identity_keywords=identity_keywords, summary=summary)
         if len(dataset) == 0:
             raise InputError("SFT dataset: no row left after the identity filter")
+        _check_max_length(max_length)  # said before any row is tokenized
         dataset = tokenize_sft_dataset(
-            dataset, tokenizer, chat_format=chat_format, chat_date=chat_date, num_proc=num_proc
+            dataset, tokenizer, chat_format=chat_format, chat_date=chat_date, num_proc=num_proc,
+            max_length=max_length,
         )
     else:
         raise InputError(
@@ -381,12 +397,13 @@ def iter_input_rows(source: str | Path) -> Iterator[tuple[int, dict[str, Any]]]:
 
 
 def normalize_sft_input(source: str | Path, cache_dir: str | Path, *, chat_format: str, key: str,
-                        skip: Any = None) -> NormalizedRows:
+                        skip: Any = None, check: Any = None) -> NormalizedRows:
     """Stream an SFT input once into the JSON-encoded rows SFT trains on (``sft_json_row``), under
     ``cache_dir``, named by ``key`` (the input's content fingerprint and the settings that decide the
     file): a rerun, every rank and a requeued job find it made. Each row is checked as it passes
     (``messages`` a non-empty list, an id once); ``skip(messages, tools) -> reason | None`` leaves a
-    row out with its reason (recorded, never silent). Peak memory is one row and the ids seen,
+    row out with its reason (recorded, never silent); ``check(rid, row, messages)`` raises for a row the
+    stage's settings cannot train as given (``key`` must then cover those settings). Peak memory is one row and the ids seen,
     not the input: a 20 GB mixture is read by one rank, a line at a time (bench/sft_memory.py)."""
     import os
     import tempfile
@@ -416,6 +433,8 @@ def normalize_sft_input(source: str | Path, cache_dir: str | Path, *, chat_forma
                     if not messages:
                         raise RecordError(rid, "messages", f"expected a non-empty list of messages, got "
                                           f"{row['messages']!r:.60}")
+                    if check is not None:
+                        check(rid, row, messages)
                     reason = skip(messages, list_field(row, "tools", rid)) if skip is not None else None
                     if reason:
                         skipped.append({"row": index, "id": row.get("id"), "reason": reason})

@@ -10,8 +10,10 @@ Prompts are rendered locally with the judge's chat template (pass its tokenizer)
 leading BOS is removed from the text: the server tokenizes with its special tokens and
 adds the BOS itself, so the model sees one BOS, as with the other backends.
 The API key is the one every OpenAI-compatible client sends (`align.io.http`): from
-``$OPENAI_API_KEY``, or from the variable ``api_key_env`` names; a refused request is a
-one-line `ServerError` naming the URL. Only the standard library is used (urllib, json).
+``$OPENAI_API_KEY``, or from the variable ``api_key_env`` names (credentials in ``base_url``
+are sent instead, as the Authorization header); a refused request is a one-line
+`ServerError` naming the URL, its status and the server's message. Only the standard
+library is used (http.client, json).
 """
 
 from __future__ import annotations
@@ -19,8 +21,20 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from align.errors import ServiceError, loading
-from align.io.http import api_key_from_env, join_url, refused_for_length, request_json, safe_url
+from align.errors import loading
+from align.io.http import (
+    ServerError,
+    api_key_from_env,
+    check_choices,
+    check_connection,
+    endpoint,
+    expand_url,
+    join_url,
+    refused_for_length,
+    request_json,
+    served_length,
+    served_model,
+)
 from rewards.judge_backends.base import JudgeBackend, LabelLogprobs, label_text, logsumexp
 
 
@@ -47,36 +61,54 @@ class OpenAIJudgeBackend(JudgeBackend):
         """`tokenizer`: the served model's tokenizer (object or path), for its chat template.
         `api_key`: sent as a bearer token; default from the environment (`api_key_env`, else
         ``$OPENAI_API_KEY``). `max_model_len`: the recipe's context length; the one used is the
-        smaller of it and the server's (``/models``). `timeout_s` / `max_retries`: per request,
-        sized for a server many array tasks share; a prompt refused for its length is a skip."""
+        smaller of it and the server's (``/models``). `timeout_s` / `max_retries`: per request (the
+        deadline of each try, whole), sized for a server many array tasks share; a prompt the
+        server refuses with a length code is a skip, any other refusal a `ServerError`."""
         if isinstance(tokenizer, str):
             from transformers import AutoTokenizer
 
             with loading("tokenizer", tokenizer):
                 tokenizer = AutoTokenizer.from_pretrained(tokenizer)
         super().__init__(tokenizer, chat_template_kwargs, max_model_len)
-        self.base_url = base_url.rstrip("/")
+        check_connection(timeout_s, max_retries)
+        target = endpoint(expand_url(base_url))
+        self.base_url = target.url.rstrip("/")  # never holds credentials: it is printed
         self.url = join_url(self.base_url, "/completions")
-        self.model, self.api_key = model, api_key if api_key is not None else api_key_from_env(api_key_env)
+        self._authorization = target.authorization  # the URL's credentials, sent instead of a key
+        self.model = model
+        self.api_key = api_key if api_key is not None or target.authorization else api_key_from_env(api_key_env)
         self.refusals = {}
         self.top_logprobs, self.batch_size = top_logprobs, batch_size
         self.timeout_s, self.max_retries = timeout_s, max_retries
-        served = self._served_length()
-        if served is not None:  # the server's --max-model-len: a longer prompt would be refused
-            self.max_model_len = served if self.max_model_len is None else min(self.max_model_len, served)
+
+    @property
+    def max_model_len(self) -> int | None:
+        """The smaller of the recipe's context length and the server's (``/models``, asked once, when a
+        prompt is first measured): a longer prompt would be refused, so it is skipped before it is sent."""
+        if not self._asked:
+            served = self._served_length()
+            if served is not None:  # the server's --max-model-len
+                self._max_model_len = served if self._max_model_len is None else min(self._max_model_len, served)
+            self._asked = True
+        return self._max_model_len
+
+    @max_model_len.setter
+    def max_model_len(self, value: int | None) -> None:
+        self._max_model_len, self._asked = value, False
 
     def _served_length(self) -> int | None:
-        """The server's ``max_model_len`` for this model, when its ``/models`` says it."""
+        """The server's ``max_model_len`` for this model, when its ``/models`` says it (a server without
+        ``/models``, HTTP 404, 405 or 501: the recipe's length alone); a server that is down or refuses the
+        key, or a ``/models`` answer of another shape, is a `ServerError` naming the URL."""
+        url = join_url(self.base_url, "/models")
         try:
-            reply = request_json(join_url(self.base_url, "/models"), None, method="GET", api_key=self.api_key,
-                                 timeout_s=min(self.timeout_s, 60.0), max_retries=0)
-        except ServiceError:
-            return None  # a server without /models: the recipe's length alone
-        for entry in reply.get("data") or []:
-            if isinstance(entry, dict) and entry.get("id") == self.model:
-                length = entry.get("max_model_len")
-                return length if isinstance(length, int) and not isinstance(length, bool) and length > 1 else None
-        return None
+            reply = request_json(url, None, method="GET", api_key=self.api_key, authorization=self._authorization,
+                                 timeout_s=self.timeout_s, max_retries=self.max_retries)
+        except ServerError as error:
+            if error.status not in (404, 405, 501):
+                raise
+            return None
+        return served_length(served_model(reply, self.model, url))
 
     def describe(self) -> dict[str, Any]:
         # not the URL: a resumed job may reach the same model at another address
@@ -91,7 +123,7 @@ class OpenAIJudgeBackend(JudgeBackend):
             batch = [self._strip_bos(p) for p in prompts[start : start + self.batch_size]]
             try:
                 tops: list[dict[str, float] | None] = list(self._top_logprobs(batch))
-            except ServiceError as error:
+            except ServerError as error:
                 if refused_for_length(error) is None:
                     raise
                 tops = [self._one(prompt, start + i) for i, prompt in enumerate(batch)]  # find the refused ones
@@ -102,7 +134,7 @@ class OpenAIJudgeBackend(JudgeBackend):
         """One prompt asked alone; None (and the reason in ``refusals``) when refused for its length."""
         try:
             return self._top_logprobs([prompt])[0]
-        except ServiceError as error:
+        except ServerError as error:
             reason = refused_for_length(error)
             if reason is None:
                 raise
@@ -122,30 +154,30 @@ class OpenAIJudgeBackend(JudgeBackend):
             "temperature": 0,
             "logprobs": self.top_logprobs,
         }
-        reply = self._post(body)
-        choices = reply.get("choices")
-        if not isinstance(choices, list) or len(choices) != len(prompts):
-            got = len(choices) if isinstance(choices, list) else choices
-            raise ServiceError(f"{safe_url(self.url)}: expected {len(prompts)} choices, got {got!r:.200}")
-        ordered = sorted(choices, key=lambda c: c.get("index", 0))
+        tops: list[list[dict[str, float]]] = []
+        self._post(body, check=lambda reply: tops.append(self._tops(reply, len(prompts))))
+        return tops[-1]
+
+    def _tops(self, reply: dict[str, Any], count: int) -> list[dict[str, float]]:
+        """Each choice's first-position {token: logprob}, in prompt order; another shape is a `ServerError`."""
         tops = []
-        for choice in ordered:
+        for index, choice in enumerate(check_choices(reply, count, self.url)):
             try:
                 top = choice["logprobs"]["top_logprobs"][0]
             except (KeyError, IndexError, TypeError):
-                raise ServiceError(
-                    f"{safe_url(self.url)}: choice {choice.get('index')} has no logprobs.top_logprobs[0] "
-                    "(does the server support `logprobs` on completions?)"
-                ) from None
-            if not isinstance(top, Mapping):
-                raise ServiceError(f"{safe_url(self.url)}: top_logprobs[0] of choice {choice.get('index')} is not a mapping")
+                raise ServerError(f"{self.url}: choice {index} has no logprobs.top_logprobs[0] (does the server "
+                                  "support `logprobs` on completions?)") from None
+            if not isinstance(top, Mapping) or not all(isinstance(v, (int, float)) and not isinstance(v, bool)
+                                                       for v in top.values()):
+                raise ServerError(f"{self.url}: top_logprobs[0] of choice {index} is not a mapping of tokens to "
+                                  "log-probabilities")
             tops.append(dict(top))
         return tops
 
-    def _post(self, body: dict[str, Any]) -> dict[str, Any]:
-        """POST JSON, retrying connection errors and 5xx answers with a short backoff."""
-        return request_json(self.url, body, api_key=self.api_key, timeout_s=self.timeout_s,
-                            max_retries=self.max_retries)
+    def _post(self, body: dict[str, Any], check: Any = None) -> dict[str, Any]:
+        """POST JSON (`request_json`: a deadline per try, retries with backoff)."""
+        return request_json(self.url, body, api_key=self.api_key, authorization=self._authorization,
+                            timeout_s=self.timeout_s, max_retries=self.max_retries, check=check)
 
 
 def labels_from_top(top: Mapping[str, float], labels: Sequence[str]) -> LabelLogprobs:

@@ -85,7 +85,7 @@ def test_a_template_that_cannot_give_exact_masks_is_refused():
         encode(tokenizer, TWO_TURNS[:2], chat_format="tokenizer")
     # renders an answered turn with a header its generation prompt never shows
     tokenizer.chat_template = ("{% for m in messages %}{% if m.role == 'assistant' %}[A] {{ m.content }}</s>"
-                               "{% else %}[U] {{ m.content }}{% endif %}{% endfor %}"
+                               "{% else %}[{{ m.role[0] | upper }}] {{ m.content }}{% endif %}{% endfor %}"
                                "{% if add_generation_prompt %}[GEN] {% endif %}")
     with pytest.raises(InputError, match=r"message 1: the tokenizer's chat template renders"):
         encode(tokenizer, TWO_TURNS[:2], chat_format="tokenizer")

@@ -25,6 +25,7 @@ CONV = [{"role": "user", "content": "Hi"}]
 @pytest.fixture(scope="module")
 def tokenizer():
     tok = build_tokenizer()
+    tok.add_special_tokens({"additional_special_tokens": ["<|user|>", "<|assistant|>"]})  # the template's markers
     tok.chat_template = THINKING_TEMPLATE
     return tok
 

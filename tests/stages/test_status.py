@@ -276,3 +276,15 @@ def test_an_output_written_without_a_manifest_is_stale_with_the_way_to_redo_it(c
     assert report["annotate"]["state"] == report["pairs"]["state"] == "stale"
     assert report["annotate"]["reasons"] == report["pairs"]["reasons"] == ["written without a manifest (by an earlier version of align): what it "
                                              "was made from is unknown; remove it to redo it"]
+
+
+def test_a_partial_output_whose_manifest_is_cut_off_is_stale_naming_the_manifest(chain):
+    """Not "an earlier version": the manifest is there and cannot be read; the way forward is overwrite=true."""
+    run_cli(["annotate", "r.yaml", "shard_index=1", "num_shards=5"])
+    manifest = chain / "runs" / "annotate" / "_manifest.json"
+    manifest.write_text(manifest.read_text()[:40])
+    _, report = status("annotate.num_shards=5")
+    assert report["annotate"]["state"] == "stale"
+    assert report["annotate"]["reasons"] == [(
+        "its manifest (_manifest.json) is truncated or not valid JSON (line 3: Expecting ':' delimiter): "
+        "what the partial output was made from is unknown; rerun the step with overwrite=true to redo it")]

@@ -99,3 +99,49 @@ def test_the_pairs_stage_says_what_its_counts_mean(tmp_path):
     assert "1 completions were never paired because their text holds a token the apertus format reads as " \
            "structure" in printed
     assert "1 prompts gave no pair (all rewards equal, or too few scored completions)" in printed
+
+
+def _page_commands() -> list[str]:
+    """The commands of the page's `bash` blocks, in order, comments after `  #` removed."""
+    commands = []
+    for block in re.findall(r"^```bash\n(.*?)^```", PAGE.read_text(), flags=re.DOTALL | re.MULTILINE):
+        for line in block.splitlines():
+            command = re.split(r"\s+#", line, maxsplit=1)[0].strip()
+            if command and not command.startswith("#"):
+                commands.append(command)
+    return commands
+
+
+@pytest.mark.slow
+def test_every_command_of_the_page_runs_as_written_on_the_cpu_install(tmp_path, say):
+    """Each command exactly as the page prints it, in order, in a directory holding the examples under the
+    file names the commands read (the QRPO pair as my_pairs.jsonl): no recipe, no key added."""
+    import os
+    import subprocess
+    import sys
+
+    rows = examples()
+    for name, example in (("my_conversations", "sft"), ("my_prompts", "prompts"), ("my_scored", "scored"),
+                          ("my_pairs", "qrpo-pairs")):
+        (tmp_path / f"{name}.jsonl").write_text(json.dumps(rows[example]) + "\n")
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "RANK", "WORLD_SIZE", "LOCAL_RANK"))}
+    env.update(PATH=f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}", OMP_NUM_THREADS="1")
+    commands = _page_commands()
+    assert commands[0] == "align tiny-models" and len(commands) == 9
+    printed = {}
+    for command in commands:
+        say(command)
+        done = subprocess.run(["bash", "-c", command], cwd=tmp_path, env=env, capture_output=True, text=True,
+                              timeout=600, check=False)
+        assert done.returncode == 0, f"`{command}` exited {done.returncode}:\n{done.stdout[-2000:]}\n{done.stderr[-3000:]}"
+        printed[command] = done.stdout
+    for out in ("my_sft", "my_samples", "my_rewards", "my_pairs", "my_logprobs", "my_qrpo", "my_own_sft", "my_own_last"):
+        assert (tmp_path / "runs" / out / "_COMPLETE.json").is_file(), out
+    import torch
+
+    if torch.cuda.is_available():  # the CPU install's defaults below; a GPU machine trains in bf16
+        return
+    assert "[align sft] no GPU here: training on the CPU in float32" in printed[commands[1]]
+    assert "[align train] no GPU here: training on the CPU in float32" in printed[commands[6]]
+    for out in ("my_sft", "my_qrpo"):  # float32 weights, as the note says
+        assert json.loads((tmp_path / "runs" / out / "config.json").read_text())["dtype"] == "float32", out
