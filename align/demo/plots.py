@@ -101,8 +101,9 @@ def plot_reward_vs_accuracy(along: dict[str, list[dict]], path: Path, *, title: 
             if point["chosen"]:
                 ax.plot(xs, ys, marker="o", markersize=4, linewidth=2, color="C3", zorder=3,
                         label=f"chosen: {point['name']}")
-                for c, x, y in zip(checks, xs, ys):
-                    ax.annotate(str(c["step"]), (x, y), textcoords="offset points", xytext=(4, -10), fontsize=7)
+                for c, x, y, where in ((checks[0], xs[0], ys[0], "start"), (checks[-1], xs[-1], ys[-1], "end")):
+                    ax.annotate(f"step {c['step']} ({where})", (x, y), textcoords="offset points", xytext=(6, 6),
+                                fontsize=7, arrowprops={"arrowstyle": "-", "linewidth": 0.5})
             else:
                 ax.plot(xs, ys, marker=".", markersize=3, linewidth=0.8, color="gray", alpha=0.5)
                 ax.plot(xs[-1:], ys[-1:], marker=">", markersize=4, color="gray", alpha=0.6)

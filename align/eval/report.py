@@ -138,23 +138,26 @@ def _sample_means(rows: Sequence[Mapping[str, Any]], name: str) -> list[float]:
 
 
 def plot_rewards(path: Path, rows: Sequence[Mapping[str, Any]], report: Mapping[str, Any]) -> Path:
-    """Histogram of each prompt's mean sampled reward, one series per policy."""
+    """How each policy's per-prompt mean reward is spread: one panel per policy on a shared axis (not
+    histograms stacked into one blur), its mean marked and written."""
     plt = _pyplot()
     names = list(report["overall"]["policies"])
     series = {n: _sample_means(rows, n) for n in names}
     values = [v for s in series.values() for v in s]
-    fig, ax = plt.subplots(figsize=(6.5, 4))
-    if values:
-        low, high = min(values), max(values)
-        bins = 11 if high > low else 1
-        for name, s in series.items():
-            if s:
-                ax.hist(s, bins=bins, range=(low, high if high > low else low + 1), alpha=0.5,
-                        label=f"{name} (mean {sum(s) / len(s):.3f})")
-        ax.legend()
-    ax.set_xlabel("mean reward of a prompt's samples")
-    ax.set_ylabel("prompts")
-    ax.set_title("Reward per prompt, by policy")
+    fig, axes = plt.subplots(max(len(names), 1), 1, figsize=(6.5, 1.2 + 1.1 * max(len(names), 1)),
+                             sharex=True, squeeze=False)
+    low, high = (min(values), max(values)) if values else (0.0, 1.0)
+    high = high if high > low else low + 1
+    for ax, (name, s) in zip(axes.flat, series.items()):
+        if s:
+            ax.hist(s, bins=20, range=(low, high), color="tab:blue")
+            mean = sum(s) / len(s)
+            ax.axvline(mean, color="black", linewidth=1.2)
+            ax.text(1.01, 0.5, f"{name}\nmean {mean:.3f}", transform=ax.transAxes, va="center", fontsize=8)
+        ax.set_ylabel("prompts", fontsize=8)
+        ax.tick_params(labelsize=7)
+    axes.flat[-1].set_xlabel("mean reward of a prompt's samples")
+    fig.suptitle("How the reward per prompt is spread, by policy (line: the mean)", fontsize=10)
     fig.tight_layout()
     fig.savefig(path, dpi=100)
     plt.close(fig)
@@ -239,14 +242,11 @@ def plot_reward_vs_length(path: Path, rows: Sequence[Mapping[str, Any]], report:
         ax.set_xticks(range(len(lengths)), [str(x) for x in lengths])
         ax.set_title("Mean reward by completion length (bars: samples of that length)")
     else:
+        edges = _length_bins(lengths)
         for name, points in series.items():
-            xs, ys = zip(*points)
-            line = ax.scatter(xs, ys, s=6, alpha=0.08)
-            by_length = _by_length(points)
-            mine = sorted(by_length)
-            ax.plot(mine, [sum(by_length[x]) / len(by_length[x]) for x in mine], marker=".",
-                    color=line.get_facecolor()[0][:3], label=name)
-        ax.set_title("Reward against length (dots: samples; line: mean per length)")
+            centres, means, halves = _binned_means(points, edges)
+            ax.errorbar(centres, means, yerr=halves, marker="o", markersize=3, capsize=2, label=name)
+        ax.set_title("Does reward follow length? Mean reward per length bin (bars: 95% interval)", fontsize=9)
     ax.set_xlabel("completion length (tokens)")
     ax.set_ylabel("reward")
     if series:
@@ -255,6 +255,30 @@ def plot_reward_vs_length(path: Path, rows: Sequence[Mapping[str, Any]], report:
     fig.savefig(path, dpi=100)
     plt.close(fig)
     return path
+
+
+def _length_bins(lengths: Sequence[int], count: int = 10) -> list[float]:
+    """Edges of up to ``count`` bins holding about as many distinct lengths each (shared by every policy)."""
+    step = max(1, len(lengths) // count)
+    edges = [float(lengths[i]) for i in range(0, len(lengths), step)]
+    return edges + [float(lengths[-1]) + 1.0]
+
+
+def _binned_means(points: Sequence[tuple[int, float]], edges: Sequence[float]
+                  ) -> tuple[list[float], list[float], list[float]]:
+    """Per bin with samples: the mean length, the mean reward and half a normal 95% interval of that mean."""
+    centres, means, halves = [], [], []
+    for low, high in zip(edges, edges[1:]):
+        inside = [(x, y) for x, y in points if low <= x < high]
+        if not inside:
+            continue
+        ys = [y for _, y in inside]
+        mean = sum(ys) / len(ys)
+        spread = (sum((y - mean) ** 2 for y in ys) / (len(ys) - 1)) ** 0.5 if len(ys) > 1 else 0.0
+        centres.append(sum(x for x, _ in inside) / len(inside))
+        means.append(mean)
+        halves.append(1.96 * spread / len(ys) ** 0.5)
+    return centres, means, halves
 
 
 def _by_length(points: Sequence[tuple[int, float]]) -> dict[int, list[float]]:

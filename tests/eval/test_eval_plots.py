@@ -66,5 +66,5 @@ def test_a_few_distinct_lengths_are_bars_per_length(tmp_path, monkeypatch):
     plot_reward_vs_length(tmp_path / "few.png", _rows([2, 2, 3, 3, 3]), report)
     assert drawn["bars"] == 4 and drawn["ticks"] == ["2", "3"] and "bars" in drawn["title"]
     plot_reward_vs_length(tmp_path / "many.png", _rows(list(range(1, 40))), report)
-    assert drawn["bars"] == 0 and "dots" in drawn["title"]
+    assert drawn["bars"] == 0 and "length bin" in drawn["title"]
     assert (tmp_path / "few.png").stat().st_size > 0 and (tmp_path / "many.png").stat().st_size > 0

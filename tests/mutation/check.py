@@ -169,15 +169,38 @@ def load_equivalent() -> list[dict]:
     return load_list(EQUIVALENT, "equivalent") + load_list(OPEN, "open")
 
 
-def module_digest(module: str, entries: list[dict]) -> str:
-    """What a module's recorded check was made from: its source, its listed mutants, the mutation settings."""
+def module_digest(module: str, entries: list[dict], tests: list[str] | None = None) -> str:
+    """What a module's recorded check was made from: its source, its listed mutants, the mutation settings,
+    and (``tests``: the test files that reached it when it was recorded) the text of its tests, so a changed
+    or deleted test re-checks the modules it reached."""
     config = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["mutmut"]
     prefix = f"{module_name(module)}."
     listed = sorted(json.dumps({k: e[k] for k in ("function", "was", "now", "kind")}, sort_keys=True)
                     for e in entries if e["function"].startswith(prefix))
-    payload = json.dumps({"source": (ROOT / module).read_text(), "listed": listed, "config": config},
-                         sort_keys=True)
-    return hashlib.sha256(payload.encode()).hexdigest()
+    content: dict[str, Any] = {"source": (ROOT / module).read_text(), "listed": listed, "config": config}
+    if tests is not None:
+        content["tests"] = {path: _file_sha(ROOT / path) for path in sorted(tests)}
+    return hashlib.sha256(json.dumps(content, sort_keys=True).encode()).hexdigest()
+
+
+def _file_sha(path: Path) -> str | None:
+    return hashlib.sha256(path.read_bytes()).hexdigest() if path.is_file() else None
+
+
+def reaching_tests(module: str) -> list[str]:
+    """The test files whose tests reached the module's functions in the last mutmut run (its stats)."""
+    stats = ROOT / "mutants" / "mutmut-stats.json"
+    if not stats.exists():
+        return []
+    by_function = json.loads(stats.read_text()).get("tests_by_mangled_function_name", {})
+    prefix = f"{module_name(module)}."
+    return sorted({test.split("::")[0] for name, tests in by_function.items() if name.startswith(prefix)
+                   for test in tests})
+
+
+def recorded_digest(module: str, entries: list[dict], record: dict | None) -> str:
+    """The digest to compare with a module's record: over the tests the record lists, where it lists them."""
+    return module_digest(module, entries, (record or {}).get("tests"))
 
 
 def report(mutants: list[Mutant], modules: list[str], entries: list[dict]
@@ -258,7 +281,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"[mutation] changed since {args.changed_since}: {modules or 'none'}")
     recorded = json.loads(VERIFIED.read_text()) if VERIFIED.exists() else {}
     if args.unverified:
-        current = [m for m in modules if (recorded.get(m) or {}).get("digest") == module_digest(m, entries)]
+        current = [m for m in modules
+                   if (recorded.get(m) or {}).get("digest") == recorded_digest(m, entries, recorded.get(m))]
         never = [m for m in modules if m not in recorded]
         modules = [m for m in modules if m not in current and m not in never]
         print(f"[mutation] recorded in {VERIFIED.name} and unchanged since: {len(current)} module(s); changed since "
@@ -300,7 +324,8 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     if args.record:
         for module in modules:
-            recorded[module] = {"digest": module_digest(module, entries), **figures[module]}
+            tests = reaching_tests(module)
+            recorded[module] = {"digest": module_digest(module, entries, tests), **figures[module], "tests": tests}
         VERIFIED.write_text(json.dumps(dict(sorted(recorded.items())), indent=1) + "\n")
         print(f"[mutation] recorded {len(modules)} module(s) in {VERIFIED.relative_to(ROOT)}")
     opened = sum(f["open"] for f in figures.values())

@@ -78,6 +78,41 @@ def test_a_module_digest_changes_with_its_source_and_its_listed_mutants(tmp_path
     assert check.module_digest(module, entries) != first
 
 
+def test_a_changed_or_deleted_test_of_a_module_changes_its_digest(tmp_path, monkeypatch):
+    """A record lists the test files that reached the module; its digest covers their text, so editing one
+    re-checks the module, and another module's tests do not."""
+    module = "align/bootstrap.py"
+    entries = check.load_equivalent()
+    (tmp_path / "align").mkdir()
+    (tmp_path / "align" / "bootstrap.py").write_text((ROOT / module).read_text())
+    (tmp_path / "pyproject.toml").write_text((ROOT / "pyproject.toml").read_text())
+    (tmp_path / "tests").mkdir()
+    (tmp_path / "tests" / "test_bootstrap.py").write_text("def test_a(): pass\n")
+    (tmp_path / "tests" / "test_other.py").write_text("def test_b(): pass\n")
+    monkeypatch.setattr(check, "ROOT", tmp_path)
+    record = {"digest": check.module_digest(module, entries, ["tests/test_bootstrap.py"]),
+              "tests": ["tests/test_bootstrap.py"]}
+    assert check.recorded_digest(module, entries, record) == record["digest"]
+    (tmp_path / "tests" / "test_other.py").write_text("def test_b(): assert 1\n")
+    assert check.recorded_digest(module, entries, record) == record["digest"]
+    (tmp_path / "tests" / "test_bootstrap.py").write_text("def test_a(): assert 1\n")
+    assert check.recorded_digest(module, entries, record) != record["digest"]
+    (tmp_path / "tests" / "test_bootstrap.py").unlink()
+    assert check.recorded_digest(module, entries, record) != record["digest"]
+    assert check.recorded_digest(module, entries, {"digest": "x"}) == check.module_digest(module, entries)
+
+
+def test_the_tests_reaching_a_module_are_read_from_mutmuts_stats(tmp_path, monkeypatch):
+    (tmp_path / "mutants").mkdir()
+    (tmp_path / "mutants" / "mutmut-stats.json").write_text(json.dumps({"tests_by_mangled_function_name": {
+        "align.bootstrap.x_resample_indices": ["tests/test_bootstrap.py::test_a", "tests/test_x.py::test_b[1]"],
+        "align.bootstrap.xǁBootǁrun": ["tests/test_bootstrap.py::test_c"],
+        "align.eval.stats.x_verdict": ["tests/eval/test_eval_stats.py::test_d"]}}))
+    monkeypatch.setattr(check, "ROOT", tmp_path)
+    assert check.reaching_tests("align/bootstrap.py") == ["tests/test_bootstrap.py", "tests/test_x.py"]
+    assert check.reaching_tests("align/sweep/run.py") == []
+
+
 @pytest.mark.parametrize("plant", plants.PLANTS, ids=lambda p: p.name)
 def test_every_plant_still_applies_to_the_code_as_it_is(plant):
     source = (ROOT / plant.path).read_text(encoding="utf-8")
