@@ -160,6 +160,121 @@ def tiny_model(tiny_tokenizer):
     return build_causal_lm(tiny_tokenizer)
 
 
+# --------------------------------------------------------------------------- the quick selection
+
+# `python -m pytest -m quick` (README): every package in a couple of minutes on 2 cores, for a change's
+# first check; the whole suite is what CI runs. The modules, chosen by their measured time (each under
+# about 3 s of test time) and so that every package of align and rewards is reached
+# (tests/test_test_hygiene.py checks that), are marked here rather than one by one.
+QUICK_MODULES = frozenset({
+    "tests/chat/test_chat_encode.py",
+    "tests/chat/test_chat_install.py",
+    "tests/chat/test_own_template.py",
+    "tests/chat/test_template_probes.py",
+    "tests/demo/test_demo_eta.py",
+    "tests/demo/test_demo_grids.py",
+    "tests/demo/test_demo_output_dir.py",
+    "tests/demo/test_demo_round_wiring.py",
+    "tests/demo/test_demo_rounds_plan.py",
+    "tests/demo/test_demo_table.py",
+    "tests/demo/test_graded_reward.py",
+    "tests/eval/test_eval_callback.py",
+    "tests/eval/test_eval_generate_together.py",
+    "tests/eval/test_eval_kl.py",
+    "tests/eval/test_eval_plots.py",
+    "tests/eval/test_eval_stats.py",
+    "tests/eval/test_one_engine_at_a_time.py",
+    "tests/eval/test_rescore.py",
+    "tests/jobs/test_jobs_runner.py",
+    "tests/mutation/test_mutation_lists.py",
+    "tests/rewards/test_annotate.py",
+    "tests/rewards/test_charter_install.py",
+    "tests/rewards/test_charter_paths.py",
+    "tests/rewards/test_classifier.py",
+    "tests/rewards/test_empty_completions.py",
+    "tests/rewards/test_generation.py",
+    "tests/rewards/test_judge.py",
+    "tests/rewards/test_judge_robustness.py",
+    "tests/rewards/test_openai_backend.py",
+    "tests/rewards/test_pairwise.py",
+    "tests/rewards/test_prompt_too_long.py",
+    "tests/rewards/test_reward_config.py",
+    "tests/rewards/test_reward_model.py",
+    "tests/rewards/test_reward_model_token_budget.py",
+    "tests/rewards/test_validation.py",
+    "tests/rewards/test_verifiable_adversarial.py",
+    "tests/sampling/test_engine_finish_reason.py",
+    "tests/sampling/test_sampling_stages.py",
+    "tests/sampling/test_system_prompts.py",
+    "tests/sampling/test_tokenizer_template_thinking.py",
+    "tests/sampling/test_transformers_sampler.py",
+    "tests/sampling/test_vllm_missing.py",
+    "tests/scoring/test_prefix_shared.py",
+    "tests/scoring/test_tiled_logps.py",
+    "tests/stages/test_judge_validate_stage.py",
+    "tests/stages/test_own_template_training.py",
+    "tests/stages/test_pairs_special_tokens.py",
+    "tests/stages/test_pairs_stage.py",
+    "tests/stages/test_recipes.py",
+    "tests/stages/test_sft_hygiene_stage.py",
+    "tests/stages/test_sft_mixed_messages.py",
+    "tests/stages/test_slurm_resources.py",
+    "tests/stages/test_stages_cli.py",
+    "tests/stages/test_status.py",
+    "tests/stages/test_tiny_models.py",
+    "tests/test_ademamix.py",
+    "tests/test_bootstrap.py",
+    "tests/test_card.py",
+    "tests/test_cli.py",
+    "tests/test_cluster_events.py",
+    "tests/test_coming_from_trl.py",
+    "tests/test_config.py",
+    "tests/test_config_bounds.py",
+    "tests/test_dataset_columns.py",
+    "tests/test_decontaminate.py",
+    "tests/test_dependency_hooks.py",
+    "tests/test_disks_and_files.py",
+    "tests/test_doc_paths.py",
+    "tests/test_errors.py",
+    "tests/test_fingerprint.py",
+    "tests/test_io_edges.py",
+    "tests/test_layers.py",
+    "tests/test_lifecycle.py",
+    "tests/test_losses.py",
+    "tests/test_manifest_rules.py",
+    "tests/test_over_max_length.py",
+    "tests/test_plan.py",
+    "tests/test_quantiles_pairs.py",
+    "tests/test_recipe.py",
+    "tests/test_recipe_yaml.py",
+    "tests/test_run_stage.py",
+    "tests/test_settings_names.py",
+    "tests/test_skip_rows.py",
+    "tests/test_slurm_commands.py",
+    "tests/test_stage_table.py",
+    "tests/test_step_graph.py",
+    "tests/test_sweep_plots.py",
+    "tests/trainers/test_architectures.py",
+    "tests/trainers/test_common.py",
+    "tests/trainers/test_dpo_matches_trl.py",
+    "tests/trainers/test_guards.py",
+    "tests/trainers/test_loss_scale.py",
+    "tests/trainers/test_preference_global_batch.py",
+    "tests/trainers/test_reference_dtype.py",
+    "tests/trainers/test_sft_hygiene.py",
+    "tests/trainers/test_sft_long_rows.py",
+    "tests/trainers/test_tensorboard.py",
+    "tests/trainers/test_trainer_loss_values.py",
+})
+
+
+def pytest_collection_modifyitems(config, items):
+    root = Path(__file__).resolve().parents[1]
+    for item in items:
+        if str(Path(item.fspath).resolve().relative_to(root)) in QUICK_MODULES:
+            item.add_marker(pytest.mark.quick)
+
+
 # --------------------------------------------------------------------------- skips
 
 # THE allowed skips: the only tests that may be skipped in CI's main environment, with the

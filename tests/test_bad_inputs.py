@@ -111,7 +111,13 @@ def models(tmp_path_factory) -> dict[str, Path]:
 
     root = tmp_path_factory.mktemp("bad_input_models")
     paths = save_tiny_models(root)
-    out = {"base": paths["policy"], "rm_plain": paths["reward_model"]}
+    plain = root / "rm_plain"  # the tiny reward model without its chat template (a base classifier)
+    shutil.copytree(paths["reward_model"], plain, ignore=shutil.ignore_patterns("chat_template.jinja"))
+    settings = json.loads((plain / "tokenizer_config.json").read_text())
+    settings.pop("chat_template", None)
+    (plain / "tokenizer_config.json").write_text(json.dumps(settings))
+    assert AutoTokenizer.from_pretrained(plain).chat_template is None
+    out = {"base": paths["policy"], "rm_plain": plain}
     for name, loader, fmt, src in (("policy", AutoModelForCausalLM, "apertus", paths["policy"]),
                                    ("rm", AutoModelForSequenceClassification, "chatml", paths["reward_model"])):
         tokenizer, model = AutoTokenizer.from_pretrained(src), loader.from_pretrained(src)

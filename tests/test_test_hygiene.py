@@ -86,3 +86,30 @@ def test_launchers_start_on_a_free_port():
             offending.append(f"{rel}:{spelled}")
     assert not offending, (f"a launcher spelled outside tests/ports.py without a port from ports.free_port: "
                            f"{offending}; use ports.torchrun / ports.accelerate_launch")
+
+
+def _imported(tree: ast.Module) -> set[str]:
+    """Every module a test file imports (anywhere in it), by its dotted name."""
+    names = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            names |= {alias.name for alias in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.module:
+            names |= {node.module, *(f"{node.module}.{alias.name}" for alias in node.names)}
+    return names
+
+
+def test_the_quick_selection_reaches_every_package():
+    from conftest import QUICK_MODULES
+
+    root = TESTS.parent
+    assert all((root / path).is_file() for path in QUICK_MODULES), "a quick module that does not exist"
+    assert not any(path.startswith(("tests/slurm/", "tests/distributed/", "tests/vllm/")) for path in QUICK_MODULES)
+    imported = set()
+    for path in QUICK_MODULES:
+        imported |= _imported(ast.parse((root / path).read_text()))
+    packages = sorted({".".join(init.parent.relative_to(root).parts) for top in ("align", "rewards")
+                       for init in (root / top).rglob("__init__.py")})
+    missed = [p for p in packages if not any(name == p or name.startswith(p + ".") for name in imported)]
+    assert not missed, f"packages no quick test imports: {missed}"
+

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from align.demo.config import DATE, GENERATE_BATCH, SFT_MAX_LENGTH, DemoConfig
+from align.demo.eta import announce
 from align.demo.output import check_demo_output_dir, claim_output_dir
 from align.demo.parts import (
     annotate_into,
@@ -295,8 +296,9 @@ def run_demo(config: DemoConfig) -> dict[str, Any]:
     state = DemoState(config=config, out=Path(config.output_dir))
     check_demo_output_dir(state.out)  # before anything is made or removed
     started = time.time()
-    for name, step in demo_steps(config):
-        print(f"[align demo] {name} ...", flush=True)
+    steps = demo_steps(config)
+    for index, (name, step) in enumerate(steps):
+        print(announce(config.preset, [n for n, _ in steps], index, state.seconds), flush=True)
         begun = time.time()
         step(state)
         state.seconds[name] = round(time.time() - begun, 1)

@@ -48,9 +48,6 @@ class Config(SFTConfig):
 def run(config: Config) -> dict:
     """Fine-tune ``model_name_or_path`` on ``input``; save to ``output_dir``."""
     keep_hub_token_out_of_outputs(config)
-    note = device_note(config)
-    if note and is_writer():
-        print(f"[align sft] {note}")
     return run_stage("sft", config, _train, prepare=_read_once)
 
 
@@ -124,6 +121,9 @@ def _train(run: StageRun) -> dict | Unfinished:
     from align.trainers.sft_data import load_sft_dataset
     from align.trainers.sft_trainer import train_sft
 
+    note = device_note(run.config)  # a run that does work says where it trains (a skip says nothing more)
+    if note and is_writer():
+        print(f"[align sft] {note}")
     config, rows = run.config, run.held["rows"]
     if rows.skipped and run.begun is not None and run.begun.manifest is not None:
         write_jsonl(Path(config.output_dir) / "skipped_rows.jsonl", rows.skipped)

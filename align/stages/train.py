@@ -41,9 +41,6 @@ class Config(PreferenceConfig):
 def run(config: Config) -> dict:
     """Train ``model_name_or_path`` on the pairs in ``input``; save to ``output_dir``."""
     keep_hub_token_out_of_outputs(config)
-    note = device_note(config)
-    if note and is_writer():
-        print(f"[align train] {note}")
     return run_stage("train", config, _train)
 
 
@@ -51,6 +48,9 @@ def _train(run: StageRun) -> dict | Unfinished:
     from align.trainers.guards import resumable_checkpoint
     from align.trainers.preference_trainer import train
 
+    note = device_note(run.config)  # a run that does work says where it trains (a skip says nothing more)
+    if note and is_writer():
+        print(f"[align train] {note}")
     config, records = run.config, run.rows["input"]
     last = resumable_checkpoint(config.output_dir, world_size=config.world_size)
     if last and config.resume_from_checkpoint is None:

@@ -18,7 +18,8 @@ def test_the_policy_takes_the_named_architecture_and_the_reward_model_stays_llam
     paths = run(config_from_args([f"output_dir={tmp_path}", "architecture=apertus"]))
     assert model_type(tmp_path / "policy") == "apertus"
     assert model_type(tmp_path / "reward_model") == "llama"
-    assert set(paths) == {"policy", "reward_model"}
+    assert set(paths) == {"policy", "reward_model", "own_template"}
+    assert model_type(tmp_path / "own_template") == "llama"
     run(config_from_args([f"output_dir={tmp_path}", "architecture=apertus"]))
     assert "already there" in capsys.readouterr().out
 
