@@ -112,3 +112,57 @@ def test_an_evaluation_of_another_model_and_a_non_policy_are_refused(chain, caps
         from align.manifests.lineage import trace
 
         trace(chain["train"].parent / "missing")
+
+
+# --------------------------------------------------------------------------- the chain itself (align.manifests.lineage)
+
+
+def test_the_chain_is_followed_through_relative_paths_data_files_and_shared_outputs(tmp_path, monkeypatch):
+    """Paths a run recorded relative to where it ran are found from an ancestor of the output; an input naming
+    one data file of an output (`@pairs/pairs.jsonl`) is that output; an output two steps read is walked once."""
+    from align.manifests.lineage import sources, trace, walk
+
+    work = tmp_path / "work"
+    sft = finished(work / "runs" / "sft", "sft", "s1", settings={"lr": 1},
+                   inputs={"model_name_or_path": {"path": "base", "kind": "model", "fingerprint": "m"}})
+    pairs = finished(work / "runs" / "pairs", "pairs", "p1", inputs={"input": {"path": "a.jsonl", "kind": "file",
+                                                                              "fingerprint": "a"}})
+    (pairs / "pairs.jsonl").write_text("{}\n")
+    relative = lambda out, oid, stage, **more: {"path": f"runs/{out}", "kind": "stage", "stage": stage,
+                                                "fingerprint": "f", "output_id": oid, **more}
+    logprobs = finished(work / "runs" / "logprobs", "logprobs", "l1",
+                        inputs={"model_name_or_path": relative("sft", "s1", "sft"),
+                                "input": relative("pairs/pairs.jsonl", "p1", "pairs", file="pairs.jsonl")})
+    train = finished(work / "runs" / "train", "train", "t1", settings={"beta": 5},
+                     inputs={"model_name_or_path": relative("sft", "s1", "sft"),
+                             "input": relative("logprobs", "l1", "logprobs")})
+    monkeypatch.chdir(tmp_path)  # not where the run ran: the paths are found from the output's ancestors
+    made = trace(train)
+    assert [n.stage for n in walk(made)] == ["sft", "pairs", "logprobs", "train"]
+    assert made.earlier["input"].earlier["input"].path == work / "runs" / "pairs"
+    assert [(node.stage, key, entry["path"]) for node, key, entry in sources(made)] == [
+        ("sft", "model_name_or_path", "base"), ("pairs", "input", "a.jsonl")]
+    assert made.setting("beta") == 5 and made.setting("gamma", "absent") == "absent" and made.library == "0.1.0"
+    assert logprobs.exists() and sft.exists()
+
+
+def test_an_input_gone_or_unfinished_is_said_so(tmp_path, monkeypatch):
+    from align.manifests.lineage import locate, trace
+
+    monkeypatch.chdir(tmp_path)
+    unfinished = tmp_path / "runs" / "sample"
+    unfinished.mkdir(parents=True)
+    train = finished(tmp_path / "runs" / "train", "train", "t1", inputs={
+        "gone": stage_input(tmp_path / "runs" / "nowhere", "x", "sft"),
+        "input": stage_input(unfinished, "u", "sample")})
+    made = trace(train)
+    assert made.earlier["gone"] == f"{tmp_path / 'runs' / 'nowhere'}: not found from here"
+    assert made.earlier["input"] == f"{unfinished}: not a finished stage output (no completion marker)"
+    assert locate(str(tmp_path / "missing"), train) is None and locate("runs/train", train) == Path("runs/train")
+    (unfinished / "_COMPLETE.json").write_text(json.dumps({"stage": "sample", "output_id": "u"}))
+    with pytest.raises(InputError, match="holds no manifest"):
+        trace(unfinished)
+    (unfinished / "_COMPLETE.json").write_text(json.dumps({"stage": "sample", "output_id": "u", "manifest": {
+        "stage": "sample", "fingerprint": "f", "settings": {}}}))
+    with pytest.raises(InputError, match=r"the manifest in its completion marker lacks \['inputs', 'library'\]"):
+        trace(unfinished)

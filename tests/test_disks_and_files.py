@@ -121,6 +121,48 @@ def test_a_full_disk_while_pairs_writes_is_one_line_and_the_rerun_finishes(tmp_p
     assert (out / "_COMPLETE.json").is_file()
 
 
+def test_a_full_disk_while_the_completion_marker_is_written_is_one_line_and_the_rerun_marks_it(tmp_path, monkeypatch):
+    """The work is written; the marker that says so is not (the disk filled in between): one line naming the
+    marker, and the rerun, finding the work, marks it."""
+    rows = jsonl(tmp_path / "in.jsonl", [annotated(f"a{i}") for i in range(3)])
+    out = tmp_path / "out"
+    hit = fail_fsync_of(monkeypatch, "_COMPLETE.json")
+    rc, _, err = run_main(["pairs", f"input={rows}", f"output_dir={out}"])
+    assert rc == 2 and hit
+    assert one_line(err, "pairs").startswith(
+        f"align pairs: DiskFullError: pairs: no space left on the device writing {out / '_COMPLETE.json'} (ENOSPC): "
+        f"free space on the file system holding {out} (")
+    assert (out / "pairs.jsonl").is_file() and not (out / "_COMPLETE.json").exists()
+    monkeypatch.undo()
+    monkeypatch.chdir(tmp_path)
+    assert run_main(["pairs", f"input={rows}", f"output_dir={out}"])[0] == 0
+    assert (out / "_COMPLETE.json").is_file()
+
+
+def test_an_odd_stage_lock_is_refused_in_the_stages_name(tmp_path):
+    """The stage lock (the one a job's tasks share) is opened when the work starts: a directory in its place is
+    refused naming the stage, the lock and what to do."""
+    rows = jsonl(tmp_path / "in.jsonl", [annotated("a")])
+    out = tmp_path / "out"
+    (out / ".align-stage.lock").mkdir(parents=True)
+    rc, _, err = run_main(["pairs", f"input={rows}", f"output_dir={out}"])
+    assert rc == 2
+    assert one_line(err, "pairs").startswith(
+        f"align pairs: InputError: pairs: {out / '.align-stage.lock'} is a directory, not a lock file this library "
+        "writes; remove it")
+
+
+def test_a_finished_output_whose_manifest_file_was_damaged_is_still_done(tmp_path, capsys):
+    """The completion marker holds the manifest: a `_manifest.json` cut short after the run finished changes
+    nothing (a rerun skips)."""
+    rows = jsonl(tmp_path / "in.jsonl", [annotated("a")])
+    out = tmp_path / "out"
+    assert run_main(["pairs", f"input={rows}", f"output_dir={out}"])[0] == 0
+    (out / "_manifest.json").write_text('{"stage": "pa')
+    rc, printed, err = run_main(["pairs", f"input={rows}", f"output_dir={out}"])
+    assert rc == 0 and "already complete; skipping" in printed, err
+
+
 def test_a_used_up_quota_says_to_free_quota(tmp_path, monkeypatch):
     rows = jsonl(tmp_path / "in.jsonl", [annotated("a")])
     fail_fsync_of(monkeypatch, "pairs.jsonl", errno.EDQUOT)

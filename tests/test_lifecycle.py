@@ -769,6 +769,19 @@ def _model(files: dict | None, fingerprint: str) -> dict:
     ({"model": _model(None, "a")}, {"model": _model({"w.bin": "w"}, "b")}, None, ["train.model (m): other weights"]),
     ({"charter": _file("default", "a", "charter")}, {"charter": _file("default", "b", "charter")}, None,
      ["train.charter (default): other charter text"]),
+    ({"prompts": _stage("f")}, {"prompts": _file("org/data", "h", "name")}, None,
+     ["train.prompts (org/data): now a dataset name, no earlier stage's output (was the sample stage's output)"]),
+    ({"prompts": _stage("f")}, {"prompts": _file("d", "h", "directory")}, None,
+     ["train.prompts (d): the input directory's content changed: a plain directory now, no earlier stage's "
+      "output (it was the sample stage's output)"]),
+    ({"prompts": _stage("f")}, {"prompts": _file("p.jsonl", "h")}, ({"prompts": {"a": "1"}}, None),
+     ["train.prompts (p.jsonl): the input file's content changed: a plain file now, no earlier stage's output (it "
+      "was the sample stage's output)"]),
+    ({"prompts": _stage("f")}, {"prompts": _file("p.jsonl", "h")}, ({"prompts": {"a": "1"}}, {"prompts": {"a": "1"}}),
+     ["train.prompts (p.jsonl): the input file's content changed: a plain file now, no earlier stage's output (it "
+      "was the sample stage's output; the same rows)"]),
+    ({"model": _stage("f", stage=None)}, {"model": _model(None, "b")}, None,
+     ["train.model (m): made from other settings or inputs (the earlier stage's manifest changed)"]),
 ])
 def test_a_refused_rerun_names_how_each_changed_input_differs(old_inputs, new_inputs, rows, expected):
     """Each changed input is one line naming its path and how it changed: added or no longer an input,

@@ -412,3 +412,25 @@ def test_pair_rows_keep_the_tool_declarations_the_prompt_was_sampled_with():
     by_id = {p["id"]: p for p in pairs}
     assert by_id["t"]["tools"] == [tool]
     assert "tools" not in by_id["plain"] and tuple(by_id["plain"]) == PAIR_FIELDS
+
+
+def test_rejected_pick_highest_takes_the_low_buckets_highest_quantile_as_the_published_code_does():
+    """Ten references with distinct rewards: the low bucket (R_q <= 0.2) holds the two lowest; `uniform` draws
+    either over seeds, `highest` always the one of quantile 0.2; the chosen answer is drawn as before."""
+    rewards = [0.9, 0.1, 0.5, 0.7, 0.05, 0.3, 0.6, 0.8, 0.4, 0.95]
+    quantiles = quantile_rewards(rewards, rewards)
+    assert sorted(quantiles[i] for i in (1, 4)) == [0.1, 0.2] and quantiles[1] == 0.2
+    uniform = {select_pair(rewards, quantiles, num_ref_rewards=10, seed=s).rejected for s in range(40)}
+    highest = {select_pair(rewards, quantiles, num_ref_rewards=10, seed=s, rejected_pick="highest").rejected
+               for s in range(40)}
+    assert uniform == {1, 4} and highest == {1}
+    same_chosen = [select_pair(rewards, quantiles, num_ref_rewards=10, seed=s).chosen ==
+                   select_pair(rewards, quantiles, num_ref_rewards=10, seed=s, rejected_pick="highest").chosen
+                   for s in range(40)]
+    assert all(same_chosen)
+    with pytest.raises(ValueError, match=r"rejected_pick: 'best' is not one of \['uniform', 'highest'\]"):
+        select_pair(rewards, quantiles, num_ref_rewards=10, seed=0, rejected_pick="best")
+    rows = [{"id": "p", "messages": [{"role": "user", "content": "?"}], "rewards": rewards,
+             "completions": [{"text": f"a{i}", "is_reference": True, "finish_reason": "stop"} for i in range(10)]}]
+    (pair,), _ = make_pairs(rows, seed=3, num_ref_rewards=10, rejected_pick="highest")
+    assert pair["rejected"] == "a1" and pair["rejected_quantile"] == 0.2

@@ -102,14 +102,23 @@ def _check_inputs(
             raise InputError(f"quantiles[{i}] = {quantile} is outside [0, 1]")
 
 
+REJECTED_PICKS = ("uniform", "highest")
+
+
 def _pick(
-    order: Sequence[str], buckets: dict[str, list[int]], side: str, rng: random.Random
+    order: Sequence[str], buckets: dict[str, list[int]], side: str, rng: random.Random,
+    highest_of: Sequence[float | None] | None = None,
 ) -> tuple[int, str | None]:
-    """A uniform draw from the first non-empty bucket in ``order``, and the fallback taken."""
+    """A uniform draw from the first non-empty bucket in ``order``, and the fallback taken; with
+    ``highest_of`` (a quantile per completion), the draw is among that bucket's highest."""
     for name in order:
-        if buckets[name]:
+        pool = buckets[name]
+        if pool:
+            if highest_of is not None:
+                best = max(highest_of[i] for i in pool)
+                pool = [i for i in pool if highest_of[i] == best]
             fallback = None if name == order[0] else f"{side}:{name}"
-            return rng.choice(buckets[name]), fallback
+            return rng.choice(pool), fallback
     raise AssertionError("unreachable: callers ensure some bucket is non-empty")
 
 
@@ -121,13 +130,18 @@ def select_pair(
     rng: random.Random | None = None,
     seed: int | str | None = None,
     low_threshold: float = 0.2,
+    rejected_pick: str = "uniform",
 ) -> Pair | Skip:
     """Pick chosen and rejected completions of one prompt by docs/method.md, Pair selection (see module docstring).
 
     ``rewards``/``quantiles``: one per completion, None for a completion that could not be
     scored (it is not a candidate). ``num_ref_rewards``: how many reference rewards the quantiles
-    were computed against. Give exactly one of ``rng`` and ``seed``.
+    were computed against. Give exactly one of ``rng`` and ``seed``. ``rejected_pick``:
+    ``uniform`` (the report: a draw from the low bucket) or ``highest`` (the published code: the
+    low bucket's highest quantile).
     """
+    if rejected_pick not in REJECTED_PICKS:
+        raise ConfigError(f"rejected_pick: {rejected_pick!r} is not one of {list(REJECTED_PICKS)}")
     if (rng is None) == (seed is None):
         raise ConfigError("pass exactly one of rng and seed (pair selection is seeded)")
     rng = rng if rng is not None else random.Random(seed)
@@ -151,7 +165,8 @@ def select_pair(
     rejected_pool = {
         name: [i for i in pool if rewards[i] < rewards[chosen]] for name, pool in by_bucket.items()
     }
-    rejected, rejected_fallback = _pick(REJECTED_ORDER, rejected_pool, "rejected", rng)
+    rejected, rejected_fallback = _pick(REJECTED_ORDER, rejected_pool, "rejected", rng,
+                                        quantiles if rejected_pick == "highest" else None)
     fallbacks = [f for f in (chosen_fallback, rejected_fallback) if f is not None]
     return Pair(chosen, rejected, ";".join(fallbacks) or None)
 
@@ -240,6 +255,7 @@ def _pair_or_skip(
     truncated: str = "exclude",
     num_pairs_per_prompt: int = 1,
     chat_format: str | None = "apertus",
+    rejected_pick: str = "uniform",
 ) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     """One record's pair rows (up to ``num_pairs_per_prompt``), or its one skip row ``{"id", "reason"}``;
     and the completions left out for their text (``{"completion", "reason"}``)."""
@@ -281,6 +297,7 @@ def _pair_or_skip(
             num_ref_rewards=len(ref_rewards),
             rng=rng,
             low_threshold=low_threshold,
+            rejected_pick=rejected_pick,
         )
         if isinstance(choice, Skip):
             if k > 0:  # the buckets hold no further pair without reusing a completion
@@ -323,6 +340,7 @@ def make_pairs(
     truncated: str = "exclude",
     num_pairs_per_prompt: int = 1,
     chat_format: str | None = "apertus",
+    rejected_pick: str = "uniform",
 ) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     """Pair rows (``records.PAIR_FIELDS``) and skip rows ``{"id", "reason"}`` for prompt records.
 
@@ -405,6 +423,7 @@ def make_pairs(
             truncated=truncated,
             num_pairs_per_prompt=num_pairs_per_prompt,
             chat_format=chat_format,
+            rejected_pick=rejected_pick,
         )
         if left_out:
             skips.append({"id": rid, "reason": f"{SPECIAL_TOKEN_TEXT}: {len(left_out)} completions left out; "

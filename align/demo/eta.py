@@ -1,7 +1,7 @@
 """How long the demo's steps take, and so how long is left: one line before each step.
 
-Each step's typical seconds were measured on 2 idle cores (``TYPICAL_SECONDS``, per preset,
-from the report's ``seconds`` of a run). A run on another machine goes faster or slower by
+Each step's typical seconds on 2 idle cores are in ``TYPICAL_SECONDS``, per preset (where they
+come from is said there). A run on another machine, or of other sizes, goes faster or slower by
 about one factor: the ratio of the seconds the steps done so far took to what they
 typically take. The estimate for what is left is that ratio times the typical seconds of
 the steps to come; before the first step, the typical seconds as they are.
@@ -11,11 +11,13 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
-# Seconds per step on 2 idle cores (the report's "seconds"); a later round costs "round k".
+# Seconds per step on 2 idle cores (a report's "seconds"); a later round costs "round k". The ci preset's were
+# measured (`align demo preset=ci rounds=2 reward=graded`); the full run's are those shares scaled to its
+# measured total of about 310 s (README), a first guess the pace factor corrects after the first step.
 TYPICAL_SECONDS: dict[str, dict[str, float]] = {
-    "full": {"data and model": 2.0, "SFT": 45.0, "sample references": 25.0, "annotate (reward)": 3.0,
-             "judge (tiny model, path check)": 4.0, "pairs": 1.0, "reference log-probs": 6.0,
-             "QRPO sweep": 95.0, "DPO sweep": 85.0, "round k": 60.0, "evaluate (align.evaluate)": 40.0},
+    "full": {"data and model": 0.8, "SFT": 80.5, "sample references": 8.1, "annotate (reward)": 0.4,
+             "judge (tiny model, path check)": 2.8, "pairs": 0.4, "reference log-probs": 1.6, "QRPO sweep": 81.3,
+             "DPO sweep": 86.6, "round k": 35.4, "evaluate (align.evaluate)": 47.5},
     "ci": {"data and model": 0.2, "SFT": 20.0, "sample references": 2.0, "annotate (reward)": 0.1,
            "judge (tiny model, path check)": 0.7, "pairs": 0.1, "reference log-probs": 0.4,
            "QRPO sweep": 20.2, "DPO sweep": 21.5, "round k": 8.8, "evaluate (align.evaluate)": 11.8},

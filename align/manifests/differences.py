@@ -96,7 +96,7 @@ def differences(stage: str, old: Mapping[str, Any], new: Manifest, old_rows: Map
             lines.append(_now_plain(name, before, after, _row_counts(old_rows[key], new_rows[key]) if known else None))
         elif after.get("kind") == "stage" and before.get("kind") != "stage":
             lines.append(f"{name}: now the {after.get('stage')} stage's output (was a plain {before.get('kind')})")
-        elif after.get("kind") == "stage" or before.get("kind") == "stage":
+        elif before.get("kind") == "stage":  # (after a stage's output too, or a kind the branches above leave)
             if before.get("fingerprint") == after.get("fingerprint") and after.get("output_id") is None \
                     and "output_id" in after:
                 lines.append(f"{name}: the {after.get('stage') or 'earlier'} step that makes it is not current, so it "

@@ -147,15 +147,15 @@ def check_output_dir(path: str | Path, stage: str, key: str = "output_dir", *, w
             if not ancestor.is_dir():
                 raise InputError(f"{stage}: {key}={str(path)!r}: {str(ancestor)!r} is a file, not a directory")
             if writable:
-                check_writable(path, ancestor, stage, key)
+                check_writable(path, ancestor, stage)
             return
 
 
-def check_writable(path: Path, ancestor: Path, stage: str, key: str = "output_dir") -> None:
+def check_writable(path: Path, ancestor: Path, stage: str) -> None:
     """The nearest existing directory of ``output_dir`` may be written (a read-only mount or a
     directory without write permission is refused before any work, naming it)."""
     if not os.access(ancestor, os.W_OK | os.X_OK):
-        raise NotWritableError(f"{stage}: {key}={str(path)!r}: {str(ancestor)!r} is not writable (a read-only "
+        raise NotWritableError(f"{stage}: output_dir={str(path)!r}: {str(ancestor)!r} is not writable (a read-only "
                                "mount, or no write permission): make it writable, or choose another output_dir")
 
 

@@ -46,10 +46,13 @@ def read_made(path: Path) -> Made:
     if not isinstance(manifest, dict) or not info.get("output_id"):
         raise InputError(f"{path}: its completion marker holds no manifest (written by an earlier version of "
                          "align): what it was made from is not recorded")
-    return Made(path=path, stage=str(info.get("stage") or manifest.get("stage")), output_id=str(info["output_id"]),
-                fingerprint=str(manifest.get("fingerprint", "")), settings=dict(manifest.get("settings") or {}),
-                summary=dict(info.get("summary") or {}), inputs=dict(manifest.get("inputs") or {}),
-                library=str(manifest.get("library", "")))
+    missing = [key for key in ("stage", "fingerprint", "settings", "inputs", "library") if key not in manifest]
+    if missing:
+        raise InputError(f"{path}: the manifest in its completion marker lacks {missing}: not one align wrote")
+    return Made(path=path, stage=str(manifest["stage"]), output_id=str(info["output_id"]),
+                fingerprint=str(manifest["fingerprint"]), settings=dict(manifest["settings"]),
+                summary=dict(info.get("summary") or {}), inputs=dict(manifest["inputs"]),
+                library=str(manifest["library"]))
 
 
 def locate(recorded: str, reader: Path) -> Path | None:
@@ -65,8 +68,9 @@ def locate(recorded: str, reader: Path) -> Path | None:
 
 
 def _stage_dir(found: Path, entry: dict[str, Any]) -> Path:
-    """A stage input may name one data file of the output (``@pairs/pairs.jsonl``): its directory."""
-    return found.parent if entry.get("file") and found.is_file() else found
+    """A stage input may name one data file of the output (``@pairs/pairs.jsonl``, recorded with ``file``):
+    its directory."""
+    return found.parent if entry.get("file") else found
 
 
 def trace(path: Path) -> Made:
@@ -87,9 +91,9 @@ def trace(path: Path) -> Made:
 
 def _earlier(entry: dict[str, Any], reader: Path, visit) -> Made | str:
     """The earlier output an input entry names, or why it cannot be described (gone, replaced)."""
-    found = locate(str(entry.get("path", "")), reader)
+    found = locate(str(entry["path"]), reader)
     if found is None:
-        return f"{entry.get('path')}: not found from here"
+        return f"{entry['path']}: not found from here"
     try:
         made = visit(_stage_dir(found, entry))
     except InputError as exc:

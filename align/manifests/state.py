@@ -85,14 +85,14 @@ def stage_artifacts(output_dir: Path) -> list[Path]:
     return [p for p in output_dir.iterdir() if names.match(p.name)]
 
 
-def open_lock(path: Path, stage: str = "") -> int:
+def open_lock(path: Path, stage: str) -> int:
     """Open (creating) one of the library's lock files, never through a symbolic link.
 
     A lock that is a directory, a symbolic link, or a file that cannot be opened for writing
     (immutable, or on a read-only mount) is refused by name, saying what to remove or make
     writable: a lock is a file the library writes, and only that.
     """
-    who = f"{stage}: " if stage else ""
+    who = f"{stage}: "
     if path.is_symlink():
         raise InputError(f"{who}{path} is a symbolic link, not a lock file this library writes; remove the link "
                          "(nothing it points to is touched), then run again")
@@ -111,7 +111,7 @@ def open_lock(path: Path, stage: str = "") -> int:
 
 
 @contextlib.contextmanager
-def locked(output_dir: Path, stage: str = "") -> Iterator[None]:
+def locked(output_dir: Path, stage: str) -> Iterator[None]:
     """One process at a time decides and cleans (SLURM array tasks, ranks of one launch)."""
     output_dir.mkdir(parents=True, exist_ok=True)
     fd = open_lock(output_dir / LOCK_FILE, stage)

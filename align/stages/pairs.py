@@ -49,6 +49,11 @@ class Config:
     num_pairs_per_prompt: int = field(
         default=1, metadata={"help": "up to this many pairs per prompt, no completion reused within a prompt"}
     )
+    rejected_pick: Literal["uniform", "highest"] = field(
+        default="uniform",
+        metadata={"help": "the rejected answer: uniform (a draw from the low bucket, as the Apertus report says) | "
+                  "highest (the low bucket's highest quantile, as the published code does; docs/method.md §14)"},
+    )
     chat_format: Literal["apertus", "llama3", "chatml", "tokenizer"] = field(
         default="apertus",
         metadata={"help": "the format logprobs and train encode the pairs in: a completion holding one of its "
@@ -79,7 +84,7 @@ def _pairs(run: StageRun) -> dict[str, Any]:
     pairs, skips = make_pairs(
         records, seed=config.seed, low_threshold=config.low_threshold, num_ref_rewards=config.num_ref_rewards,
         truncated=config.truncated, num_pairs_per_prompt=config.num_pairs_per_prompt,
-        chat_format=config.chat_format,
+        chat_format=config.chat_format, rejected_pick=config.rejected_pick,
     )
     out = Path(config.output_dir)
     run.check_owner()
