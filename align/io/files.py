@@ -17,7 +17,7 @@ from collections.abc import Callable, Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import IO, Any
 
-from align.errors import AlignError, InputError
+from align.errors import AlignError, ConfigError, InputError
 from align.io.ledger import note
 
 
@@ -40,6 +40,19 @@ def _no_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
             raise _DuplicateKey(key)
         out[key] = value
     return out
+
+
+_SETTING_VARIABLE = re.compile(r"\$(\w+|\{\w+\})")
+
+
+def expand_variables(text: str, *, named: str, what: str) -> str:
+    """``$VAR`` / ``${VAR}`` in a setting (a path, a URL) replaced by the environment's value; an unset one is
+    a ``ConfigError`` naming the setting (``named``: how the message shows it; ``what``: "path", "URL")."""
+    unset = [n for n in (m.strip("{}") for m in _SETTING_VARIABLE.findall(text)) if n not in os.environ]
+    if unset:
+        raise ConfigError(f"{named}: ${unset[0]} is not set in this environment (a {what} with $VAR takes the "
+                          f"variable's value; set it, or write the {what} out)")
+    return _SETTING_VARIABLE.sub(lambda m: os.environ[m.group(1).strip("{}")], text)
 
 
 def _depth(value: Any) -> int:

@@ -45,6 +45,7 @@ from typing import Any
 from urllib.parse import parse_qsl, unquote, urlencode, urlsplit, urlunsplit
 
 from align.errors import ConfigError, ServiceError
+from align.io.files import expand_variables
 
 DEFAULT_API_KEY_ENV = "OPENAI_API_KEY"
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
@@ -118,7 +119,6 @@ def api_key_from_env(api_key_env: str | None = None) -> str | None:
 
 # --------------------------------------------------------------------------- URLs
 
-_VARIABLE = re.compile(r"\$(\w+|\{\w+\})")
 _URL_USERINFO = re.compile(r"(?P<scheme>[a-zA-Z][a-zA-Z0-9+.-]*://)[^/@\s]*@")
 _URL_SECRET_QUERY = re.compile(
     r"(?P<name>[?&][^=&#]*(?:token|key|password|secret|auth|sig|signature|credential)[^=&#]*=)[^&#]*",
@@ -142,12 +142,7 @@ def has_credentials(url: str) -> bool:
 def expand_url(url: str, key: str = "base_url") -> str:
     """``$VAR`` / ``${VAR}`` in a URL replaced by the environment's value, as in paths; an unset one is a
     ``ConfigError`` naming the key (never a request to a host literally named ``$VLLM_URL``)."""
-    names = [m.strip("{}") for m in _VARIABLE.findall(url)]
-    unset = [n for n in names if n not in os.environ]
-    if unset:
-        raise ConfigError(f"{key}={safe_url(url)!r}: ${unset[0]} is not set in this environment (a URL with $VAR "
-                          "takes the variable's value; set it, or write the URL out)")
-    return _VARIABLE.sub(lambda m: os.environ[m.group(1).strip("{}")], url)
+    return expand_variables(url, named=f"{key}={safe_url(url)!r}", what="URL")
 
 
 @dataclass(frozen=True)

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
-import os
 import re
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -12,6 +11,7 @@ from typing import Any
 
 from align.config import from_dict, merge, parse_overrides, read_yaml, unknown_key_error
 from align.errors import ConfigError
+from align.io.files import expand_variables
 from align.recipe import graph
 from align.recipe.checks import check_graph
 from align.recipe.graph import (
@@ -39,7 +39,6 @@ _PATH_LEAVES = frozenset({"input", "prompts", "model", "model_name_or_path", "re
                           "python", "charter", "personas_file", "deepspeed", "initial_policy", "from",
                           "validation_prompts", "kl_reference_model", "resume_from_checkpoint", "logging_dir",
                           "path"})
-_VARIABLE = re.compile(r"\$(\w+|\{\w+\})")
 # A step's name: it becomes an argument of its job (`align step RECIPE NAME`) and part of paths and job names.
 STEP_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_-]*")
 
@@ -53,12 +52,7 @@ def expand_paths(value: Any, where: str = "", key: str = "") -> Any:
         return [expand_paths(v, where, key) for v in value]
     leaf = key.rsplit(".", 1)[-1]
     if isinstance(value, str) and "$" in value and (leaf in _PATH_LEAVES or leaf.endswith(("_path", "_dir", "_file"))):
-        names = [m.strip("{}") for m in _VARIABLE.findall(value)]
-        unset = [n for n in names if n not in os.environ]
-        if unset:
-            raise ConfigError(f"{where.rstrip('.')}={value!r}: ${unset[0]} is not set in this environment (a path "
-                              "with $VAR takes the variable's value; set it, or write the path out)")
-        return _VARIABLE.sub(lambda m: os.environ[m.group(1).strip("{}")], value)
+        return expand_variables(value, named=f"{where.rstrip('.')}={value!r}", what="path")
     return value
 
 
