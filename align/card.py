@@ -22,7 +22,7 @@ from typing import Any
 
 from align.config import load_config
 from align.errors import ConfigError, InputError
-from align.manifests.lineage import Made, sources, trace, walk
+from align.manifests.lineage import Made, read_made, sources, trace, walk
 
 USAGE = "align card OUTPUT_DIR [evaluation=DIR] [output=PATH] [overwrite=true]"
 MARK = "<!-- written by `align card`"
@@ -95,7 +95,7 @@ class Evaluation:
 def find_evaluation(policy: Made, named: str | None) -> Evaluation | None:
     """The evaluation named, or the one beside the policy whose inputs hold this very output."""
     if named:
-        found = _evaluation_of(policy, trace(Path(named)))
+        found = _evaluation_of(policy, read_made(Path(named)))
         if found is None:
             raise InputError(f"evaluation={named}: an evaluation that did not score {policy.path} "
                              f"(output id {policy.output_id})")
@@ -103,7 +103,7 @@ def find_evaluation(policy: Made, named: str | None) -> Evaluation | None:
     for sibling in sorted(policy.path.parent.iterdir()):  # as given, so the card names paths as the user does
         if (sibling / "_COMPLETE.json").is_file() and sibling.resolve() != policy.path.resolve():
             try:
-                found = _evaluation_of(policy, trace(sibling))
+                found = _evaluation_of(policy, read_made(sibling))  # its own record: its chain is not needed
             except InputError:
                 continue
             if found is not None:
