@@ -132,10 +132,11 @@ def say(request):
 
 @pytest.fixture(scope="session")
 def tiny_dirs(tmp_path_factory):
-    """Saved tiny policy and reward model dirs (each with the tokenizer)."""
+    """Saved tiny policy and reward model dirs (each with the tokenizer); not the model with its own
+    template, which reads TRL's template files (absent from the vLLM environment)."""
     from align.testing.tiny import save_tiny_models
 
-    return save_tiny_models(tmp_path_factory.mktemp("tiny_models"))
+    return save_tiny_models(tmp_path_factory.mktemp("tiny_models"), which=("policy", "reward_model"))
 
 
 @pytest.fixture(scope="session")

@@ -21,8 +21,8 @@ from pathlib import Path
 from align.config import load_config
 from align.errors import ConfigError
 
+MODELS = ("policy", "reward_model", "own_template")  # align.testing.tiny.MODELS, without importing torch
 USAGE = "align tiny-models [output_dir=DIR] [seed=N] [architecture=llama|apertus|qwen3] [overwrite=true]"
-MODELS = ("policy", "reward_model", "own_template")
 
 
 @dataclass

@@ -11,6 +11,7 @@ from __future__ import annotations
 import copy
 
 import random
+from collections.abc import Sequence
 from importlib import resources
 from pathlib import Path
 from typing import Any
@@ -146,30 +147,42 @@ def quantile_pair_rows(count: int, seed: int = 0) -> list[dict]:
              "num_ref_rewards": 10} for i in range(count)]
 
 
-def save_tiny_models(root: str | Path, *, seed: int = 0, architecture: str = "llama") -> dict[str, Path]:
+MODELS = ("policy", "reward_model", "own_template")
+
+
+def save_tiny_models(root: str | Path, *, seed: int = 0, architecture: str = "llama",
+                     which: Sequence[str] = MODELS) -> dict[str, Path]:
     """Build and save tokenizer + causal LM + reward model under `root`; return their dirs.
 
     The tokenizer is saved next to each model so both load with `from_pretrained(dir)`.
     ``architecture`` picks the policy's (``ARCHITECTURES``); the reward model is a Llama whose
     tokenizer carries a chat template (the Apertus format's), as a real reward model's does;
     ``own_template`` is a Llama whose tokenizer brings Qwen3's template and tokens, for
-    ``chat_format: tokenizer``.
+    ``chat_format: tokenizer``. ``which`` picks the ones built (the tests' shared pair leaves out
+    ``own_template``, whose template is read from the installed TRL, which the vLLM environment lacks).
     """
     from align.chat import install_format
+
+    unknown = sorted(set(which) - set(MODELS))
+    if unknown:
+        raise ValueError(f"unknown tiny model {unknown[0]!r} (one of {', '.join(MODELS)})")
 
     check_architecture(architecture)
     root = Path(root)
     tokenizer = build_tokenizer()
-    paths = {"policy": root / "policy", "reward_model": root / "reward_model", "own_template": root / "own_template"}
-    ARCHITECTURES[architecture](tokenizer, seed=seed).save_pretrained(paths["policy"])
-    tokenizer.save_pretrained(paths["policy"])
-    build_reward_model(tokenizer, seed=seed + 1).save_pretrained(paths["reward_model"])
-    reward_tokenizer = copy.deepcopy(tokenizer)
-    install_format(reward_tokenizer, chat_format="apertus")  # a reward model renders with its own template
-    reward_tokenizer.save_pretrained(paths["reward_model"])
-    own = build_template_tokenizer("qwen3")  # a model that brings its own chat template (chat_format: tokenizer)
-    build_causal_lm(own, seed=seed + 2).save_pretrained(paths["own_template"])
-    own.save_pretrained(paths["own_template"])
+    paths = {name: root / name for name in MODELS if name in which}
+    if "policy" in paths:
+        ARCHITECTURES[architecture](tokenizer, seed=seed).save_pretrained(paths["policy"])
+        tokenizer.save_pretrained(paths["policy"])
+    if "reward_model" in paths:
+        build_reward_model(tokenizer, seed=seed + 1).save_pretrained(paths["reward_model"])
+        reward_tokenizer = copy.deepcopy(tokenizer)
+        install_format(reward_tokenizer, chat_format="apertus")  # a reward model renders with its own template
+        reward_tokenizer.save_pretrained(paths["reward_model"])
+    if "own_template" in paths:
+        own = build_template_tokenizer("qwen3")  # a model that brings its own chat template (chat_format: tokenizer)
+        build_causal_lm(own, seed=seed + 2).save_pretrained(paths["own_template"])
+        own.save_pretrained(paths["own_template"])
     return paths
 
 

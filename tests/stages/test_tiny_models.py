@@ -36,3 +36,15 @@ def test_an_unknown_architecture_is_refused_with_the_choices(tmp_path):
     with pytest.raises(ConfigError, match=r"architecture='gpt2'.*llama, apertus, qwen3"):
         run(config_from_args([f"output_dir={tmp_path}", "architecture=gpt2"]))
     assert not (tmp_path / "policy").exists()
+
+
+def test_the_stage_and_the_builder_name_the_same_models_and_a_subset_builds_only_those(tmp_path):
+    from align.stages import tiny_models
+    from align.testing import tiny
+
+    assert tiny_models.MODELS == tiny.MODELS  # the stage keeps its own copy to import without torch
+    paths = tiny.save_tiny_models(tmp_path, which=("policy", "reward_model"))
+    assert set(paths) == {"policy", "reward_model"}
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["policy", "reward_model"]
+    with pytest.raises(ValueError, match=r"unknown tiny model 'polcy'"):
+        tiny.save_tiny_models(tmp_path, which=("polcy",))
