@@ -173,7 +173,7 @@ STAGES: dict[str, StageSpec] = {spec.name: spec for spec in (
                      "model_name_or_path": Reads((MODEL,), "model", what="the policy to train from"),
                      "ref_model_name_or_path": Reads((MODEL,), "none")},
               writes=MODEL, round_keys=("input", "model_name_or_path", "ref_model_name_or_path", "output_dir"),
-              plan="training", launches=True),
+              neutral=frozenset({"target_margin"}), plan="training", launches=True),
     StageSpec("evaluate", "align.stages.evaluate",
               "rewards, win rates against a baseline and KL, with confidence intervals", "array",
               reads={"prompts": Reads(_PROMPT_ROWS, what="held-out prompt records (id, messages)"),

@@ -35,6 +35,7 @@ def test_the_other_tables_are_reads_of_the_stage_table():
     assert set(SINGLE_STAGES) == {"decontaminate", "pairs", "judge-validate", "sweep", "split", "join"}
     assert set(STEP_STAGES) == set(STAGES)
     assert STAGE_NEUTRAL_KEYS["logprobs"] == {"batch_size", "padding_free", "max_row_tokens", "sharding"}
+    assert STAGE_NEUTRAL_KEYS["train"] == {"target_margin"}  # a warning's threshold, not the model
     assert "sweep" not in STAGE_NEUTRAL_KEYS and "pairs" not in STAGE_NEUTRAL_KEYS
     assert set(PLANNED_STAGES) == {"decontaminate", "sft", "sample", "annotate", "pairs", "logprobs", "train",
                                    "evaluate", "judge-validate"}

@@ -309,3 +309,70 @@ def torch_equal(a, b) -> bool:
     import torch
 
     return bool(torch.equal(a, b))
+
+
+class _ByLength:
+    """A test measure: the completion's character count times ``sign`` (a longer or a shorter answer is better)."""
+
+    reference_field = None
+
+    def __init__(self, sign: float):
+        self.sign, self.name = sign, f"length x {sign:g}"
+
+    def score(self, conversations, completions, *, references=None):
+        from rewards.base import Score
+
+        return [Score(self.sign * len(text), None, {}) for text in completions]
+
+    def score_groups(self, conversations, groups, *, references=None):
+        return [self.score([c] * len(g), g) for c, g in zip(conversations, groups)]
+
+    def fingerprint(self):
+        return {"provider": "test-length", "sign": self.sign}
+
+
+def test_a_sweep_chooses_on_the_goal_and_names_what_the_reward_would_have_chosen(workspace, tmp_path):
+    """The validation reward pays for length, the goal for brevity: every point's goal figures equal
+    the same answers (its eval.jsonl) scored by hand, the choice is the goal's best, the reward's
+    own best is named beside it, and a goal the sweep does not have is refused."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    import align
+    from align.eval.evaluate import EvalSettings
+    from align.logprobs import load_ref_logprobs
+    from align.trainers.preference_config import PreferenceConfig
+
+    sft = workspace / "runs" / "tiny" / "sft"
+    model, tokenizer = AutoModelForCausalLM.from_pretrained(sft), AutoTokenizer.from_pretrained(sft)
+    rows = load_ref_logprobs(workspace / "runs" / "tiny" / "logprobs",
+                             read_records(workspace / "runs" / "tiny" / "pairs" / "pairs.jsonl"))
+    validation = read_records(REPO / "recipes/tiny/data/validation.jsonl")
+    config = PreferenceConfig(output_dir=str(tmp_path / "sweep"), loss_type="dpo", beta=1.0, num_ref_rewards=4,
+                              max_length=256, max_steps=2, per_device_train_batch_size=4, optimizer="adamw",
+                              use_cpu=True, bf16=False, report_to=[], save_strategy="no", disable_tqdm=True,
+                              chat_date="2026-01-01")
+    settings = align.SweepSettings(grid={"learning_rate": [1e-4, 3e-2, 1e-1]}, metric="reward_sampled",
+                                   select_on="goal", validation=EvalSettings(n=2, kl=False, plots=False,
+                                                                            max_tokens=8, resamples=200))
+    with pytest.raises(ConfigError, match=r"select_on: 'goal' is not a measure of this sweep \(measures: none"):
+        align.run_sweep(config, rows, validation, _ByLength(1.0), settings, model=model, tokenizer=tokenizer)
+    with _inside(workspace):
+        result = align.run_sweep(config, rows, validation, _ByLength(1.0), settings, model=model,
+                                 tokenizer=tokenizer, measures={"goal": _ByLength(-1.0)})
+    for point in result.points:
+        evaluated = read_records(Path(point.validation_dir) / "eval.jsonl")
+        by_hand = [sum(-len(s["text"]) for s in r["policies"][point.name]["samples"]) / 2 for r in evaluated]
+        goal = point.measures["goal"]["metrics"]["reward_sampled"]["estimate"]
+        assert goal == pytest.approx(sum(by_hand) / len(by_hand), abs=1e-9)
+        assert point.score == goal and point.reward_score == pytest.approx(-goal, abs=1e-9)
+    assert result.chosen.score == max(p.score for p in result.points)
+    assert result.reward_choice.reward_score == max(p.reward_score for p in result.points)
+    recorded = json.loads((tmp_path / "sweep" / "sweep.json").read_text())
+    assert recorded["select_on"] == "goal" and recorded["reward_would_choose"]["name"] == result.reward_choice.name
+    table = (tmp_path / "sweep" / "sweep.md").read_text()
+    assert "chosen by goal: reward_sampled" in table
+    if result.reward_choice.name != result.chosen.name:
+        assert f"`{result.reward_choice.name}` (the reward's choice)" in table
+        assert f"The validation reward alone would have chosen {result.reward_choice.label}" in table
+    else:
+        assert "The validation reward alone would have chosen the same point." in table

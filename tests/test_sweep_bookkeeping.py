@@ -21,10 +21,16 @@ from align.errors import ConfigError, InputError
 from align.eval.evaluate import EvalSettings
 from align.sweep import SweepSettings
 from align.sweep.grid import Point, at_edge, format_value
-from align.sweep.inputs import check_sweep_dir, identify_provider, start_fingerprint, validation_overlap
+from align.sweep.inputs import (
+    check_sweep_dir,
+    identify_provider,
+    start_fingerprint,
+    validation_overlap,
+)
 from align.sweep.report import PointResult, SweepResult, choose, markdown
 from align.sweep.run import TRAINING_ONLY_KEYS, in_memory_sampler, prepared_once, run_sweep
 from align.sweep.settings import point_metrics, score_of, start_metrics
+from align.trainers.target_tracking import TargetWatch
 from rewards.verifiable import VerifiableReward
 
 PROMPTS = [{"id": f"v{i}", "messages": [{"role": "user", "content": f"Sort {i}"}], "answer": str(i)} for i in range(3)]
@@ -55,16 +61,16 @@ class Stand:
         self.trained.append((out.name, config.resume_from_checkpoint))
         history = [{"loss": 0.5, "step": 1}, {"loss": 0.25 * config.beta, "step": 2}, {"train_runtime": 1.0}]
         return SimpleNamespace(state=SimpleNamespace(log_history=history, global_step=2), model="MODEL",
-                               data_summary={"pairs": len(data)})
+                               data_summary={"pairs": len(data)}, target_watch=TargetWatch(None))
 
     def evaluate(self, prompts, policies, provider, output_dir, *, baseline, settings, source):
-        name = [p.name for p in policies if p.name != baseline][0]
+        name = next(p.name for p in policies if p.name != baseline)
         self.evaluated.append(name)
         self.built = [p.sampler() if callable(p.sampler) else p.sampler for p in policies]
         Path(output_dir).mkdir(parents=True, exist_ok=True)
         (Path(output_dir) / "report.json").write_text("{}")
         f = self.scores[name]
-        win = lambda v: None if v is None else {"rate": interval(v)}  # noqa: E731
+        win = lambda v: None if v is None else {"rate": interval(v)}
         return {"prompts": len(prompts), "overall": {
             "policies": {baseline: {"reward_sampled": interval(0.3), "reward_greedy": interval(0.2),
                                     "length": interval(7.0, 1.0)},
@@ -85,9 +91,7 @@ SCORES = {"beta-1": figures(0.9, 0.1, 0.2, 0.3), "beta-4": figures(0.5, 0.8, 0.4
 @pytest.fixture()
 def stand(monkeypatch):
     from align.eval import evaluate as evaluate_module
-    from align.trainers import preference_trainer
-
-    from align.trainers import preference_data
+    from align.trainers import preference_data, preference_trainer
 
     recorder = Stand(dict(SCORES))
     monkeypatch.setattr(preference_data, "prepare_dataset", lambda rows, tok, config, model, counted: list(rows))
@@ -238,19 +242,21 @@ def test_the_sweep_table_word_for_word(tmp_path):
     points = [point(1.0, 0.25, 0.5), point(4.0, None, None), point(16.0, 0.75, 0.01234)]
     result = SweepResult(grid=grid, metric="reward_sampled", points=points, chosen=points[2], validation_prompts=40,
                          validation_overlap=2)
+    points[0].metrics["kl"] = interval(0.123)
     assert markdown(result) == (
         "# Sweep: 3 points, chosen by reward_sampled on 40 validation prompts\n\n"
         "reward_sampled: mean reward of the n samples per validation prompt (accuracy, with a verifiable reward). "
-        "Figures in points (x100) with 95% bootstrap intervals over prompts.\n\n"
+        "The reward columns are the validation reward's. Figures in points (x100) with 95% bootstrap intervals "
+        "over prompts; KL in nats.\n\n"
         "| point | beta | learning_rate | reward_sampled (chosen by) | reward, samples | reward, greedy | gain vs start, "
-        "samples | steps | train loss |\n"
-        "|---|---|---|---|---|---|---|---|---|\n"
-        "| start |  |  | 30.0 [25.0, 35.0] | 30.0 [25.0, 35.0] | 20.0 [15.0, 25.0] |  |  |  |\n"
+        "samples | KL | steps | train loss | not chosen because |\n"
+        "|---|---|---|---|---|---|---|---|---|---|---|\n"
+        "| start |  |  | 30.0 [25.0, 35.0] | 30.0 [25.0, 35.0] | 20.0 [15.0, 25.0] |  |  |  |  |  |\n"
         "| `beta-1_learning_rate-0.0001` | 1 | 0.0001 | 25.0 [20.0, 30.0] | 25.0 [20.0, 30.0] | 50.0 [45.0, 55.0] | "
-        "-5.0 [-10.0, +0.0] | 10 | 0.5 |\n"
-        "| `beta-4_learning_rate-0.0001` | 4 | 0.0001 | - | - | - | - | 10 | - |\n"
+        "-5.0 [-10.0, +0.0] | 0.123 | 10 | 0.5 |  |\n"
+        "| `beta-4_learning_rate-0.0001` | 4 | 0.0001 | - | - | - | - | - | 10 | - |  |\n"
         "| `beta-16_learning_rate-0.0001` (chosen) | 16 | 0.0001 | 75.0 [70.0, 80.0] | 75.0 [70.0, 80.0] | "
-        "50.0 [45.0, 55.0] | +45.0 [+40.0, +50.0] | 10 | 0.01234 |\n"
+        "50.0 [45.0, 55.0] | +45.0 [+40.0, +50.0] | - | 10 | 0.01234 |  |\n"
         "\n"
         "Chosen: beta=16, learning_rate=0.0001 (/s/points/beta-16_learning_rate-0.0001).\n"
         "The chosen beta is at the edge of the grid: the best value may lie beyond it.\n"
@@ -364,3 +370,34 @@ def test_validation_samplers_run_on_the_models_in_memory(monkeypatch):
     assert made[0][2] == {"chat_format": "apertus", "chat_date": "2025-09-01", "enable_thinking": False,
                           "batch_size": 7, "model_name": "beta-1"}
     assert [m[1] for m in made] == ["TOK"] * 3 and made[1][2]["model_name"] == "start"
+
+
+def test_a_point_past_a_guard_is_listed_with_the_reason_and_never_chosen():
+    from align.eval.evaluate import EvalSettings
+    from align.sweep.settings import SweepSettings, guard_failure
+
+    start = {"length": interval(10.0)}
+    guards = SweepSettings(grid={"beta": [1]}, max_kl=0.5, max_length_ratio=1.5,
+                           validation=EvalSettings(n=2, kl=True))
+    assert guard_failure({"kl": interval(0.5), "length": interval(15.0)}, start, guards) is None  # at the limits
+    assert guard_failure({"kl": interval(0.51), "length": interval(10.0)}, start, guards) == "KL 0.51 > max_kl 0.5"
+    assert guard_failure({"kl": interval(0.1), "length": interval(15.1)}, start, guards) == (
+        "answers 1.51x the start policy's length > max_length_ratio 1.5")
+    assert guard_failure({"length": interval(10.0)}, start, guards) == "KL not measured (max_kl needs it)"
+    assert guard_failure({"kl": interval(9.0), "length": interval(99.0)}, start,
+                         SweepSettings(grid={"beta": [1]})) is None  # no guards set
+    with pytest.raises(ConfigError, match="max_kl: the guard needs the points' KL: set validation.kl=true"):
+        SweepSettings(grid={"beta": [1]}, max_kl=1.0)
+
+    def p(name, score, excluded=None):
+        return PointResult(name, {"beta": 1.0}, score, {}, {}, 1, None, name, name, reward_score=-score,
+                           excluded=excluded)
+
+    points = [p("a", 0.2), p("b", 0.9, "KL 3 > max_kl 1"), p("c", 0.5)]
+    assert choose(points).name == "c" and choose(points, by_reward=True).name == "a"
+    assert choose([p("b", 0.9, "KL 3 > max_kl 1")]) is None
+    result = SweepResult(grid={"beta": [1.0]}, metric="reward_sampled", points=[points[1]], chosen=None,
+                         validation_prompts=4)
+    text = markdown(result)
+    assert "| KL 3 > max_kl 1 |" in text and text.endswith("No point could be chosen: every scored point is past "
+                                                           "a guard.\n")

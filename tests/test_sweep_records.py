@@ -32,6 +32,7 @@ from align.sweep.plots import plot_sweeps
 from align.sweep.points import Trained, train_point, validate_point
 from align.sweep.report import PointResult, SweepResult, markdown
 from align.sweep.run import TRAINING_ONLY_KEYS, prepared_once, run_sweep
+from align.trainers.target_tracking import TargetWatch
 from rewards.verifiable import VerifiableReward
 
 PROMPTS = [{"id": f"v{i}", "messages": [{"role": "user", "content": f"Sort {i}"}], "answer": str(i)} for i in range(3)]
@@ -82,7 +83,7 @@ class Recorder:
             {"loss": 0.5, "step": 1}, {"loss": 0.25 * config.beta, "step": 2}, {"train_runtime": 1.0}]
         model = policy if policy is not None else SimpleNamespace(name=f"trained {out.name}", eval=lambda: None)
         return SimpleNamespace(state=SimpleNamespace(log_history=history, global_step=2), model=model,
-                               data_summary={"pairs": len(data)})
+                               data_summary={"pairs": len(data)}, target_watch=TargetWatch(None))
 
     def evaluate(self, prompts, policies, provider, output_dir, *, baseline, settings, source):
         name = next(p.name for p in policies if p.name != baseline)
@@ -256,7 +257,7 @@ def test_what_each_point_and_each_validation_record(rec, tmp_path, tiny_tokenize
     point = marker(out / "points" / "beta-1")
     assert point["stage"] == "sweep-point" and point["config"]["output_dir"] == str(out / "points" / "beta-1")
     assert point["summary"] == {"settings": {"beta": 1.0}, "steps": 2, "train_loss": 0.125,
-                                "log_history": rec.history, "pairs": 2}
+                                "log_history": rec.history, "target_tracking": None, "pairs": 2}
     assert [(p.steps, p.train_loss) for p in result.points] == [(2, 0.125), (2, 0.125)]  # the last loss logged
     checked = marker(out / "validation" / "beta-4")
     assert checked["stage"] == "sweep-validation"
@@ -291,6 +292,13 @@ def test_a_point_that_logged_no_loss_has_none(rec, tmp_path, tiny_tokenizer):
     assert "| `beta-1` (chosen) | 1 | 90.0 [85.0, 95.0] |" in (tmp_path / "sweep" / "sweep.md").read_text()
 
 
+def test_fewer_steps_than_logging_steps_report_the_runs_mean_loss(rec, tmp_path, tiny_tokenizer):
+    rec.history = [{"train_runtime": 1.0, "train_loss": 0.375}]  # what the trainer logs when training ends
+    result = sweep(tmp_path, tiny_tokenizer, grid={"beta": [1]})
+    assert result.points[0].train_loss == 0.375
+    assert marker(tmp_path / "sweep" / "points" / "beta-1")["summary"]["train_loss"] == 0.375
+
+
 def test_each_points_time_is_written_in_tenths_of_a_second(rec, tmp_path, tiny_tokenizer, monkeypatch):
     from align.sweep import run as run_module
 
@@ -320,7 +328,7 @@ def test_the_sweep_table_ends_with_what_was_chosen_word_for_word():
     assert markdown(inside).endswith("\n\nChosen: beta=4, learning_rate=0.0001 (/s/points/beta-4_learning_rate-0.0001).\n")
     none = SweepResult(grid=grid, metric="reward_sampled", points=[point(1.0, 1e-5, None)], chosen=None,
                        validation_prompts=8)
-    assert markdown(none).endswith("| 10 | - |\n\nNo point could be scored.\n")
+    assert markdown(none).endswith("| 10 | - |  |\n\nNo point could be scored.\n")
 
 
 # --------------------------------------------------------------------------- what training and validation get

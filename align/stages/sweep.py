@@ -79,6 +79,9 @@ class Config(SweepSettings, PreferenceConfig):
         metadata={"help": "how validation completions are generated (sampler.model is set per policy)"})
     reward: RewardProviderConfig = field(default_factory=_validation_reward, metadata={
         "help": "the reward provider scoring validation completions: reward_model | judge | verifiable"})
+    goal: RewardProviderConfig | None = field(default=None, metadata={
+        "help": "a second measure scoring the same validation completions (the goal beside the reward trained on, "
+                "e.g. goal.provider=verifiable); select_on=goal chooses by it"})
     overwrite: bool = field(default=False, metadata={
         "help": "redo a point whose output was made from other settings or inputs (removes only what that point "
                 "wrote); finished points made from the same ones are kept"})
@@ -91,6 +94,12 @@ class Config(SweepSettings, PreferenceConfig):
                                   f"{getattr(self, key)!r}; validation prompts must render as in training")
         if self.reward.provider == "classifier":
             raise ConfigError("reward.provider: the sweep scores with reward_model, judge or verifiable")
+        if self.goal is not None and self.goal.provider == "classifier":
+            raise ConfigError("goal.provider: the sweep scores with reward_model, judge or verifiable")
+        if self.select_on not in ("reward", "goal"):
+            raise ConfigError(f"select_on: {self.select_on!r}: choose 'reward' or 'goal'")
+        if self.select_on == "goal" and self.goal is None:
+            raise ConfigError("select_on: goal needs a goal section (e.g. goal.provider=verifiable)")
 
     def training(self) -> PreferenceConfig:
         """The preference-training settings alone (what every point starts from)."""
@@ -112,26 +121,36 @@ def run(config: Config) -> dict[str, Any]:
     keep_hub_token_out_of_outputs(config)
     rows = read_input(config.input, "sweep", "input")
     validation = read_input(config.validation_prompts, "sweep", "validation_prompts")
-    if config.reward.provider == "verifiable":  # loads nothing: the prompts' answers are checked now
-        provider: Any = build_reward_provider(config.reward)
-        identity = None
-    else:  # built after the policies generated, released before the next point trains
-        provider = lambda reward=config.reward: build_reward_provider(reward)
-        identity = _identity(config.reward)
+    provider, identity = _provider(config.reward)
+    measures, fingerprints = {}, {}
+    if config.goal is not None:
+        measures["goal"], goal_identity = _provider(config.goal)
+        if goal_identity is not None:
+            fingerprints["goal"] = goal_identity
 
     def sampler(name: str, model: Any) -> Any:
         return build_sampler(replace(config.sampler, model=str(model)))
 
     result = run_sweep(config.training(), rows, validation, provider, config, sampler=sampler,
-                       provider_fingerprint=identity, overwrite=config.overwrite)
+                       provider_fingerprint=identity, overwrite=config.overwrite, measures=measures,
+                       measure_fingerprints=fingerprints)
     chosen = result.chosen
-    summary = {"points": len(result.points), "metric": result.metric,
+    summary = {"points": len(result.points), "metric": result.metric, "select_on": result.select_on,
                "chosen": None if chosen is None else {"settings": chosen.settings, "score": chosen.score,
                                                       "model_dir": chosen.model_dir},
                "report": str(Path(config.output_dir) / "sweep.md")}
-    print(f"[align sweep] chosen: {'none' if chosen is None else chosen.label} (by {result.metric} on "
+    by = result.metric if result.select_on == "reward" else f"the goal's {result.metric}"
+    print(f"[align sweep] chosen: {'none' if chosen is None else chosen.label} (by {by} on "
           f"{result.validation_prompts} validation prompts); evaluate it on held-out prompts")
     return mark_complete_unmanaged("sweep", config, config.output_dir, summary)
+
+
+def _provider(reward: RewardProviderConfig) -> tuple[Any, str | None]:
+    """The provider (an answer check loads nothing and is built now; a model is built when the validation
+    answers are scored and released before the next point trains) and, for the latter, its identity."""
+    if reward.provider == "verifiable":
+        return build_reward_provider(reward), None
+    return (lambda: build_reward_provider(reward)), _identity(reward)
 
 
 def _identity(reward: RewardProviderConfig) -> str:

@@ -47,6 +47,7 @@ def run(config: Config) -> dict:
 def _train(run: StageRun) -> dict | Unfinished:
     from align.trainers.guards import resumable_checkpoint
     from align.trainers.preference_trainer import train
+    from align.trainers.target_tracking import summary_line
 
     note = device_note(run.config)  # a run that does work says where it trains (a skip says nothing more)
     if note and is_writer():
@@ -62,4 +63,10 @@ def _train(run: StageRun) -> dict | Unfinished:
     summary = {"loss_type": config.loss_type, "steps": trainer.state.global_step,
                "train_loss": last_loss(trainer), "world_size": trainer.args.world_size,
                "deepspeed": bool(trainer.is_deepspeed_enabled), **trainer.data_summary}
+    tracking = trainer.target_watch.summary()
+    if tracking is not None:
+        summary["target_tracking"] = tracking
+        line = summary_line(tracking)
+        if line:
+            print(f"[align train] {line}")
     return summary

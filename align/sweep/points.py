@@ -56,6 +56,7 @@ class ValidationSpec:
     prompts: str  # a digest of the validation prompts
     provider: str  # the reward provider's fingerprint
     settings: dict[str, Any]  # the evaluation settings that change a figure
+    measures: dict[str, str] = dataclasses.field(default_factory=dict)  # name -> fingerprint of each measure
 
 
 @dataclass
@@ -81,6 +82,7 @@ def train_point(point: Point, config: Any, rows: Callable[[], tuple[Any, Mapping
     """
     from transformers.trainer_utils import get_last_checkpoint
 
+    from align.trainers.common import last_loss
     from align.trainers.preference_trainer import train
 
     out = Path(config.output_dir)
@@ -98,9 +100,8 @@ def train_point(point: Point, config: Any, rows: Callable[[], tuple[Any, Mapping
     policy = copy.deepcopy(model).train() if model is not None else None
     data, counted = rows()
     trainer = train(config, data, policy, tokenizer=tokenizer, callbacks=list(callbacks or []))
-    losses = [log["loss"] for log in trainer.state.log_history if "loss" in log]
-    summary = {"settings": point.settings, "steps": trainer.state.global_step,
-               "train_loss": losses[-1] if losses else None, "log_history": trainer.state.log_history,
+    summary = {"settings": point.settings, "steps": trainer.state.global_step, "train_loss": last_loss(trainer),
+               "log_history": trainer.state.log_history, "target_tracking": trainer.target_watch.summary(),
                **counted, **trainer.data_summary}
     run.finish(summary, announce=False)
     output_id = str((stage_completion_info(out) or {}).get("output_id"))
@@ -109,20 +110,25 @@ def train_point(point: Point, config: Any, rows: Callable[[], tuple[Any, Mapping
 
 def validate_point(point: Point, trained: Trained, output_dir: Path, prompts: Sequence[Mapping[str, Any]],
                    provider: Any, settings: Any, *, fingerprints: Mapping[str, Any], policy: Any, start_policy: Any,
-                   sampler: SamplerFactory, release: bool = True, overwrite: bool = False) -> dict[str, Any]:
+                   sampler: SamplerFactory, release: bool = True, overwrite: bool = False,
+                   measures: Mapping[str, Any] | None = None) -> dict[str, Any]:
     """Evaluate the start policy and the point on the validation prompts (``align.evaluate``), unless done.
 
     ``policy`` / ``start_policy``: a model object or a directory, handed to ``sampler``.
     ``release``: build each sampler when its policy's turn to generate comes and release it
     after (an engine holding a GPU); else both are built now (samplers over models already in
-    memory). Returns the summary: the point's figures (``point_metrics``) and the start policy's.
+    memory). ``measures``: name -> provider scoring the same answers again (``align.eval.rescore``),
+    each with its fingerprint in ``fingerprints["measures"]``. Returns the summary: the point's
+    figures (``point_metrics``) and the start policy's, and the same under each measure.
     """
     from align.eval.evaluate import EvalPolicy, evaluate
     from align.sweep.settings import point_metrics, start_metrics
 
+    measures = dict(measures or {})
     figures = {k: v for k, v in to_dict(settings).items() if k not in NEUTRAL_VALIDATION_KEYS}
     spec = ValidationSpec(output_dir=str(output_dir), point=trained.output_id, start=dict(fingerprints["start"]),
-                          prompts=fingerprints["validation"], provider=fingerprints["provider"], settings=figures)
+                          prompts=fingerprints["validation"], provider=fingerprints["provider"], settings=figures,
+                          measures={name: fingerprints["measures"][name] for name in measures})
     # a point trained in this run is other weights than any validation already there: that one is redone
     run = StageRun.begin(VALIDATION_STAGE, spec, output_dir=output_dir, overwrite=overwrite or trained.now)
     if run.skip:
@@ -134,8 +140,30 @@ def validate_point(point: Point, trained: Trained, output_dir: Path, prompts: Se
                       source="validation prompts")
     summary = {"settings": point.settings, "metrics": point_metrics(report, point.name),
                "start": start_metrics(report, START), "prompts": report["prompts"]}
+    if measures:
+        summary["measures"] = measure_figures(output_dir, prompts, measures, point.name, settings)
     run.finish(summary, announce=False)
     return summary
+
+
+def measure_figures(output_dir: Path, prompts: Sequence[Mapping[str, Any]], measures: Mapping[str, Any], name: str,
+                    settings: Any) -> dict[str, dict[str, Any]]:
+    """The validation answers (``eval.jsonl``) scored again by each measure: the point's figures and the
+    start policy's under it, as ``point_metrics`` and ``start_metrics`` give them (KL is the reward's own)."""
+    from align.eval.rescore import rescore_rows
+    from align.eval.summary import build_report
+    from align.io import read_records
+    from align.sweep.settings import point_metrics, start_metrics
+
+    rows = read_records(output_dir / "eval.jsonl")
+    out = {}
+    for measure, given in measures.items():
+        provider = given if hasattr(given, "score") else given()  # a builder: built now, released after
+        scored = rescore_rows(rows, prompts, provider, batch_size=settings.batch_size)
+        provider = None
+        report = {"overall": build_report(scored, [START, name], START, settings, provider_name=measure)["overall"]}
+        out[measure] = {"metrics": point_metrics(report, name), "start": start_metrics(report, START)}
+    return out
 
 
 __all__ = ["NEUTRAL_VALIDATION_KEYS", "POINT_STAGE", "START", "VALIDATION_STAGE", "PointSpec", "Trained",

@@ -18,7 +18,7 @@ from align.sweep.inputs import (
 )
 from align.sweep.points import SamplerFactory, train_point, validate_point
 from align.sweep.report import PointResult, SweepResult, choose, write_report
-from align.sweep.settings import SweepSettings
+from align.sweep.settings import REWARD, SweepSettings
 
 
 def point_config(base: Any, point: Point, output_dir: Path) -> Any:
@@ -82,6 +82,8 @@ def run_sweep(
     callbacks: Callable[[Point], Sequence[Any]] | None = None,
     provider_fingerprint: str | None = None,
     overwrite: bool = False,
+    measures: Mapping[str, Any] | None = None,
+    measure_fingerprints: Mapping[str, str] | None = None,
 ) -> SweepResult:
     """Train each grid point from the same start on the same pairs; evaluate each on the ``prompts``; choose.
 
@@ -104,6 +106,11 @@ def run_sweep(
         callbacks: ``point -> trainer callbacks`` for that point's training.
         overwrite: redo a point (or its validation) whose output was made from other settings
             or inputs; finished points made from the same ones are always kept.
+        measures: name -> reward provider that scores the validation answers again (the goal
+            beside the reward trained on: an answer check, a stronger judge); each point's
+            figures under each go to the report, and ``settings.select_on`` may name one to choose by.
+            A measure may be a function that builds the provider (built for each point's scoring and
+            released after, as ``provider``); then give its ``measure_fingerprints[name]``.
 
     Returns the `SweepResult` (every point's figures, the chosen point), also written to
     ``sweep.json`` and ``sweep.md``.
@@ -113,6 +120,10 @@ def run_sweep(
     from align.logprobs import tokenizer_fingerprint
 
     points = settings.points()
+    measures = dict(measures or {})
+    if settings.select_on != REWARD and settings.select_on not in measures:
+        raise ConfigError(f"select_on: {settings.select_on!r} is not a measure of this sweep (measures: "
+                          f"{sorted(measures) or 'none'}; {REWARD!r} chooses by the validation reward)")
     out = Path(config.output_dir)
     check_sweep_dir(out)
     configs = {p.name: point_config(config, p, out / "points" / p.name) for p in points}  # all checked first
@@ -127,7 +138,9 @@ def run_sweep(
     fingerprints = {"start": start_fingerprint(model, config.model_name_or_path),
                     "tokenizer": tokenizer_fingerprint(tokenizer), "rows": json_digest(rows),
                     "validation": json_digest(validation),
-                    "provider": identify_provider(provider, provider_fingerprint)}
+                    "provider": identify_provider(provider, provider_fingerprint),
+                    "measures": {name: identify_provider(m, (measure_fingerprints or {}).get(name))
+                                 for name, m in measures.items()}}
     overlap = validation_overlap(rows, validation)
     if overlap:
         print(f"[align sweep] warning: {overlap} of {len(validation)} validation prompts are prompts of the training "
@@ -153,14 +166,14 @@ def run_sweep(
         checked = validate_point(point, trained, out / "validation" / point.name, validation, provider,
                                  settings.validation, fingerprints=fingerprints, policy=policy,
                                  start_policy=start_policy, sampler=build_sampler, release=sampler is not None,
-                                 overwrite=overwrite)
+                                 overwrite=overwrite, measures=measures)
         policy = None
         free_device_memory()  # the point's trainer and model, before the next point loads its own
-        results.append(PointResult.of(point, trained.summary, checked, out, settings.metric,
+        results.append(PointResult.of(point, trained.summary, checked, out, settings,
                                       trained_now=trained.now, seconds=round(time.time() - began, 1)))
     result = SweepResult(grid=check_grid(settings.grid), metric=settings.metric,
                          points=results, chosen=choose(results), validation_prompts=len(validation),
-                         validation_overlap=overlap, output_dir=str(out))
+                         validation_overlap=overlap, output_dir=str(out), select_on=settings.select_on)
     write_report(out, result)
     return result
 

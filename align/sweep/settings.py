@@ -10,6 +10,9 @@ from align.errors import ConfigError
 from align.eval.evaluate import EvalSettings
 from align.sweep.grid import Point, expand_grid
 
+# ``select_on`` naming the provider the validation answers were scored with (not another measure).
+REWARD = "reward"
+
 # The metrics a sweep can choose by, each read from a point's validation report (higher is better).
 METRICS: dict[str, str] = {
     "reward_sampled": "mean reward of the n samples per validation prompt (accuracy, with a verifiable reward)",
@@ -38,6 +41,14 @@ class SweepSettings:
     validation: how each point (and the start policy beside it) is evaluated on the
         validation prompts: `align.eval.evaluate.EvalSettings` (greedy, n, temperature,
         max_tokens, seed, kl, ...), by default a greedy answer and 4 samples, no KL.
+    select_on: whose ``metric`` chooses: ``reward`` (the provider the validation answers are
+        scored with, usually the reward trained on) or the name of a measure given to
+        ``run_sweep(measures=...)`` that scores the same answers again (the goal: an answer
+        check, a stronger judge). The report then also names the point the reward would have
+        chosen, so a reward the policies learned to game shows as a gap between the two.
+    max_kl / max_length_ratio: guards a point must pass to be chosen: its KL to the start
+        policy on the validation samples (needs ``validation.kl``), its mean sampled answer
+        length over the start policy's. A point past one is listed with the reason, never chosen.
     """
 
     grid: dict[str, Any] = field(default_factory=dict, metadata={
@@ -47,6 +58,15 @@ class SweepSettings:
         "help": "what chooses the point on the validation prompts: " + " | ".join(METRICS)})
     validation: EvalSettings = field(default_factory=validation_defaults, metadata={
         "help": "how each point is evaluated on the validation prompts (align.evaluate's settings)"})
+    select_on: str = field(default=REWARD, metadata={
+        "help": "whose metric chooses: 'reward' (the validation reward) or a measure that scores the same answers "
+                "again (align sweep: 'goal', the goal section)"})
+    max_kl: float | None = field(default=None, metadata={
+        "help": "a point whose KL to the start policy on the validation samples is above this is not chosen "
+                "(needs validation.kl=true)", "above": 0})
+    max_length_ratio: float | None = field(default=None, metadata={
+        "help": "a point whose mean sampled answer length is above this times the start policy's is not chosen",
+        "above": 0})
 
     def __post_init__(self) -> None:
         parent = getattr(super(), "__post_init__", None)
@@ -58,6 +78,10 @@ class SweepSettings:
             raise ConfigError(f"metric: {self.metric} needs samples: set validation.n to 1 or more")
         if self.metric.endswith("_greedy") and not self.validation.greedy:
             raise ConfigError(f"metric: {self.metric} needs the greedy answer: set validation.greedy=true")
+        if not self.select_on:
+            raise ConfigError(f"select_on: name the measure that chooses ({REWARD!r}: the validation reward)")
+        if self.max_kl is not None and not self.validation.kl:
+            raise ConfigError("max_kl: the guard needs the points' KL: set validation.kl=true")
         if self.validation.num_shards != 1 or self.validation.shard_index != 0:
             raise ConfigError("validation.num_shards, validation.shard_index: a sweep evaluates each point in one "
                               "process, after training it (leave them at 1 and 0)")
@@ -98,4 +122,20 @@ def score_of(metrics: Mapping[str, Any], metric: str) -> float | None:
     return None if not interval else float(interval["estimate"])
 
 
-__all__ = ["METRICS", "SweepSettings", "point_metrics", "score_of", "start_metrics", "validation_defaults"]
+def guard_failure(metrics: Mapping[str, Any], start: Mapping[str, Any], settings: Any) -> str | None:
+    """Why a point may not be chosen (a guard of ``settings`` it is past), or None."""
+    kl = metrics.get("kl")
+    if settings.max_kl is not None and not kl:
+        return "KL not measured (max_kl needs it)"
+    if settings.max_kl is not None and kl["estimate"] > settings.max_kl:
+        return f"KL {kl['estimate']:.3g} > max_kl {settings.max_kl:g}"
+    length, start_length = metrics.get("length"), start.get("length")
+    if settings.max_length_ratio is not None and length and start_length and start_length["estimate"] > 0:
+        ratio = length["estimate"] / start_length["estimate"]
+        if ratio > settings.max_length_ratio:
+            return f"answers {ratio:.3g}x the start policy's length > max_length_ratio {settings.max_length_ratio:g}"
+    return None
+
+
+__all__ = ["METRICS", "REWARD", "SweepSettings", "guard_failure", "point_metrics", "score_of", "start_metrics",
+           "validation_defaults"]

@@ -29,8 +29,8 @@ from typing import Any
 import datasets
 
 from align.data.quantiles import quantile_rewards
-from align.data.trl_rows import from_trl_row
 from align.data.records import record_id, validate_pair
+from align.data.trl_rows import from_trl_row
 from align.errors import ConfigError, InputError, RecordError
 from align.io import read_records, rows_to_dataset
 from align.logprobs import check_ref_tokens, pass_settings, reference_fingerprint

@@ -66,6 +66,7 @@ from align.trainers.guards import (
 from align.trainers.loss_scale import local_step_samples, samples_per_pair, step_loss
 from align.trainers.preference_config import PreferenceConfig
 from align.trainers.preference_data import PREPARED_COLUMNS, prepare_dataset
+from align.trainers.target_tracking import TargetWatch, tracking_metrics
 
 __all__ = ["PreferenceTrainer", "deepspeed_reference", "is_peft_model", "load_causal_lm", "lora_config",
            "prepare_dataset", "train"]
@@ -147,6 +148,7 @@ class PreferenceTrainer(Trainer):
                               "batches: launch one process per GPU with `accelerate launch` or `torchrun`")
         self.ref_model = self._prepare_reference(ref_model) if ref_model is not None else None
         self._metric_sums: dict[str, dict[str, list[Tensor]]] = {"train": {}, "eval": {}}
+        self.target_watch = TargetWatch(args.target_margin if args.loss is LossType.QRPO else None)
         self.add_callback(StopOnRequest())  # before CheckpointRecords: the save it asks for is noted
         self.add_callback(CheckpointRecords(args.save_every_minutes))
         bind_callbacks(self)
@@ -309,6 +311,8 @@ class PreferenceTrainer(Trainer):
             chosen, rejected = values.chunk(2)
             prefix = "qrpo/" if name in ("quantile_reward", "target", "beta_logratio", "loss") else ""
             metrics[f"{prefix}{name}/chosen"], metrics[f"{prefix}{name}/rejected"] = chosen, rejected
+        logratio = terms.beta_logratio.detach() / terms.beta_i
+        metrics.update(tracking_metrics(logratio, terms.targets, terms.beta_i, lengths.to(logratio.dtype)))
         return terms.losses, metrics
 
     def _dpo(self, policy: Tensor, ref: Tensor, lengths: Tensor):
@@ -348,6 +352,8 @@ class PreferenceTrainer(Trainer):
             for name, (total, count) in zip(names, stacked.tolist()):
                 logs[prefix + name] = total / count if count else float("nan")
             sums.clear()
+        if mode == "train":
+            self.target_watch.check(logs, self.state.global_step)  # before the loggers see the step
         super().log(logs, start_time)
 
 
