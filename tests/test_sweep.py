@@ -376,3 +376,22 @@ def test_a_sweep_chooses_on_the_goal_and_names_what_the_reward_would_have_chosen
         assert f"The validation reward alone would have chosen {result.reward_choice.label}" in table
     else:
         assert "The validation reward alone would have chosen the same point." in table
+
+
+def test_the_sweep_stage_chooses_on_its_goal_section(workspace):
+    rc, out, err = _align(workspace, ["sweep", "recipes/tiny/sweep.yaml", "grid.beta=[1]", "grid.learning_rate=[1e-4]",
+                                      "output_dir=runs/sweep_goal", "select_on=goal"])
+    assert rc != 0 and "select_on: goal needs a goal section (e.g. goal.provider=verifiable)" in err
+    rc, out, err = _align(workspace, ["sweep", "recipes/tiny/sweep.yaml", "grid.beta=[1]", "grid.learning_rate=[1e-4]",
+                                      "output_dir=runs/sweep_goal", "select_on=judge"])
+    assert rc != 0 and "select_on: 'judge': choose 'reward' or 'goal'" in err
+    rc, out, err = _align(workspace, ["sweep", "recipes/tiny/sweep.yaml", "grid.beta=[1]", "grid.learning_rate=[1e-4]",
+                                      "output_dir=runs/sweep_goal", "select_on=goal", "goal.provider=verifiable",
+                                      "goal.answer_field=answer"])
+    assert rc == 0, out[-2000:] + err[-3000:]
+    written = json.loads((workspace / "runs" / "sweep_goal" / "sweep.json").read_text())
+    assert written["select_on"] == "goal" and written["reward_would_choose"]["name"] == "beta-1_learning_rate-0.0001"
+    (point,) = written["points"]
+    # the goal is the same answer check as the reward here: the same figures
+    assert point["measures"]["goal"]["metrics"]["reward_sampled"] == point["metrics"]["reward_sampled"]
+    assert "(by the goal's reward_sampled on 16 validation prompts)" in out

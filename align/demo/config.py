@@ -92,6 +92,10 @@ class DemoConfig:
         "min": 0, "max": MAX_WEIGHT})
     metric: str = field(default="reward_sampled", metadata={
         "help": "what chooses each method's point on the validation prompts (align.sweep.METRICS)"})
+    select_on: str = field(default="goal", metadata={
+        "help": "whose metric chooses, with reward=graded: 'goal' (exact accuracy of the same validation answers) "
+                "or 'reward' (the graded reward, as a team with only a reward model chooses); the report names the "
+                "other's choice beside it and evaluates both on the held-out prompts"})
     validation_samples: int = field(default=4, metadata={
         "help": "samples per validation prompt (T=1) when a grid point is scored, besides its greedy answer"})
     along_training_checks: int = field(default=4, metadata={
@@ -128,6 +132,8 @@ class DemoConfig:
                               "a fair comparison gives both methods grids of the same size")
         if self.reward not in REWARDS:
             raise ConfigError(f"reward: unknown {self.reward!r}; choose one of {list(REWARDS)}")
+        if self.select_on not in ("goal", "reward"):
+            raise ConfigError(f"select_on: unknown {self.select_on!r}; choose 'goal' or 'reward'")
         self.reward_provider("graded")  # its settings checked now: every run reports the graded reward too
         if self.search_points < 0:
             raise ConfigError(f"search_points: 0 or more, got {self.search_points}")
@@ -156,9 +162,21 @@ class DemoConfig:
         from align.eval.evaluate import EvalSettings
         from align.sweep.settings import SweepSettings
 
-        return SweepSettings(grid=grid or self.grid(method), metric=self.metric, validation=EvalSettings(
+        return SweepSettings(grid=grid or self.grid(method), metric=self.metric, select_on=self.sweep_select_on,
+                             validation=EvalSettings(
             greedy=True, n=self.validation_samples, temperature=1.0, max_tokens=self.max_tokens, seed=self.seed + 1,
             batch_size=GENERATE_BATCH, kl=False, plots=False))
+
+    @property
+    def sweep_select_on(self) -> str:
+        """What ``align.sweep`` chooses by: the measure ``exact`` (the goal) when the run trains on the
+        graded reward and ``select_on`` is ``goal``; else the reward the validation answers are scored with."""
+        return "exact" if self.reward != "exact" and self.select_on == "goal" else "reward"
+
+    def sweep_measures(self) -> dict[str, Any]:
+        """The measures a sweep scores the validation answers with besides the reward: exact accuracy when
+        the run trains on another reward (so each choice is shown beside the other's)."""
+        return {} if self.reward == "exact" else {"exact": self.reward_provider("exact")}
 
     def reward_provider(self, reward: str | None = None) -> Any:
         """The reward ``reward`` names (default: the one the run trains on), as a reward provider."""

@@ -78,6 +78,7 @@ def search(run: Callable[[dict[str, list[Any]]], Any], grid: dict[str, list[Any]
     if not added:
         return first, added
     result = SweepResult(grid=values, metric=first.metric, points=points, chosen=choose(points),
+                         select_on=first.select_on,
                          validation_prompts=first.validation_prompts, validation_overlap=first.validation_overlap,
                          output_dir=first.output_dir)
     write_report(Path(first.output_dir), result)  # the whole search, over the last one-point sweep's files

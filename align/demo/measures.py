@@ -43,9 +43,13 @@ def held_out_figures(state: Any, rows: list[dict], settings: Any) -> dict[str, A
 
     names = list(rows[0]["policies"]) if rows else []
     overall = build_report(rows, names, "sft", settings, provider_name="")["overall"]
+    # each method's chosen point against the point the other measure would have chosen (align.demo.run)
+    others = {name: name.split("_by_")[0] for name in names if "_by_" in name}
     return {"overall": overall,
             "qrpo_vs_dpo": comparison_summary(rows, "qrpo", "dpo", settings, between=True),
-            "round_comparisons": round_comparisons(state, rows, settings)}
+            "round_comparisons": round_comparisons(state, rows, settings),
+            "other_choices": {other: comparison_summary(rows, method, other, settings, between=True)
+                              for other, method in others.items()}}
 
 
 def measure_summary(figures: Mapping[str, Any]) -> dict[str, Any]:
@@ -56,7 +60,9 @@ def measure_summary(figures: Mapping[str, Any]) -> dict[str, Any]:
     gains = {name: {"sampled": c["reward_difference_sampled"], "greedy": c["reward_difference_greedy"],
                     "win_rate_sampled": c["win_rate_reward_sampled"], "verdicts": c["verdicts"]}
              for name, c in overall["comparisons"].items()}
-    return {"policies": policies, "gains": gains,
+    other = {name: {"sampled": c["reward_difference_sampled"], "greedy": c["reward_difference_greedy"],
+                    "verdicts": c["verdicts"]} for name, c in figures.get("other_choices", {}).items()}
+    return {"policies": policies, "gains": gains, "chosen_minus_other_choice": other,
             "improved": {name: g["sampled"]["low"] > 0 for name, g in gains.items()},
             "qrpo_vs_dpo": {"sampled": head["reward_difference_sampled"], "greedy": head["reward_difference_greedy"],
                             "win_rate_sampled": head["win_rate_reward_sampled"], "verdicts": head["verdicts"]}}

@@ -133,6 +133,7 @@ def build_report(state: Any, *, total_seconds: float) -> dict[str, Any]:
         "gains": exact["gains"],
         "improved": exact["improved"],
         "qrpo_vs_dpo": exact["qrpo_vs_dpo"],
+        "accuracy_other_choices": exact["chosen_minus_other_choice"],
         # the same completions under the graded reward (the proxy)
         "graded_reward": graded,
         "reward_agreement": reward_agreement(state.annotated, config),
@@ -143,6 +144,9 @@ def build_report(state: Any, *, total_seconds: float) -> dict[str, Any]:
         "grids": {name: result.grid for name, result in sweeps.items()},
         "search": state.search,
         "chosen": {name: result.chosen.settings for name, result in sweeps.items()},
+        # what chose (align.demo.config.DemoConfig.sweep_select_on), and the other measure's choice beside it
+        "select_on": {name: result.select_on for name, result in sweeps.items()},
+        "other_choice": other_choice_settings(state),
         "chosen_at_grid_edge": {name: result.at_edge for name, result in sweeps.items()},
         "along_training": state.along,
         "over_optimisation": {name: over_optimisation(points) for name, points in state.along.items()},
@@ -169,6 +173,21 @@ def build_report(state: Any, *, total_seconds: float) -> dict[str, Any]:
         "plots": ["training.png", "validation_grid.png", "reward_vs_accuracy.png", "evaluate/rewards.png",
                   "evaluate/win_rates.png", "evaluate/reward_vs_length.png"],
     }
+
+
+def other_choice_settings(state: Any) -> dict[str, dict[str, Any]]:
+    """Per method, the point the other measure would have chosen on validation (its settings and
+    which measure), or nothing when the run scored no second measure."""
+    from align.demo.run import goal_choice
+
+    out = {}
+    for name, result in state.sweeps.items():
+        if result.select_on != "reward" and result.reward_choice is not None:
+            out[name] = {"by": "reward", "settings": result.reward_choice.settings,
+                         "same_as_chosen": result.reward_choice.name == result.chosen.name}
+        elif (point := goal_choice(result)) is not None:
+            out[name] = {"by": "goal", "settings": point.settings, "same_as_chosen": point.name == result.chosen.name}
+    return out
 
 
 def later_rounds(state: Any) -> dict[str, list[dict[str, Any]]]:
@@ -204,7 +223,8 @@ def print_summary(state: Any, report: dict[str, Any]) -> None:
 
     out = state.out
     print()
-    chosen = {name: result.chosen.label for name, result in state.sweeps.items()}
+    by = {"reward": f"the {report['reward']} reward", "exact": "exact accuracy"}
+    chosen = {name: f"{result.chosen.label} (by {by[result.select_on]})" for name, result in state.sweeps.items()}
     print(f"Trained on the {report['reward']} reward. Exact accuracy (the goal):")
     print(summary_table(report["accuracy"], report["gains"], report["qrpo_vs_dpo"], chosen, report["later_rounds"]))
     graded = report["graded_reward"]
@@ -226,6 +246,16 @@ def print_summary(state: Any, report: dict[str, Any]) -> None:
         if over:
             print(f"{name.upper()} (chosen) along training, greedy on validation: exact "
                   f"{over['change']['exact'] * 100:+.1f} points, graded {over['change']['graded']:+.3f}")
+    for name, other in report["other_choice"].items():
+        measure = f"the {report['reward']} reward" if other["by"] == "reward" else "exact accuracy"
+        if other["same_as_chosen"]:
+            print(f"{name.upper()}: {measure} on validation would have chosen the same point.")
+            continue
+        label = ", ".join(f"{k}={v:g}" if isinstance(v, float) else f"{k}={v}" for k, v in other["settings"].items())
+        difference = report["accuracy_other_choices"].get(f"{name}_by_{other['by']}")
+        print(f"{name.upper()}: {measure} on validation would have chosen {label}"
+              + (f"; chosen minus that, held-out exact accuracy: {_ci(difference['sampled'], signed=True)}"
+                 if difference else ""))
     for name, gain in report["gains"].items():
         print(f"{name.upper()}: {gain['verdicts'][0]}")
     print(f"QRPO against DPO: {report['qrpo_vs_dpo']['verdicts'][0]}")

@@ -215,7 +215,7 @@ def tune(state: DemoState, loss_type: str) -> None:
     def sweep(grid: dict[str, list[float]]) -> Any:
         return run_sweep(preference_config(config, state.out / loss_type, loss_type), state.train_rows,
                          state.splits["validation"], demo_reward(config), config.sweep_settings(loss_type, grid),
-                         model=state.sft.model, tokenizer=state.tokenizer,
+                         model=state.sft.model, tokenizer=state.tokenizer, measures=config.sweep_measures(),
                          callbacks=lambda point: along_training_callback(config, state.splits["validation"],
                                                                          state.tokenizer))
 
@@ -244,6 +244,7 @@ def evaluate_policies(state: DemoState) -> None:
 
     config = state.config
     trained = [(name, result.chosen.model_dir) for name, result in state.sweeps.items()] + round_policies(state)
+    trained += other_choices(state)
     policies = [EvalPolicy("sft", sampler=state.sampler)] + [
         EvalPolicy(name, sampler=lambda path=path, name=name: TransformersSampler(
             path, state.tokenizer, chat_format="apertus", batch_size=GENERATE_BATCH, chat_date=DATE,
@@ -259,6 +260,32 @@ def evaluate_policies(state: DemoState) -> None:
             rows, state.splits["held_out"], config.reward_provider(measure), batch_size=GENERATE_BATCH)
         state.measures[measure] = held_out_figures(state, scored, settings)
     state.answer_digits = answer_lengths(rows, state.splits["held_out"])
+
+
+def other_choices(state: DemoState) -> list[tuple[str, str]]:
+    """Each method's point the other measure would have chosen, where it differs from the chosen one:
+    ``<method>_by_reward`` when chosen on the goal, ``<method>_by_goal`` when chosen on the reward
+    (the exact measure the sweep scored beside it). (name, model directory) for the evaluation."""
+    out = []
+    for name, result in state.sweeps.items():
+        other, label = (result.reward_choice, "by_reward") if result.select_on != "reward" else \
+            (goal_choice(result), "by_goal")
+        if other is not None and result.chosen is not None and other.name != result.chosen.name:
+            out.append((f"{name}_{label}", other.model_dir))
+    return out
+
+
+def goal_choice(result: Any) -> Any:
+    """The point exact accuracy on validation would choose (first in grid order on a tie), or None
+    when the sweep did not score the exact measure."""
+    from align.sweep.settings import score_of
+
+    best, best_score = None, None
+    for point in result.points:
+        score = score_of(point.measures.get("exact", {}).get("metrics", {}), result.metric)
+        if point.excluded is None and score is not None and (best_score is None or score > best_score):
+            best, best_score = point, score
+    return best
 
 
 # The steps, in order, with the names the demo prints and reports timings under.

@@ -169,11 +169,18 @@ def load_equivalent() -> list[dict]:
     return load_list(EQUIVALENT, "equivalent") + load_list(OPEN, "open")
 
 
+# Settings whose change leaves a recorded module's result standing: which modules are mutated (adding
+# one checks the new one), and which test files run (a record stands while every test file that reached
+# the module is still selected, ``still_selected``; more files can only kill more).
+UNBINDING_SETTINGS = ("only_mutate", "pytest_add_cli_args_test_selection")
+
+
 def module_digest(module: str, entries: list[dict], tests: list[str] | None = None) -> str:
-    """What a module's recorded check was made from: its source, its listed mutants, the mutation settings,
-    and (``tests``: the test files that reached it when it was recorded) the text of its tests, so a changed
-    or deleted test re-checks the modules it reached."""
+    """What a module's recorded check was made from: its source, its listed mutants, the mutation settings
+    (but ``UNBINDING_SETTINGS``), and (``tests``: the test files that reached it when it was recorded) the
+    text of its tests, so a changed or deleted test re-checks the modules it reached."""
     config = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["mutmut"]
+    config = {k: v for k, v in config.items() if k not in UNBINDING_SETTINGS}
     prefix = f"{module_name(module)}."
     listed = sorted(json.dumps({k: e[k] for k in ("function", "was", "now", "kind")}, sort_keys=True)
                     for e in entries if e["function"].startswith(prefix))
@@ -196,6 +203,32 @@ def reaching_tests(module: str) -> list[str]:
     prefix = f"{module_name(module)}."
     return sorted({test.split("::")[0] for name, tests in by_function.items() if name.startswith(prefix)
                    for test in tests})
+
+
+def selected_tests() -> list[str]:
+    """The test files and folders of ``[tool.mutmut] pytest_add_cli_args_test_selection`` (options left out)."""
+    config = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["mutmut"]
+    args, paths, skip = config["pytest_add_cli_args_test_selection"], [], False
+    for arg in args:
+        if skip:
+            skip = False
+        elif arg.startswith("-"):
+            skip = "=" not in arg and arg in ("-m", "-k", "-p")  # an option that takes the next word
+        else:
+            paths.append(arg.rstrip("/"))
+    return paths
+
+
+def still_selected(record: dict | None, selection: list[str]) -> bool:
+    """Every test file that reached the module when it was recorded is still in the selection."""
+    return all(any(test == path or test.startswith(f"{path}/") for path in selection)
+               for test in (record or {}).get("tests") or [])
+
+
+def is_current(module: str, entries: list[dict], record: dict | None, selection: list[str]) -> bool:
+    """A module's record stands: made from the same source, listed mutants, settings and tests."""
+    return bool(record) and record.get("digest") == recorded_digest(module, entries, record) and \
+        still_selected(record, selection)
 
 
 def recorded_digest(module: str, entries: list[dict], record: dict | None) -> str:
@@ -281,8 +314,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"[mutation] changed since {args.changed_since}: {modules or 'none'}")
     recorded = json.loads(VERIFIED.read_text()) if VERIFIED.exists() else {}
     if args.unverified:
-        current = [m for m in modules
-                   if (recorded.get(m) or {}).get("digest") == recorded_digest(m, entries, recorded.get(m))]
+        selection = selected_tests()
+        current = [m for m in modules if is_current(m, entries, recorded.get(m), selection)]
         never = [m for m in modules if m not in recorded]
         modules = [m for m in modules if m not in current and m not in never]
         print(f"[mutation] recorded in {VERIFIED.name} and unchanged since: {len(current)} module(s); changed since "

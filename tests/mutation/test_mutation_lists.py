@@ -119,3 +119,57 @@ def test_every_plant_still_applies_to_the_code_as_it_is(plant):
     assert source.count(plant.was) == 1, f"{plant.name}: update the plant to {plant.path} as it is now"
     for target in plant.tests:
         assert (ROOT / target).exists(), target
+
+
+def _with_settings(tmp_path, monkeypatch, **changes) -> None:
+    """A copy of the project's pyproject.toml with ``[tool.mutmut]`` list keys replaced, and of the module and
+    its test, as check.py's root."""
+    import re
+
+    text = (ROOT / "pyproject.toml").read_text()
+    for key, values in changes.items():
+        text, count = re.subn(rf"^{key} = \[.*?\]$", f"{key} = {_toml_list(values)}".replace("\\", "\\\\"), text,
+                              count=1, flags=re.M | re.S)
+        assert count == 1, key
+    (tmp_path / "pyproject.toml").write_text(text)
+    for path in ("align/bootstrap.py", "tests/test_bootstrap.py"):
+        (tmp_path / path).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / path).write_text((ROOT / path).read_text())
+    monkeypatch.setattr(check, "ROOT", tmp_path)
+
+
+def _toml_list(values) -> str:
+    return "[" + ", ".join(json.dumps(v) for v in values) + "]"
+
+
+def test_a_record_stands_when_modules_or_test_files_are_added_and_falls_when_one_it_needs_leaves(tmp_path,
+                                                                                                 monkeypatch):
+    """Adding a module to the check, or a test file to the selection, cannot weaken a recorded result; taking
+    away a test file that reached the module, or changing how mutants are made, can."""
+    import tomllib
+
+    module, entries = "align/bootstrap.py", check.load_equivalent()
+    config = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["mutmut"]
+    selection = config["pytest_add_cli_args_test_selection"]
+    record = {"digest": check.module_digest(module, entries, ["tests/test_bootstrap.py"]),
+              "tests": ["tests/test_bootstrap.py"]}
+    assert "tests/test_bootstrap.py" in check.selected_tests()
+    assert "-m" not in check.selected_tests() and "not slow and not distributed and not vllm" not in \
+        check.selected_tests()
+    assert check.is_current(module, entries, record, check.selected_tests())
+
+    _with_settings(tmp_path, monkeypatch, only_mutate=[*config["only_mutate"], "align/chat/*"],
+                   pytest_add_cli_args_test_selection=[*selection, "tests/chat/"])
+    assert check.is_current(module, entries, record, check.selected_tests())
+    assert "tests/chat" in check.selected_tests()
+
+    _with_settings(tmp_path, monkeypatch, pytest_add_cli_args_test_selection=[
+        a for a in selection if a != "tests/test_bootstrap.py"])
+    assert not check.is_current(module, entries, record, check.selected_tests())  # its test left the selection
+    assert check.still_selected({"tests": ["tests/test_fingerprint.py"]}, check.selected_tests())
+
+    _with_settings(tmp_path, monkeypatch, do_not_mutate_patterns=["^\\s*raise "])
+    assert not check.is_current(module, entries, record, check.selected_tests())  # other mutants made
+    assert check.still_selected({"tests": ["tests/chat/test_x.py"]}, ["tests/chat"])
+    assert not check.still_selected({"tests": ["tests/chatty.py"]}, ["tests/chat"])
+    assert not check.is_current(module, entries, None, check.selected_tests())
