@@ -85,4 +85,17 @@ def search(run: Callable[[dict[str, list[Any]]], Any], grid: dict[str, list[Any]
     return result, added
 
 
-__all__ = ["missing_neighbours", "search", "searched_keys", "step_beyond"]
+def goal_choice(result: Any) -> Any:
+    """The point exact accuracy on validation would choose (first in grid order on a tie), or None
+    when the sweep did not score the exact measure."""
+    from align.sweep.settings import score_of
+
+    best, best_score = None, None
+    for point in result.points:
+        score = score_of(point.measures.get("exact", {}).get("metrics", {}), result.metric)
+        if point.excluded is None and score is not None and (best_score is None or score > best_score):
+            best, best_score = point, score
+    return best
+
+
+__all__ = ["goal_choice", "missing_neighbours", "search", "searched_keys", "step_beyond"]

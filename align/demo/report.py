@@ -178,7 +178,7 @@ def build_report(state: Any, *, total_seconds: float) -> dict[str, Any]:
 def other_choice_settings(state: Any) -> dict[str, dict[str, Any]]:
     """Per method, the point the other measure would have chosen on validation (its settings and
     which measure), or nothing when the run scored no second measure."""
-    from align.demo.run import goal_choice
+    from align.demo.grids import goal_choice
 
     out = {}
     for name, result in state.sweeps.items():

@@ -125,7 +125,8 @@ def method_round(state: Any, method: str, round_: int) -> RoundResult:
     chosen = state.sweeps[method].chosen.settings
     settings = replace(config.sweep_settings(method), grid={key: [value] for key, value in chosen.items()})
     found.result = run_sweep(preference_config(config, out / "train", method), rows, state.splits["validation"],
-                             demo_reward(config), settings, model=model, tokenizer=state.tokenizer)
+                             demo_reward(config), settings, model=model, tokenizer=state.tokenizer,
+                             measures=config.sweep_measures())
     if found.result.chosen is None:
         raise RuntimeError(f"round {round_}, {method}: the trained policy could not be scored on the validation "
                            "prompts")

@@ -266,6 +266,8 @@ def other_choices(state: DemoState) -> list[tuple[str, str]]:
     """Each method's point the other measure would have chosen, where it differs from the chosen one:
     ``<method>_by_reward`` when chosen on the goal, ``<method>_by_goal`` when chosen on the reward
     (the exact measure the sweep scored beside it). (name, model directory) for the evaluation."""
+    from align.demo.grids import goal_choice
+
     out = []
     for name, result in state.sweeps.items():
         other, label = (result.reward_choice, "by_reward") if result.select_on != "reward" else \
@@ -273,19 +275,6 @@ def other_choices(state: DemoState) -> list[tuple[str, str]]:
         if other is not None and result.chosen is not None and other.name != result.chosen.name:
             out.append((f"{name}_{label}", other.model_dir))
     return out
-
-
-def goal_choice(result: Any) -> Any:
-    """The point exact accuracy on validation would choose (first in grid order on a tie), or None
-    when the sweep did not score the exact measure."""
-    from align.sweep.settings import score_of
-
-    best, best_score = None, None
-    for point in result.points:
-        score = score_of(point.measures.get("exact", {}).get("metrics", {}), result.metric)
-        if point.excluded is None and score is not None and (best_score is None or score > best_score):
-            best, best_score = point, score
-    return best
 
 
 # The steps, in order, with the names the demo prints and reports timings under.

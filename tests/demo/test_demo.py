@@ -77,6 +77,11 @@ def _interval(value: dict) -> None:
     assert value["low"] <= value["estimate"] <= value["high"]
 
 
+def _other_choices(report: dict) -> list[str]:
+    """The points the graded reward alone would have chosen where they differ from the chosen ones."""
+    return [f"{m}_by_{o['by']}" for m, o in report["other_choice"].items() if not o["same_as_chosen"]]
+
+
 def test_demo_runs_every_stage_and_reports_numbers(demo_report):
     out, report, stdout = demo_report
     for stage in ("SFT", "sample references", "annotate (reward)", "judge (tiny model, path check)",
@@ -84,7 +89,13 @@ def test_demo_runs_every_stage_and_reports_numbers(demo_report):
         assert stage in report["seconds"], stage
     assert report["pairs"] > 0 and report["sft_steps"] > 0 and report["steps"] == {"qrpo": 8, "dpo": 8}
     assert report["judge"]["scored"] > 0
-    assert set(report["accuracy"]) == {"sft", *POLICIES} and set(report["gains"]) == set(POLICIES)
+    others = _other_choices(report)
+    assert set(report["accuracy"]) == {"sft", *POLICIES, *others} and set(report["gains"]) == {*POLICIES, *others}
+    assert set(report["accuracy_other_choices"]) == set(others)
+    for name in others:  # a chosen point against the one the graded reward alone would have chosen, paired
+        method = name.split("_by_")[0]
+        delta = report["accuracy"][method]["sampled"]["estimate"] - report["accuracy"][name]["sampled"]["estimate"]
+        assert report["accuracy_other_choices"][name]["sampled"]["estimate"] == pytest.approx(delta)
     for name, values in report["accuracy"].items():
         for kind in ("sampled", "greedy"):
             _interval(values[kind])
@@ -113,7 +124,7 @@ def test_demo_writes_the_evaluation_and_readable_plots(demo_report):
     for name in ("eval.jsonl", "report.json", "report.md"):
         assert (out / "evaluate" / name).stat().st_size > 0
     rows = [json.loads(line) for line in (out / "evaluate" / "eval.jsonl").read_text().splitlines()]
-    assert len(rows) == 100 and set(rows[0]["policies"]) == {"sft", *POLICIES}
+    assert len(rows) == 100 and set(rows[0]["policies"]) == {"sft", *POLICIES, *_other_choices(report)}
     assert len(report["plots"]) == 6 and {"validation_grid.png", "reward_vs_accuracy.png"} <= set(report["plots"])
     for name in report["plots"]:
         data = (out / name).read_bytes()
@@ -165,6 +176,15 @@ def test_both_methods_are_tuned_on_grids_of_the_same_size_and_chosen_by_validati
         assert all(p["settings"]["beta"] in grids[name]["beta"] for p in sweep["points"])
         scores = [p["score"] for p in sweep["points"]]
         assert None not in scores and sweep["chosen"]["score"] == max(scores)
+        # chosen on exact accuracy (the goal) while trained on the graded reward, which is reported beside
+        assert sweep["select_on"] == "exact" and report["select_on"][name] == "exact"
+        assert scores == [p["measures"]["exact"]["metrics"]["reward_sampled"]["estimate"] for p in sweep["points"]]
+        by_reward = [p["reward_score"] for p in sweep["points"]]
+        assert by_reward == [p["metrics"]["reward_sampled"]["estimate"] for p in sweep["points"]]
+        assert sweep["reward_would_choose"]["name"] == sweep["points"][by_reward.index(max(by_reward))]["name"]
+        assert report["other_choice"][name] == {"by": "reward", "settings": sweep["reward_would_choose"]["settings"],
+                                                "same_as_chosen": sweep["reward_would_choose"]["name"]
+                                                == sweep["chosen"]["name"]}
         assert sweep["chosen"]["name"] == sweep["points"][scores.index(max(scores))]["name"]
         assert report["chosen"][name] == sweep["chosen"]["settings"]
         for point in sweep["points"]:  # each scored on every validation prompt, beside the SFT model

@@ -27,6 +27,7 @@ from align.demo.rounds import (
     round_policies,
     run_round,
 )
+from align.errors import ConfigError
 from rewards.verifiable import VerifiableReward
 
 
@@ -91,8 +92,9 @@ def parts(monkeypatch):
     monkeypatch.setattr(demo_parts, "preference_config", lambda config, out, method: calls["train"].append(
         (config.rounds, out, method)) or out)
 
-    def run_sweep(config, rows, validation, reward, settings, *, model, tokenizer):
+    def run_sweep(config, rows, validation, reward, settings, *, model, tokenizer, measures):
         calls["sweep"].append({"config": config, "rows": rows, "validation": validation, "grid": settings.grid,
+                               "measures": measures,
                                "settings": settings, "reward": reward.fingerprint(), "model": model.path,
                                "tokenizer": tokenizer})
         chosen = Point(f"{config}/point", dict(settings.grid)) if box["trained"] else None
@@ -138,6 +140,7 @@ def test_a_round_trains_once_with_the_settings_round_one_chose(tmp_path, parts):
     assert qrpo["config"] == tmp_path / "round-2" / "qrpo" / "train" and qrpo["validation"] == ["V"] and qrpo["tokenizer"] == "TOKENIZER"
     assert qrpo["rows"] == [("ROWS", tmp_path / "round-2" / "qrpo", "/runs/qrpo/beta-4")]  # π_{k-1} is the reference
     assert qrpo["model"] == "/runs/qrpo/beta-4"
+    assert qrpo["measures"] == {} and qrpo["settings"].select_on == "reward"  # trained on exact: one measure
     assert qrpo["reward"] == demo_reward(s.config).fingerprint() == VerifiableReward(match="exact").fingerprint()
     assert dpo["settings"] == replace(s.config.sweep_settings("dpo"), grid={"beta": [0.1], "learning_rate": [3e-4]})
     found = s.rounds["qrpo"][0]
@@ -211,3 +214,16 @@ def test_a_graded_run_trains_every_round_on_the_graded_reward(tmp_path, parts):
     expected = GradedSortingReward(noise=0.3, length_bias=0.2).fingerprint()
     assert [sweep["reward"] for sweep in calls["sweep"]] == [expected, expected]
     assert calls["pairs"][0][2][2] == "graded"
+
+
+def test_on_the_graded_reward_a_round_scores_exact_accuracy_beside_it(tmp_path, parts):
+    calls, _ = parts
+    s = state(tmp_path)
+    s.config = DemoConfig(rounds=2, reward="graded")
+    run_round(s, 2)
+    qrpo, _ = calls["sweep"]
+    assert list(qrpo["measures"]) == ["exact"] and qrpo["measures"]["exact"].fingerprint()["match"] == "exact"
+    assert qrpo["settings"].select_on == "exact"  # one point: nothing to choose, both measures reported
+    assert DemoConfig(reward="graded", select_on="reward").sweep_select_on == "reward"
+    with pytest.raises(ConfigError, match="select_on: unknown 'gold'; choose 'goal' or 'reward'"):
+        DemoConfig(select_on="gold")
