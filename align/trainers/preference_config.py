@@ -50,7 +50,7 @@ class PreferenceConfig(ModelFields, LoraFields, OptimizerFields, CheckpointField
         high"); `None` follows the paper.
     normalize_loss_by_length (`bool`, defaults to `False`):
         QRPO only: divide each squared term by |y_i|.
-    target_margin (`float` or `None`, defaults to `0.3`):
+    target_margin (`float` or `None`, defaults to `0.15`):
         QRPO only: warn (in the log, as `qrpo/off_target_warning` in the logged metrics, and in
         the run's summary) when the mean distance of a side's log-ratios outside the span from
         0 to their regression targets stays above this many nats per token for 3 logging steps
@@ -160,7 +160,7 @@ class PreferenceConfig(ModelFields, LoraFields, OptimizerFields, CheckpointField
     length_normalize: bool = field(default=True, metadata={"help": "β/|y| per sample (QRPO), logratio/|y| (DPO)"})
     beta_clamp: float | None = field(default=None, metadata={"help": "cap on β/|y| (0.1 = published code)"})
     normalize_loss_by_length: bool = field(default=False, metadata={"help": "QRPO: divide each term by |y|"})
-    target_margin: float | None = field(default=0.3, metadata={
+    target_margin: float | None = field(default=0.15, metadata={
         "help": "QRPO: warn when log-ratios stay this far (nats per token, mean of a side, 3 logging steps in a "
                 "row) off their regression targets; None: no check", "min": 0})
     # Data
