@@ -32,8 +32,10 @@ from rewards.verifiable import reference_problem
 def validate_for_annotation(record: Mapping[str, Any], index: int, reference_field: str | None) -> None:
     """A prompt, a non-empty list of completions with string `text`, and the reference if needed; a skip row
     (a stage before could not make its completions: ``skip_reason``) needs only its id."""
-    if skip_reason(record) is not None:
-        record_id(record, index)
+    if skip_reason(record) is not None:  # passed on as it came, so it must still say which prompt it stands for
+        if not isinstance(record.get("id"), str) or not record["id"]:
+            raise RecordError(record_id(record, index), "id", "a skip row needs the id of the prompt it stands for "
+                              f"(skip_reason: {skip_reason(record)!r:.80})")
         return
     validate_prompt(record, index)
     rid = record_id(record, index)
