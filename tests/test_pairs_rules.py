@@ -9,12 +9,12 @@ count is checked, and what the fallback note prints. Each test states one such r
 from __future__ import annotations
 
 import pytest
+from test_quantiles_pairs import record
 
 from align.data.pairs import Pair, fallback_note, make_pairs, select_pair
 from align.data.quantiles import quantile_rewards
 from align.errors import ConfigError, InputError, RecordError
 from align.stage_table import SKIP_FIELD
-from tests.test_quantiles_pairs import record
 
 TEN = [float(k) for k in range(10)]  # ten references, R_q = (k + 1) / 10
 

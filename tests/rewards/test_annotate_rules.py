@@ -55,12 +55,14 @@ def test_a_row_without_an_id_is_named_by_its_row_number(tmp_path):
     assert (error.record_id, error.field) == ("<row 2>", "id")
 
 
-def test_score_records_names_a_row_without_an_id_by_its_row_number():
+@pytest.mark.parametrize(("field", "named"), [("id", "<row 1>"), ("answer", "r1")])
+def test_score_records_names_the_row_and_the_field_it_refuses(field, named):
+    """A row without its id is named by its row number; one without its reference by its id."""
     data = [record(0), record(1)]
-    del data[1]["id"]
+    del data[1][field]
     with pytest.raises(RecordError) as info:
         score_records(data, Recording())
-    assert (info.value.record_id, info.value.field) == ("<row 1>", "id")
+    assert (info.value.record_id, info.value.field) == (named, field)
 
 
 def test_a_bad_reference_in_a_later_batch_stops_the_job_before_any_scoring(tmp_path):
@@ -69,13 +71,6 @@ def test_a_bad_reference_in_a_later_batch_stops_the_job_before_any_scoring(tmp_p
     error = refused(tmp_path, data, batch_size=1)
     assert (error.record_id, error.field) == ("r2", "answer")
 
-
-def test_score_records_refuses_a_missing_reference_naming_the_field():
-    data = [record(0), record(1)]
-    del data[1]["answer"]
-    with pytest.raises(RecordError) as info:
-        score_records(data, Recording())
-    assert (info.value.record_id, info.value.field) == ("r1", "answer")
 
 
 def test_an_empty_completion_list_is_refused(tmp_path):
