@@ -165,7 +165,7 @@ def save_tiny_models(root: str | Path, *, seed: int = 0, architecture: str = "ll
 
     unknown = sorted(set(which) - set(MODELS))
     if unknown:
-        raise ValueError(f"unknown tiny model {unknown[0]!r} (one of {', '.join(MODELS)})")
+        raise ConfigError(f"unknown tiny model {unknown[0]!r} (one of {', '.join(MODELS)})")
 
     check_architecture(architecture)
     root = Path(root)

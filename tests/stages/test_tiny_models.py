@@ -46,5 +46,5 @@ def test_the_stage_and_the_builder_name_the_same_models_and_a_subset_builds_only
     paths = tiny.save_tiny_models(tmp_path, which=("policy", "reward_model"))
     assert set(paths) == {"policy", "reward_model"}
     assert sorted(p.name for p in tmp_path.iterdir()) == ["policy", "reward_model"]
-    with pytest.raises(ValueError, match=r"unknown tiny model 'polcy'"):
+    with pytest.raises(ConfigError, match=r"unknown tiny model 'polcy'"):
         tiny.save_tiny_models(tmp_path, which=("polcy",))
