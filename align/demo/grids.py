@@ -98,4 +98,13 @@ def goal_choice(result: Any) -> Any:
     return best
 
 
-__all__ = ["goal_choice", "missing_neighbours", "search", "searched_keys", "step_beyond"]
+def other_choice(result: Any) -> tuple[Any, str]:
+    """The point the measure that did not choose would have chosen, and that measure (``reward``
+    when the sweep chose on the goal, ``goal`` when it chose on the reward); the point is None
+    when the sweep scored no second measure."""
+    if result.select_on != "reward":
+        return result.reward_choice, "reward"
+    return goal_choice(result), "goal"
+
+
+__all__ = ["goal_choice", "other_choice", "missing_neighbours", "search", "searched_keys", "step_beyond"]

@@ -178,15 +178,13 @@ def build_report(state: Any, *, total_seconds: float) -> dict[str, Any]:
 def other_choice_settings(state: Any) -> dict[str, dict[str, Any]]:
     """Per method, the point the other measure would have chosen on validation (its settings and
     which measure), or nothing when the run scored no second measure."""
-    from align.demo.grids import goal_choice
+    from align.demo.grids import other_choice
 
     out = {}
     for name, result in state.sweeps.items():
-        if result.select_on != "reward" and result.reward_choice is not None:
-            out[name] = {"by": "reward", "settings": result.reward_choice.settings,
-                         "same_as_chosen": result.reward_choice.name == result.chosen.name}
-        elif (point := goal_choice(result)) is not None:
-            out[name] = {"by": "goal", "settings": point.settings, "same_as_chosen": point.name == result.chosen.name}
+        point, by = other_choice(result)
+        if point is not None:
+            out[name] = {"by": by, "settings": point.settings, "same_as_chosen": point.name == result.chosen.name}
     return out
 
 

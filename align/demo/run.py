@@ -266,14 +266,13 @@ def other_choices(state: DemoState) -> list[tuple[str, str]]:
     """Each method's point the other measure would have chosen, where it differs from the chosen one:
     ``<method>_by_reward`` when chosen on the goal, ``<method>_by_goal`` when chosen on the reward
     (the exact measure the sweep scored beside it). (name, model directory) for the evaluation."""
-    from align.demo.grids import goal_choice
+    from align.demo.grids import other_choice
 
     out = []
     for name, result in state.sweeps.items():
-        other, label = (result.reward_choice, "by_reward") if result.select_on != "reward" else \
-            (goal_choice(result), "by_goal")
+        other, by = other_choice(result)
         if other is not None and result.chosen is not None and other.name != result.chosen.name:
-            out.append((f"{name}_{label}", other.model_dir))
+            out.append((f"{name}_by_{by}", other.model_dir))
     return out
 
 
