@@ -38,7 +38,7 @@ def validate_for_annotation(record: Mapping[str, Any], index: int, reference_fie
                               f"(skip_reason: {skip_reason(record)!r:.80})")
         return
     validate_prompt(record, index)
-    rid = record_id(record, index)
+    rid = record["id"]  # validate_prompt made sure of it
     try:
         plain_messages(record["messages"])
     except InputError as error:  # structured content the providers cannot read

@@ -182,7 +182,7 @@ def _num_ref_dropped(record: Mapping[str, Any], rid: str) -> int:
 
 
 def _reference_rewards(
-    record: Mapping[str, Any], rid: str, num_ref_rewards: int | None
+    record: Mapping[str, Any], rid: str, num_ref_rewards: int | None, dropped: int
 ) -> tuple[list[float], int]:
     """The scored reference rewards of a record and how many references it has.
 
@@ -196,7 +196,6 @@ def _reference_rewards(
             "completions",
             "no completion has is_reference=True; quantile rewards need the reference samples",
         )
-    dropped = _num_ref_dropped(record, rid)
     if num_ref_rewards is not None:
         if dropped > num_ref_rewards:
             raise RecordError(
@@ -252,10 +251,10 @@ def _pair_or_skip(
     low_threshold: float,
     num_ref_rewards: int | None,
     min_ref_rewards: int | None,
-    truncated: str = "exclude",
-    num_pairs_per_prompt: int = 1,
-    chat_format: str | None = "apertus",
-    rejected_pick: str = "uniform",
+    truncated: str,
+    num_pairs_per_prompt: int,
+    chat_format: str | None,
+    rejected_pick: str,
 ) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     """One record's pair rows (up to ``num_pairs_per_prompt``), or its one skip row ``{"id", "reason"}``;
     and the completions left out for their text (``{"completion", "reason"}``)."""
@@ -263,7 +262,7 @@ def _pair_or_skip(
     if dropped and not any(c["is_reference"] for c in record["completions"]):
         return [{"id": rid, "reason": f"all {dropped} reference samples were dropped as overlong "
                  "(sampling overlong=drop, num_ref_dropped)"}], []
-    ref_rewards, num_refs = _reference_rewards(record, rid, num_ref_rewards)
+    ref_rewards, num_refs = _reference_rewards(record, rid, num_ref_rewards, dropped)
     needed = num_refs if min_ref_rewards is None else min_ref_rewards
     if len(ref_rewards) < max(needed, 1):
         return [{
@@ -407,9 +406,9 @@ def make_pairs(
             continue
         validate_rewards(record, index)
         record = with_completion_defaults(record)
-        if any(r is not None and type(r) is not float for r in record["rewards"]):  # numpy / torch scalars, ints
-            record = {**record, "rewards": [None if r is None else float(r) for r in record["rewards"]]}
-        rid = record_id(record, index)
+        # numpy / torch scalars and ints read as floats; validate_rewards made sure of the id
+        record = {**record, "rewards": [None if r is None else float(r) for r in record["rewards"]]}
+        rid = record["id"]
         if rid in seen:
             raise RecordError(rid, "id", f"duplicate id (rows {seen[rid]} and {index})")
         seen[rid] = index

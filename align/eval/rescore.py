@@ -28,15 +28,18 @@ def prompt_digest(prompt: Mapping[str, Any]) -> str:
     return json_digest({"messages": prompt.get("messages"), "tools": prompt.get("tools") or None})[:16]
 
 
-def _texts(rid: Any, name: str, entry: Mapping[str, Any]) -> list[str]:
-    """A policy's completions in one row: the greedy one first (if any), then the samples; each a string."""
-    slots = ([("greedy", entry["greedy"])] if entry.get("greedy") else []) + \
+def _slots(entry: Mapping[str, Any]) -> list[tuple[str, Mapping[str, Any]]]:
+    """A policy's completions in one row, named: the greedy one first (if any), then the samples."""
+    return ([("greedy", entry["greedy"])] if entry.get("greedy") else []) + \
         [(f"samples[{i}]", s) for i, s in enumerate(entry["samples"])]
-    for where, slot in slots:
+
+
+def _check_texts(rid: Any, name: str, entry: Mapping[str, Any]) -> None:
+    """Each of a policy's completions in one row carries its text as a string."""
+    for where, slot in _slots(entry):
         if not isinstance(slot.get("text"), str):
             raise RecordError(rid, f"policies.{name}.{where}.text", f"expected the completion's text, got "
                               f"{slot.get('text')!r:.60}")
-    return [slot["text"] for _, slot in slots]
 
 
 def _prompts_by_id(prompts: Sequence[Mapping[str, Any]]) -> dict[Any, Mapping[str, Any]]:
@@ -73,7 +76,7 @@ def _check_rows(rows: Sequence[Mapping[str, Any]], by_id: Mapping[Any, Mapping[s
             raise RecordError(rid, DIGEST_FIELD, "the prompt differs: the row answered another prompt than the "
                               "prompt record with this id (other messages or tools)")
         for name, entry in row["policies"].items():
-            _texts(rid, name, entry)
+            _check_texts(rid, name, entry)
 
 
 def rescore_rows(rows: Sequence[Mapping[str, Any]], prompts: Sequence[Mapping[str, Any]], provider: Any, *,
@@ -93,12 +96,11 @@ def rescore_rows(rows: Sequence[Mapping[str, Any]], prompts: Sequence[Mapping[st
     for start in range(0, len(out), batch_size):
         batch = out[start : start + batch_size]
         entries = [(row, entry) for row in batch for entry in row["policies"].values()]
-        texts = [_texts(row["id"], name, entry) for row in batch for name, entry in row["policies"].items()]
+        texts = [[slot["text"] for _, slot in _slots(entry)] for _, entry in entries]
         groups = provider.score_groups([by_id[row["id"]]["messages"] for row, _ in entries], texts,
                                        references=[by_id[row["id"]][field] for row, _ in entries] if field else None)
         for (_, entry), scores in zip(entries, groups, strict=True):
-            slots = ([entry["greedy"]] if entry.get("greedy") else []) + list(entry["samples"])
-            for slot, score in zip(slots, scores, strict=True):
+            for (_, slot), score in zip(_slots(entry), scores, strict=True):
                 slot["score"], slot["skip"] = score.value, score.reason
     return out
 
