@@ -173,8 +173,8 @@ def _record_outputs(record: Mapping[str, Any], names: Sequence[str], logps: Sequ
 # in the order they are reported.
 REF_INPUT_LABELS = {
     "system_hash": "the system text in the row's messages",
-    "prompt_hash": "the row's messages or tools",
-    "completion_hash": "the completion texts",
+    "prompt_hash": "the prompt (the row's messages or tools)",
+    "completion_hash": "the text of the completions",
     "chat_format": "chat_format",
     "chat_date": "chat_date",
     "enable_thinking": "enable_thinking",

@@ -334,6 +334,12 @@ def main(argv: list[str] | None = None) -> int:
         seconds = run_mutmut(modules, args.jobs, ROOT / "mutants" / "run.log")
         print(f"[mutation] mutmut ran {len(modules)} module(s) in {seconds:.0f}s with {args.jobs} worker(s)")
     mutants = read_results(modules)
+    pending = [m for m in mutants if m.status == "not checked"]
+    if pending and args.survivors:  # a run in progress (or stopped): what it has not run yet is no survivor
+        if args.record:
+            sys.exit(f"[mutation] {len(pending)} mutant(s) not run yet: run the check to the end before --record")
+        print(f"[mutation] {len(pending)} mutant(s) not run yet, left out of the lists below")
+        mutants = [m for m in mutants if m.status != "not checked"]
     unlisted, stale, figures = report(mutants, modules, entries)
     if args.propose:
         proposals = [{"function": m.function, "was": "\n".join(m.was), "now": "\n".join(m.now), "why": args.propose}
