@@ -96,3 +96,20 @@ def test_a_trainer_that_fits_a_row_the_pass_skipped_names_the_row(model, tiny_to
 
     with pytest.raises(RecordError, match=r"record 'r1': field 'ref_skip'.*max_length"):
         prepare_dataset(scored, tiny_tokenizer, _config(tmp_path, max_length=None), model)
+
+
+def test_a_row_the_pass_skipped_records_which_pass_skipped_it(tiny_tokenizer, tmp_path):
+    """The skip row carries the pass's model fingerprint and settings as a scored row does, so the row
+    says which pass (model, max_length, format) decided to leave it out."""
+    data = rows()
+    saved = build_causal_lm(tiny_tokenizer)  # known by its path, so the pass records its weights' fingerprint
+    saved.save_pretrained(tmp_path / "reference")
+    saved.name_or_path = str(tmp_path / "reference")
+    compute_ref_logprobs(data, saved, tiny_tokenizer, output_dir=tmp_path / "ref", max_length=100, chat_date=DATE)
+    scored = {r["id"]: r for r in load_ref_logprobs(tmp_path / "ref", data)}
+    skipped, kept = scored["r1"], scored["r0"]
+    assert "ref_skip" in skipped and "ref_skip" not in kept
+    assert isinstance(kept["ref_model_fingerprint"], str)
+    assert skipped["ref_model_fingerprint"] == kept["ref_model_fingerprint"]
+    settings = {k: v for k, v in kept["ref_inputs"].items() if not k.endswith("_hash")}
+    assert skipped["ref_inputs"] == settings and settings["max_length"] == 100

@@ -174,7 +174,7 @@ class _Renderer:
         if self.declared is not None:
             for c in calls:
                 if c.name not in self.declared:
-                    known = ", ".join(sorted(self.declared)) or "none"
+                    known = ", ".join(sorted(self.declared))  # tools given: never empty
                     raise message_error(index, "assistant", f"call to tool {c.name!r}, which is "
                                         f"not among the declared tools ({known})")
         self.close_outputs()
