@@ -81,7 +81,7 @@ class Graph:
         if kind != "rows":
             return kind
         source = _get(self.keys(step), entry.keeps) if entry.keeps else _MISSING
-        texts = list(string_values(source)) if source is not _MISSING else []
+        texts = list(string_values(source))  # [] when the key is not given
         upstream = self.producer(texts[0]) if len(texts) == 1 else None
         return None if upstream is None or upstream is step else self.kind(upstream)
 
@@ -165,7 +165,7 @@ def labels_of(graph: Graph, text: str, field: str) -> tuple[Step, tuple[Any, ...
     if field in labels:
         return upstream, labels[field]
     source = _get(graph.keys(upstream), entry.keeps) if entry.keeps else _MISSING
-    texts = list(string_values(source)) if source is not _MISSING else []
+    texts = list(string_values(source))  # [] when the key is not given
     found = [labels_of(graph, t, field) for t in texts if graph.producer(t) is not upstream]
     if not found or any(f is None for f in found):
         return None

@@ -100,7 +100,7 @@ BUILDS: list[str] = []  # step names, one per config built (tests count them)
 
 
 def build_config(config_class: ConfigClass, step: Step, defaults: Mapping[str, Any], devices: str, *,
-                 alone: bool = False) -> Any:
+                 alone: bool) -> Any:
     """A step's config from its keys over the defaults its stage knows (``alone``: a stage file, whose
     errors name the keys as the file has them)."""
     cls = config_class(step.stage)
@@ -219,7 +219,7 @@ def _owner(step: Step) -> str:
     return step.name.removesuffix(f".{step.phase}") if step.phase else step.name
 
 
-def reads_from(keys: Mapping[str, Any], index: OutputIndex, itself: str = "") -> list[str]:
+def reads_from(keys: Mapping[str, Any], index: OutputIndex, itself: str) -> list[str]:
     """The steps (other than ``itself``) whose output one of ``keys``' values names, in the order found."""
     found: dict[str, None] = {}
     for text in string_values({k: v for k, v in keys.items() if k != "output_dir"}):
