@@ -190,7 +190,7 @@ def _encode_with_template(tokenizer: Any, messages: Sequence[Mapping[str, Any]],
                                    enable_thinking=enable_thinking)
     turns = template.assistant_char_spans(tokenizer, messages, text, tools=tools, enable_thinking=enable_thinking)
     segs, pos = [], 0
-    for i, (start, stop) in sorted(turns.items(), key=lambda kv: kv[1]):
+    for i, (start, stop) in turns.items():  # in message order, which is the order in the text
         segs += [Segment(text[pos:start], None), Segment(text[start:stop], i, trained=True)]
         pos = stop
     segs.append(Segment(text[pos:], None))

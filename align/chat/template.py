@@ -271,12 +271,11 @@ def special_tokens(tokenizer: Any) -> list[str]:
     return [t for t in dict.fromkeys(tokenizer.all_special_tokens) if t]
 
 
-def check_text(tokenizer: Any, messages: Sequence[Mapping[str, Any]], *extra: str) -> None:
-    """No message (content, reasoning) nor ``extra`` text holds a special token."""
+def check_text(tokenizer: Any, messages: Sequence[Mapping[str, Any]]) -> None:
+    """No message's text (content, reasoning) holds a special token."""
     tokens = special_tokens(tokenizer)
     pieces = [(f"message {i}", m.get(field)) for i, m in enumerate(messages)
               for field in ("content", "reasoning_content") if isinstance(m.get(field), str)]
-    pieces += [("the completion", text) for text in extra]
     for where, text in pieces:
         for token in tokens:
             if token in text:
@@ -299,13 +298,13 @@ def _turn_start(tokenizer: Any, messages: Sequence[Mapping[str, Any]], i: int, f
     before = apply_template(tokenizer, messages[:i], tools=tools, enable_thinking=enable_thinking)
     if prompt.startswith(before) and full.startswith(before):
         opener, rest = prompt[len(before):], full[len(before):]
-        shared = next((k for k, (a, b) in enumerate(zip(opener, rest)) if a != b), min(len(opener), len(rest)))
+        shared = _shared_prefix(opener, rest)
         content = messages[i].get("content")
         # only where what follows the shared opener is the turn's own text: never mid-way into
         # a block the model must write itself (a reasoning block rendered in history)
         if shared and isinstance(content, str) and content.strip() and rest[shared:].startswith(content.strip()):
             return len(before) + shared
-    at = next((k for k, (a, b) in enumerate(zip(prompt, full)) if a != b), min(len(prompt), len(full)))
+    at = _shared_prefix(prompt, full)
     raise InputError(
         f"message {i}: the tokenizer's chat template renders the conversation before this assistant turn otherwise "
         f"than its generation prompt for it (they differ at character {at}: {prompt[at:at + 30]!r} against "
