@@ -96,7 +96,7 @@ def _length(sampler: Sampler, record: Mapping[str, Any], conversation: Sequence[
     try:
         return sampler.prompt_length(conversation, record.get("tools"))
     except InputError as err:
-        field = "tools" if str(err).lstrip("'").startswith("tool") else "messages"
+        field = "tools" if str(err).startswith("tool") else "messages"
         raise RecordError(record_id(record), field, f"cannot be rendered: {err}") from None
 
 
@@ -212,7 +212,7 @@ def with_system_prompt(messages: Sequence[Mapping[str, Any]], prompt: SystemProm
 UNCLASSIFIED = ("error", "persona", "attribute")
 
 
-def _controversial(record: Mapping[str, Any], field: str, on_unclassified: str = "error") -> bool:
+def _controversial(record: Mapping[str, Any], field: str, on_unclassified: str) -> bool:
     """The record's controversy flag; ``None`` (the classifier failed) per ``on_unclassified``.
 
     ``error`` stops with the record named; ``persona`` treats it as controversial (the
