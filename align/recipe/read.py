@@ -262,10 +262,14 @@ def _check_step_overrides(steps: Mapping[str, Any], extra: Mapping[str, Any]) ->
                           + (f"; did you mean {close[0]}.{inner}?" if close else "") + f" (steps: {list(steps)})")
 
 
-def _first_path(value: Mapping[str, Any]) -> list[str]:
-    key = next(iter(value), "")
-    inner = value.get(key) if key else None
-    return [str(key), *(_first_path(inner) if isinstance(inner, Mapping) and inner else [])]
+def _first_path(value: Any) -> list[str]:
+    """The keys down to an override's first value (``sampler.model`` for ``{sampler: {model: x}}``)."""
+    path: list[str] = []
+    while isinstance(value, Mapping) and value:
+        key = next(iter(value))
+        path.append(str(key))
+        value = value[key]
+    return path
 
 
 def _check_slurm_names(settings: PipelineSettings, steps: list[Step]) -> None:

@@ -99,10 +99,7 @@ def section_rounds(settings: PipelineSettings, once: list[Step], config_class: C
         policy, ref = k - 1, (k - 1 if settings.reference == "previous" else 0)
 
         def add(key: str, stage: str, wiring: dict[str, Any], what: str, k: int = k) -> None:
-            section = {k2: v for k2, v in (getattr(settings, stage, None) or {}).items()} if stage in ROUND_SECTIONS \
-                else {}
-            if stage == "evaluate":
-                section = {k2: v for k2, v in section.items() if k2 != "baseline"}
+            section = dict(getattr(settings, stage, None) or {})  # split and join: no section
             out.append(Step(f"round-{k}.{key}", stage, merge(section, wiring), k, (), what, base=stage))
 
         prompts = source
@@ -177,17 +174,13 @@ def graph_rounds(settings: PipelineSettings, raw: dict[str, dict[str, Any]], out
     if not repeated:
         raise ConfigError("rounds: no step reads @policy (the policy a round starts from), so nothing would run "
                           "more than once; the round's sampling and training steps name it (docs/rounds.md)")
-    initial_step = str(settings.initial_policy or "")[1:].partition("/")[0] \
-        if str(settings.initial_policy or "").startswith("@") else None
+    written = str(settings.initial_policy)
+    initial_step = written[1:].partition("/")[0] if written.startswith("@") else None
     if initial_step in repeated:
         raise ConfigError(f"initial_policy: @{initial_step} would run every round (it reads "
                           f"{sorted(references_in(raw[initial_step]))}, which depend on the policy): π₀ is made once, "
                           "before the rounds; give that step inputs that do not depend on the policy")
-    once = [name for name in order if name not in repeated]
-    for name in once:
-        used = references_in(raw[name]) & repeated
-        if used:
-            raise ConfigError(f"step {name!r} runs once but reads {sorted(used)}, which run every round")
+    once = [name for name in order if name not in repeated]  # none reads a repeated step: it would be one
     trainers = [name for name in order if name in repeated and raw[name].get("stage") == "train"]
     policy_step = settings.policy_step or (trainers[0] if len(trainers) == 1 else None)
     if policy_step is None:
@@ -218,7 +211,7 @@ def graph_rounds(settings: PipelineSettings, raw: dict[str, dict[str, Any]], out
         for name in order:
             if name not in repeated:
                 continue
-            keys = {key: value for key, value in raw[name].items() if key not in ("stage", "from")}
+            keys = {key: value for key, value in raw[name].items() if key != "stage"}  # from: merged in
             keys = resolve_references(keys, {**outputs, **here}, f"step {name!r} (round {k})", tokens)
             keys["output_dir"] = here[name]
             result.append((k, name, keys))
