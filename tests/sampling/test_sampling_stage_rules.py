@@ -639,3 +639,31 @@ def test_the_prompt_is_rendered_with_the_tools_thinking_and_stop_tokens_given(se
     [body] = posts()
     assert body["prompt"] == thinking.prompt_ids(conversation, [TOOL]) != encoder.prompt_ids(conversation)
     assert body["stop_token_ids"] == thinking.stop_ids != encoder.stop_ids
+
+
+# --- the length check before sampling counts what the sampler sends ----------------------
+
+
+def test_the_length_check_counts_the_prompts_tools(encoder, tmp_path):
+    """A prompt that fits without its tools but not with them is skipped as too long, with the length
+    the sampler would send (tools included)."""
+    bare = length(encoder, prompt("a")["messages"])
+    with_tools = len(encoder.prompt_ids(prompt("a")["messages"], [TOOL]))
+    assert with_tools > bare
+    fake = FakeSampler(encoder, max_model_len=with_tools)
+    sample_references([prompt("a", tools=[TOOL]), prompt("b")], fake, output_dir=tmp_path, n=1)
+    rows = rows_of(tmp_path)
+    assert rows["a"]["skip_reason"].endswith(f"prompt has {with_tools} tokens; the model's context length is "
+                                             f"{with_tools}")
+    assert "skip_reason" not in rows["b"]
+
+
+@pytest.mark.parametrize(("change", "field"), [({"messages": [{"role": "narrator", "content": "Once"},
+                                                              {"role": "user", "content": "Hi"}]}, "messages"),
+                                               ({"tools": [{"type": "function"}]}, "tools")])
+def test_a_prompt_the_format_cannot_render_names_its_field(encoder, tmp_path, change, field):
+    with pytest.raises(RecordError) as caught:
+        sample_references([{**prompt("bad"), **change}], FakeSampler(encoder), output_dir=tmp_path, n=1)
+    assert (caught.value.record_id, caught.value.field) == ("bad", field)
+    assert "cannot be rendered: " in str(caught.value)
+    assert not (tmp_path / "_job.json").exists()
