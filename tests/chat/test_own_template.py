@@ -10,6 +10,7 @@ from align.chat import encode, install_format
 from align.chat.encode import encode_completion
 from align.errors import InputError
 from align.testing.tiny import build_template_tokenizer, build_tokenizer
+from chat_cases import trained_runs
 
 TWO_TURNS = [{"role": "user", "content": "Is 4 even?"}, {"role": "assistant", "content": "yes"},
              {"role": "user", "content": "And 5?"}, {"role": "assistant", "content": "no"}]
@@ -17,16 +18,7 @@ TWO_TURNS = [{"role": "user", "content": "Is 4 even?"}, {"role": "assistant", "c
 
 def trained_pieces(tokenizer, encoded) -> list[str]:
     """The trained text, one string per run of consecutive trained tokens."""
-    pieces, current = [], []
-    for token, trained in zip(encoded.input_ids, encoded.loss_mask):
-        if trained:
-            current.append(token)
-        elif current:
-            pieces.append(tokenizer.decode(current))
-            current = []
-    if current:
-        pieces.append(tokenizer.decode(current))
-    return pieces
+    return trained_runs(tokenizer, encoded.input_ids, encoded.loss_mask)
 
 
 def test_qwen3_two_turns_train_each_answer_and_its_end_of_turn():

@@ -31,6 +31,7 @@ from align.chat.template import (
 )
 from align.errors import ConfigError, InputError
 from align.testing.tiny import build_template_tokenizer, build_tokenizer
+from chat_cases import trained_runs
 
 # Each role opens and closes with its own tokens; the generation prompt opens the assistant's turn.
 GOOD = ("{% for m in messages %}<|{{ m.role }}_start|>{{ m.content }}<|{{ m.role }}_end|>{% endfor %}"
@@ -50,14 +51,7 @@ def with_template(template: str, name: str = "") -> object:
 
 def trained_pieces(tokenizer, encoded) -> list[str]:
     """The trained text, one string per run of consecutive trained tokens."""
-    pieces, current = [], []
-    for token, trained in zip(encoded.input_ids, encoded.loss_mask):
-        if trained:
-            current.append(token)
-        elif current:
-            pieces.append(tokenizer.decode(current))
-            current = []
-    return pieces + ([tokenizer.decode(current)] if current else [])
+    return trained_runs(tokenizer, encoded.input_ids, encoded.loss_mask)
 
 
 def reasoning_when(condition: str) -> str:

@@ -19,6 +19,7 @@ from align.chat.template import (
 from align.errors import ConfigError, InputError
 from align.sampling.base import PromptEncoder
 from align.testing.tiny import build_template_tokenizer, build_tokenizer
+from chat_cases import trained_runs
 
 # Each role opens and closes with its own tokens; the generation prompt opens the assistant's turn.
 GOOD = ("{% for m in messages %}<|{{ m.role }}_start|>{{ m.content }}<|{{ m.role }}_end|>{% endfor %}"
@@ -61,14 +62,8 @@ def counting(tokenizer) -> list:
 
 
 def trained_pieces(tokenizer, encoded) -> list[str]:
-    pieces, current = [], []
-    for token, trained in zip(encoded.input_ids, encoded.loss_mask):
-        if trained:
-            current.append(token)
-        elif current:
-            pieces.append(tokenizer.decode(current))
-            current = []
-    return pieces + ([tokenizer.decode(current)] if current else [])
+    """The trained text, one string per run of consecutive trained tokens."""
+    return trained_runs(tokenizer, encoded.input_ids, encoded.loss_mask)
 
 
 def test_a_template_without_a_generation_prompt_is_refused_where_it_is_used():
