@@ -60,6 +60,21 @@ if _EARLY and not _SHARED:  # a plugin imported them before this file: they read
     raise pytest.UsageError(f"{_EARLY} were imported before tests/conftest.py set the cache directories")
 
 
+if "MUTANT_UNDER_TEST" in os.environ:
+    # `datasets` fingerprints each Dataset.map by hashing its function with dill. Under mutmut's
+    # trampolines that hash walks every mutant of every module the function reaches (minutes per
+    # map). The tests keep no datasets cache between runs, so a random fingerprint changes nothing
+    # they check; outside mutation testing the library's own hashing runs as users get it.
+    import datasets.arrow_dataset
+    import datasets.fingerprint
+
+    def _random_fingerprint(fingerprint, transform, transform_args):
+        return datasets.fingerprint.generate_random_fingerprint()
+
+    datasets.fingerprint.update_fingerprint = _random_fingerprint
+    datasets.arrow_dataset.update_fingerprint = _random_fingerprint
+
+
 def pytest_unconfigure(config):
     if "MUTANT_UNDER_TEST" not in os.environ:
         shutil.rmtree(CACHE_ROOT, ignore_errors=True)
