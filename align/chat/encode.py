@@ -134,12 +134,12 @@ PREFIX_MARGIN = 64
 
 
 def _cut_segments(segments: Sequence[Segment], chars: int) -> list[Segment]:
-    """The segments of the text's first ``chars`` characters (the last one cut short)."""
+    """The segments of the text's first ``chars`` characters: the one across the cut is cut short, those
+    past it are kept empty, so a message past the cut spans no token at the end (as it does when the
+    whole text is tokenized and its ids are cut)."""
     out, pos = [], 0
     for s in segments:
-        if pos >= chars:
-            break
-        out.append(s if pos + len(s.text) <= chars else Segment(s.text[: chars - pos], s.index, s.trained))
+        out.append(s if pos + len(s.text) <= chars else Segment(s.text[: max(chars - pos, 0)], s.index, s.trained))
         pos += len(s.text)
     return out
 
