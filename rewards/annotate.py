@@ -21,7 +21,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from align.data.records import passing_skips, record_id, skip_reason, validate_prompt
+from align.data.records import passing_skips, skip_reason, skip_row_id, validate_prompt
 from align.errors import InputError, RecordError
 from align.jobs import JobResult, run_job
 from rewards.base import RewardProvider, Score, checked
@@ -33,9 +33,7 @@ def validate_for_annotation(record: Mapping[str, Any], index: int, reference_fie
     """A prompt, a non-empty list of completions with string `text`, and the reference if needed; a skip row
     (a stage before could not make its completions: ``skip_reason``) needs only its id."""
     if skip_reason(record) is not None:  # passed on as it came, so it must still say which prompt it stands for
-        if not isinstance(record.get("id"), str) or not record["id"]:
-            raise RecordError(record_id(record, index), "id", "a skip row needs the id of the prompt it stands for "
-                              f"(skip_reason: {skip_reason(record)!r:.80})")
+        skip_row_id(record, index)
         return
     validate_prompt(record, index)
     rid = record["id"]  # validate_prompt made sure of it

@@ -133,13 +133,19 @@ def test_int_rewards_that_are_one_float_are_a_tie():
 
 
 def test_upstream_skip_rows_pass_with_their_reason_and_the_rest_is_paired():
-    upstream = [{"id": "u", SKIP_FIELD: "sampling failed"}, {SKIP_FIELD: "no prompt"}]
-    pairs, skips = make_pairs([upstream[0], upstream[1], record("a", [0.0, 1.0])], seed=0)
-    assert skips == [
-        {"id": "u", "reason": "sampling failed", "upstream": True},
-        {"id": "<row 1>", "reason": "no prompt", "upstream": True},
-    ]
+    upstream = {"id": "u", SKIP_FIELD: "sampling failed"}
+    pairs, skips = make_pairs([upstream, record("a", [0.0, 1.0])], seed=0)
+    assert skips == [{"id": "u", "reason": "sampling failed", "upstream": True}]
     assert [p["id"] for p in pairs] == ["a"]
+
+
+@pytest.mark.parametrize("bad_id", [None, "", 7])
+def test_an_upstream_skip_row_without_an_id_is_refused_naming_the_row(bad_id):
+    """The skip row is passed on and matched to its prompt by id downstream: without one it is refused here,
+    not written as an id no stage after could match."""
+    row = {SKIP_FIELD: "no prompt"} if bad_id is None else {"id": bad_id, SKIP_FIELD: "no prompt"}
+    with pytest.raises(RecordError, match=r"<row 1>.*'id'.*a skip row needs the id.*no prompt"):
+        make_pairs([record("a", [0.0, 1.0]), row], seed=0)
 
 
 def test_a_duplicate_id_names_both_rows():

@@ -43,7 +43,7 @@ from typing import Any
 from align.chat.formats import get_format
 from align.chat.template import TOKENIZER_FORMAT
 from align.data.quantiles import quantile_rewards
-from align.data.records import record_id, skip_reason, validate_rewards, with_completion_defaults
+from align.data.records import skip_reason, skip_row_id, validate_rewards, with_completion_defaults
 from align.errors import ConfigError, InputError, RecordError
 
 __all__ = ["TRUNCATED_POLICIES", "Pair", "Skip", "is_truncated", "make_pairs", "select_pair",
@@ -398,7 +398,7 @@ def make_pairs(
     for index, record in enumerate(records):
         upstream = skip_reason(record)
         if upstream is not None:  # a stage before could not make this row: recorded here with its reason
-            rid = record_id(record, index)
+            rid = skip_row_id(record, index)
             if rid in seen:
                 raise RecordError(rid, "id", f"duplicate id (rows {seen[rid]} and {index})")
             seen[rid] = index

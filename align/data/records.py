@@ -256,6 +256,16 @@ def skip_reason(row: Mapping[str, Any]) -> str | None:
     return reason if isinstance(reason, str) and reason else None
 
 
+def skip_row_id(record: Mapping[str, Any], index: int) -> str:
+    """A skip row's id: a skip row is passed on as it came, and the stages after match it to its prompt by
+    that id, so one without an id is refused where it is first read."""
+    rid = record.get("id")
+    if not isinstance(rid, str) or not rid:
+        raise RecordError(record_id(record, index), "id", "a skip row needs the id of the prompt it stands for "
+                          f"(skip_reason: {skip_reason(record)!r:.80})")
+    return rid
+
+
 def passing_skips(process: Callable[[list[dict]], list[dict]]) -> Callable[[list[dict]], list[dict]]:
     """``process`` over the rows of a batch that are not skip rows; each skip row passes on unchanged, in its
     place (a stage never fails on, nor works on, a row a stage before it could not make)."""
