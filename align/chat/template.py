@@ -155,6 +155,11 @@ def _check_generation_prompt(tokenizer: Any, enable_thinking: bool) -> None:
     prompted = _probe_render(tokenizer, user, enable_thinking=enable_thinking, add_generation_prompt=True)
     answered = _probe_render(tokenizer, user + [{"role": "assistant", "content": _PROBE}],
                              enable_thinking=enable_thinking)
+    if answered.count(_PROBE) > 1:
+        raise ConfigError(
+            f"the chat template of {template_name(tokenizer)!r} writes an assistant's text more than once in its "
+            "turn, so where the turn starts and ends cannot be told and its tokens cannot be masked; use an "
+            "align.chat format (apertus, llama3, chatml)")
     at = answered.find(_PROBE)
     opener = answered[_shared_prefix(plain, answered):at] if at >= 0 else ""
     added = prompted[_shared_prefix(plain, prompted):]

@@ -13,7 +13,7 @@ import pytest
 
 from align.chat import encode
 from align.chat.encode import encode_completion
-from align.errors import InputError
+from align.errors import ConfigError, InputError
 from align.testing.tiny import build_tokenizer
 
 GOOD = ("{% for m in messages %}<|{{ m.role }}_start|>{{ m.content }}<|{{ m.role }}_end|>{% endfor %}"
@@ -73,3 +73,14 @@ def test_messages_past_the_cut_span_no_token_at_the_end(chat_format):
     assert whole.spans[1][0] > 3 and len(first.text) > 1000  # the assistant turns start past the cut
     assert first.spans == [(min(a, 3), min(b, 3)) for a, b in whole.spans]
     assert first.spans[1] == first.spans[3] == (3, 3)
+
+
+def test_a_template_that_writes_the_assistant_text_twice_is_refused():
+    """Where such a turn starts and ends cannot be told (the opener before the first copy, the end after the
+    last?), so the template is refused before any row is rendered; once is accepted."""
+    twice = GOOD.replace("{{ m.content }}<|{{ m.role }}_end|>",
+                         "{{ m.content }}{% if m.role == 'assistant' %} ({{ m.content }}){% endif %}<|{{ m.role }}_end|>")
+    with pytest.raises(ConfigError, match="writes an assistant's text more than once in its turn"):
+        encode_completion(with_template(twice), PROMPT, "yes", chat_format="tokenizer")
+    prompt_ids, completion_ids = encode_completion(with_template(GOOD), PROMPT, "yes", chat_format="tokenizer")
+    assert completion_ids
