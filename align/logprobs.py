@@ -201,8 +201,8 @@ def row_text_hashes(record: Mapping[str, Any], names: Sequence[str]) -> dict[str
 
 
 def pass_settings(tokenizer: Any, *, chat_format: str, chat_date: Any, enable_thinking: bool,
-                  max_length: int | None, truncated: str, tokenizer_fp: str | None = None,
-                  over_max_length: str = "exclude") -> dict[str, Any]:
+                  max_length: int | None, truncated: str, over_max_length: str,
+                  tokenizer_fp: str | None = None) -> dict[str, Any]:
     """The settings that decide the token ids, as the pass records them (the date resolved: None is today)."""
     return {"chat_format": chat_format, "chat_date": date_text(chat_date), "enable_thinking": bool(enable_thinking),
             "max_length": max_length, "over_max_length": over_max_length, "truncated": truncated,

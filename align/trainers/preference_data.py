@@ -142,7 +142,8 @@ def prepare_row(row: Mapping[str, Any], index: int, tokenizer: Any, config: Any,
     if need_ref:
         check_ref_tokens(row, encoded, rid, lambda: pass_settings(
             tokenizer, chat_format=config.chat_format, chat_date=config.chat_date,
-            enable_thinking=config.enable_thinking, max_length=config.max_length, truncated=config.truncated))
+            enable_thinking=config.enable_thinking, max_length=config.max_length, truncated=config.truncated,
+            over_max_length=config.over_max_length))
         _check_ref_lengths(row, encoded, rid)
         out["ref_chosen_logps"] = float(row["ref_chosen_logps"])
         out["ref_rejected_logps"] = float(row["ref_rejected_logps"])
