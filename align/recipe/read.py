@@ -118,7 +118,7 @@ def read_recipe(source: str | Path | Mapping[str, Any], overrides: Sequence[str]
     check_outputs(steps)
     check_graph(steps, settings.defaults, config_class)
     _check_slurm_names(settings, steps)
-    steps = steps[: _stop_index(settings, steps) + 1]
+    steps = _stop_after(settings, steps)
     return Recipe(settings, steps, config_class, where, "pipeline", devices, data)
 
 
@@ -187,17 +187,12 @@ def _graph_steps(settings: PipelineSettings, base: Path, config_class: ConfigCla
     if settings.rounds is None:
         outputs = _outputs(settings, raw, list(raw))
         return _with_needs([_graph_step(name, raw[name], outputs) for name in raw])
-    order = _raw_order(settings, raw)
+    order = _raw_order(raw)
     outputs = _outputs(settings, raw, order, rounds=True)
-    once, repeated = graph_rounds(settings, raw, outputs, order)
+    once, initial, repeated = graph_rounds(settings, raw, outputs, order)
     once_outputs = {name: outputs[name] for name in once}
-    steps: list[Step] = []
-    for name in once:
-        tokens_here = None
-        if references_in(raw[name]) & {"initial", "reference"}:  # π₀ (and, under reference: initial, π_ref)
-            initial = resolve_references(settings.initial_policy, once_outputs, "initial_policy")
-            tokens_here = {"initial": initial, **({"reference": initial} if settings.reference == "initial" else {})}
-        steps.append(_graph_step(name, raw[name], once_outputs, tokens_here))
+    # π₀: a step that runs once reads @reference only under reference: initial (else it would run every round)
+    steps = [_graph_step(name, raw[name], once_outputs, {"initial": initial, "reference": initial}) for name in once]
     for k, name, keys in repeated:
         steps.append(Step(f"round-{k}.{name}", raw[name]["stage"], keys, k, (), f"round {k}", base=name))
     return _with_needs(steps)
@@ -225,7 +220,7 @@ def _outputs(settings: PipelineSettings, raw: Mapping[str, dict[str, Any]], orde
     return out
 
 
-def _raw_order(settings: PipelineSettings, raw: Mapping[str, dict[str, Any]]) -> list[str]:
+def _raw_order(raw: Mapping[str, dict[str, Any]]) -> list[str]:
     """The steps of a graph with rounds in an order where each comes after the steps it names (``@NAME``)."""
     steps = [Step(name, str(keys.get("stage")), {}, needs=tuple(sorted(references_in(keys) & set(raw))))
              for name, keys in raw.items()]
@@ -238,8 +233,7 @@ def _graph_step(name: str, keys: dict[str, Any], outputs: Mapping[str, str | Non
     stage = keys["stage"]
     values = {k: v for k, v in keys.items() if k != "stage"}
     values = resolve_references(values, outputs, f"step {name!r}", tokens)
-    if "output_dir" not in values:
-        values["output_dir"] = outputs[name]
+    values["output_dir"] = outputs[name]  # its own output_dir (as a string), else the recipe's output_dir/NAME
     return Step(name, stage, values, base=name)
 
 
@@ -281,22 +275,21 @@ def _check_slurm_names(settings: PipelineSettings, steps: list[Step]) -> None:
                           f"{sorted({s.base or s.name for s in steps})})")
 
 
-def _stop_index(settings: PipelineSettings, steps: list[Step]) -> int:
-    """The index of the last step to run: ``stop_after`` names a step, a stage or (with rounds) a round."""
+def _stop_after(settings: PipelineSettings, steps: list[Step]) -> list[Step]:
+    """The steps to run: up to the one ``stop_after`` names (a step, a stage or, with rounds, a round)."""
     wanted = settings.stop_after
     if wanted is None:
-        return len(steps) - 1
+        return steps
     for i, step in enumerate(steps):
         if wanted in (step.name, step.stage, step.base):
             last = i
-            while last + 1 < len(steps) and steps[last + 1].phase and steps[last + 1].base == step.base \
-                    and steps[last + 1].round == step.round:
-                last += 1  # an evaluate step's KL and report jobs belong to it
-            return last
+            while last + 1 < len(steps) and steps[last + 1].phase:
+                last += 1  # an evaluate step's KL and report jobs, which follow it, belong to it
+            return steps[: last + 1]
     rounds = [i for i, step in enumerate(steps) if step.round is not None and f"round-{step.round}" == wanted]
     if rounds:
-        return rounds[-1]
+        return steps[: rounds[-1] + 1]
     if wanted in SECTIONS:  # a stage this recipe does not run: nothing to stop at
-        return len(steps) - 1
+        return steps
     allowed = [s.name for s in steps] + sorted({f"round-{s.round}" for s in steps if s.round})
     raise ConfigError(f"stop_after: {wanted!r} is not one of {allowed}")

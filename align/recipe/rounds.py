@@ -164,8 +164,8 @@ def per_round(steps: dict[str, dict[str, Any]], reference: str) -> set[str]:
 
 
 def graph_rounds(settings: PipelineSettings, raw: dict[str, dict[str, Any]], outputs: dict[str, str | None],
-                 order: list[str]) -> tuple[list[str], list[tuple[int, str, dict[str, Any]]]]:
-    """(the steps that run once, [(round, step name, keys with every reference resolved)] for every round).
+                 order: list[str]) -> tuple[list[str], str, list[tuple[int, str, dict[str, Any]]]]:
+    """(the steps that run once, π₀, [(round, step name, keys with every reference resolved)] for every round).
 
     ``outputs`` holds each once-step's output directory; ``raw`` each step's keys as written.
     """
@@ -216,4 +216,4 @@ def graph_rounds(settings: PipelineSettings, raw: dict[str, dict[str, Any]], out
             keys["output_dir"] = here[name]
             result.append((k, name, keys))
         policy = here[policy_step]
-    return once, result
+    return once, initial, result
