@@ -212,8 +212,9 @@ def clean_sft_dataset(
         kept, dropped = filter_identity(dataset, keywords)
         summary["identity_dropped"] = len(dropped)
         if len(dropped):
-            examples = "; ".join(f"row {i}: {reason}" for i, reason in
-                                 zip(dropped["row_index"][:3], dropped["drop_reason"][:3]))
+            first = dropped[:3]  # the first three dropped rows, as columns
+            examples = "; ".join(f"row {i}: {reason}"
+                                 for i, reason in zip(first["row_index"], first["drop_reason"]))
             logger.warning("SFT identity filter: dropped %d of %d rows, e.g. %s", len(dropped), len(dataset),
                            examples)
         dataset = kept
@@ -455,7 +456,7 @@ def normalize_sft_input(source: str | Path, cache_dir: str | Path, *, chat_forma
 
 
 def load_sft_dataset(
-    source: Dataset | str | Sequence[Mapping[str, Any]],
+    source: Dataset | str | Path | Sequence[Mapping[str, Any]],
     split: str = "train",
     *,
     cache_dir: str | Path | None = None,
@@ -472,18 +473,15 @@ def load_sft_dataset(
     """
     if isinstance(source, Dataset):
         return source
-    if isinstance(source, str):
+    if isinstance(source, (str, Path)):  # a Path is read like its text: a .parquet file as Parquet
         from datasets import load_dataset
 
-        kind = "parquet" if source.endswith(".parquet") else "json"
+        from align.io.records import data_suffix
+
+        source = str(source)
+        kind = "parquet" if data_suffix(source) == ".parquet" else "json"
         with loading("input", source):
             return load_dataset(kind, data_files=source, split=split)
-    if isinstance(source, Path):
-        source = str(source)
-        from datasets import load_dataset
-
-        with loading("input", source):
-            return load_dataset("json", data_files=source, split=split)
     if isinstance(source, Sequence):
         rows = source
         if not any("messages" in row for row in rows):  # pre-tokenized rows (input_ids + labels)
