@@ -63,16 +63,21 @@ if _EARLY and not _SHARED:  # a plugin imported them before this file: they read
 if "MUTANT_UNDER_TEST" in os.environ:
     # `datasets` fingerprints each Dataset.map by hashing its function with dill. Under mutmut's
     # trampolines that hash walks every mutant of every module the function reaches (minutes per
-    # map). The tests keep no datasets cache between runs, so a random fingerprint changes nothing
-    # they check; outside mutation testing the library's own hashing runs as users get it.
+    # map). Each map gets a fingerprint of its own instead, from the OS's randomness: mutmut forks
+    # every test run from one parent, so a seeded generator would hand two runs the same "random"
+    # fingerprint, and a file-backed dataset would read another map's cached result (a failure no
+    # mutant caused, counted as a kill). Outside mutation testing the library's hashing runs as
+    # users get it.
+    import uuid
+
     import datasets.arrow_dataset
     import datasets.fingerprint
 
-    def _random_fingerprint(fingerprint, transform, transform_args):
-        return datasets.fingerprint.generate_random_fingerprint()
+    def _unique_fingerprint(fingerprint, transform, transform_args):
+        return uuid.uuid4().hex[:16]
 
-    datasets.fingerprint.update_fingerprint = _random_fingerprint
-    datasets.arrow_dataset.update_fingerprint = _random_fingerprint
+    datasets.fingerprint.update_fingerprint = _unique_fingerprint
+    datasets.arrow_dataset.update_fingerprint = _unique_fingerprint
 
 
 def pytest_unconfigure(config):
