@@ -292,7 +292,7 @@ def _a_cycle(names: list[str], waiting: Mapping[str, set[str]]) -> list[str]:
         path.append(nxt)
 
 
-def expand_phases(step: Step, config_class: ConfigClass) -> list[Step]:
+def expand_phases(step: Step) -> list[Step]:
     """An evaluate step whose KL models are partitioned (``kl_sharding: zero3``) is three jobs: generate
     and score (an array), the KL step (a launch, ``kl_only``), then the report (one task)."""
     if step.stage != "evaluate" or step.keys.get("kl_sharding") != "zero3" or step.keys.get("kl") is False \

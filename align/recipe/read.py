@@ -107,14 +107,14 @@ def read_recipe(source: str | Path | Mapping[str, Any], overrides: Sequence[str]
         expanded = {name: _step_keys(name, keys, base, tuple(STAGES)) for name, keys in settings.steps.items()}
         settings.steps = expanded
         data = {**data, "steps": expanded}
-        steps = _graph_steps(settings, base, config_class)
+        steps = _graph_steps(settings)
     else:
         if extra_sections and settings.rounds is not None:
             raise ConfigError(f"rounds: the sections {sorted(extra_sections)} run once; a recipe with rounds has the "
                               f"sections {list(SECTIONS)}")
         steps = _section_steps(settings, config_class, extra_sections)
     check_defaults(settings.defaults, steps, config_class)
-    steps = [phase for step in steps for phase in expand_phases(step, config_class)]
+    steps = [phase for step in steps for phase in expand_phases(step)]
     check_outputs(steps)
     check_graph(steps, settings.defaults, config_class)
     _check_slurm_names(settings, steps)
@@ -172,7 +172,7 @@ def _step_keys(name: str, keys: Any, base: Path, stages: Sequence[str]) -> dict[
     return out
 
 
-def _graph_steps(settings: PipelineSettings, base: Path, config_class: ConfigClass) -> list[Step]:
+def _graph_steps(settings: PipelineSettings) -> list[Step]:
     raw = dict(settings.steps or {})  # each step's keys, its from: file merged in
     if not raw:
         raise ConfigError("steps: give at least one step")
