@@ -18,13 +18,14 @@ from align.trainers.common import (
     check_optimizer_fields,
     library_checks,
 )
+from align.trainers.checkpointing import RecomputeFields, check_recompute_fields
 from align.trainers.guards import CheckpointFields, check_checkpoint_fields
 
 REFERENCE_MODES = ("precomputed", "model", "adapter")
 
 
 @dataclass
-class PreferenceConfig(ModelFields, LoraFields, OptimizerFields, CheckpointFields, TrainingArguments):
+class PreferenceConfig(ModelFields, LoraFields, OptimizerFields, CheckpointFields, RecomputeFields, TrainingArguments):
     r"""Configuration of [`PreferenceTrainer`]: QRPO or DPO on pair rows (docs/method.md, QRPO; DPO and length-normalised DPO).
 
     Only the fields below are specific to preference training; every
@@ -200,6 +201,7 @@ class PreferenceConfig(ModelFields, LoraFields, OptimizerFields, CheckpointField
         check_lora_fields(self)
         check_optimizer_fields(self)
         check_checkpoint_fields(self)
+        check_recompute_fields(self)
         with library_checks(self):
             super().__post_init__()
 

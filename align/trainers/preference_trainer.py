@@ -48,6 +48,7 @@ from align.scoring.block_attention import (
     wants_block_attention,
 )
 from align.trainers.callbacks import bind_callbacks
+from align.trainers.checkpointing import SelectiveCheckpointing
 from align.trainers.common import (
     accumulation_from_global_batch,
     create_optimizer,
@@ -151,6 +152,8 @@ class PreferenceTrainer(Trainer):
         self.target_watch = TargetWatch(args.target_margin if args.loss is LossType.QRPO else None)
         self.add_callback(StopOnRequest())  # before CheckpointRecords: the save it asks for is noted
         self.add_callback(CheckpointRecords(args.save_every_minutes))
+        if args.checkpoint_modules != "layer":
+            self.add_callback(SelectiveCheckpointing(args.checkpoint_modules))
         bind_callbacks(self)
         self._log_derived_numbers()
 

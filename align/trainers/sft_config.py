@@ -25,6 +25,7 @@ from align.trainers.common import (
     check_optimizer_fields,
     library_checks,
 )
+from align.trainers.checkpointing import RecomputeFields, check_recompute_fields
 from align.trainers.guards import CheckpointFields, check_checkpoint_fields
 
 __all__ = ["APERTUS_SFT_SIZES", "SFTConfig", "apertus_sft_defaults", "checkpointing_field"]
@@ -86,7 +87,7 @@ def apertus_sft_defaults(size: str = "8b") -> dict[str, Any]:
 
 
 @dataclass
-class SFTConfig(ModelFields, LoraFields, OptimizerFields, CheckpointFields, TRLSFTConfig):
+class SFTConfig(ModelFields, LoraFields, OptimizerFields, CheckpointFields, RecomputeFields, TRLSFTConfig):
     """TRL's `SFTConfig` plus the Apertus chat format, loss weighting, data hygiene and the
     model, LoRA and optimizer keys shared with `PreferenceConfig` (`align.trainers.common`).
 
@@ -198,6 +199,7 @@ class SFTConfig(ModelFields, LoraFields, OptimizerFields, CheckpointFields, TRLS
         check_lora_fields(self)
         check_optimizer_fields(self)
         check_checkpoint_fields(self)
+        check_recompute_fields(self)
         if self.global_batch_size is not None and self.global_batch_size < 1:
             raise ConfigError(
                 f"global_batch_size must be a positive int, got {self.global_batch_size}"

@@ -44,6 +44,7 @@ from trl import SFTTrainer as TRLSFTTrainer
 from align.chat import install_format
 from align.errors import ConfigError, loading
 from align.trainers.callbacks import bind_callbacks
+from align.trainers.checkpointing import SelectiveCheckpointing
 from align.trainers.common import (
     accumulation_from_global_batch,
     create_optimizer,
@@ -201,6 +202,8 @@ class SFTTrainer(TRLSFTTrainer):
         self.prompt_loss_weight = float(args.prompt_loss_weight)
         self.add_callback(StopOnRequest())  # before CheckpointRecords: the save it asks for is noted
         self.add_callback(CheckpointRecords(args.save_every_minutes))
+        if args.checkpoint_modules != "layer":
+            self.add_callback(SelectiveCheckpointing(args.checkpoint_modules))
         bind_callbacks(self)
 
     @staticmethod
