@@ -270,6 +270,7 @@ class _BatchScorer:
         self.binding = binding
         self.device = next(model.parameters()).device
         self.num_skipped = self.num_cut = 0  # rows of this run over max_length: excluded / cut
+        self._tokens: dict[Any, int] = {}  # row id -> its tokens (the sort and the token budget both ask)
 
     def encode(self, record: Mapping[str, Any], cut: list[str] | None = None) -> dict[str, list[int]] | str:
         """The row's token ids, or the reason it is excluded (over ``max_length``)."""
@@ -278,10 +279,17 @@ class _BatchScorer:
         except OverMaxLengthError as error:
             return error.reason
 
+    def tokens(self, record: Mapping[str, Any]) -> int:
+        """The row's tokens (prompt and completions; 0 for a row not scored), counted once per row id."""
+        key = record.get("id")
+        if key not in self._tokens:
+            encoded = self.encode(record)
+            self._tokens[key] = 0 if isinstance(encoded, str) else sum(len(v) for v in encoded.values())
+        return self._tokens[key]
+
     def length(self, record: Mapping[str, Any]) -> int:
         """Sort key: the row's total tokens, longest first (an out-of-memory shows up at once)."""
-        encoded = self.encode(record)
-        return 0 if isinstance(encoded, str) else -sum(len(v) for v in encoded.values())
+        return -self.tokens(record)
 
     def _skipped(self, record: Mapping[str, Any], reason: str) -> dict[str, Any]:
         """A row the pass does not score: written with its reason (``ref_skip``) and no log-probs."""
@@ -358,6 +366,7 @@ def compute_ref_logprobs(
     *,
     chat_format: str = "apertus",
     batch_size: int = 16,
+    batch_tokens: int | None = None,
     max_length: int | None = 4096,
     output_dir: str | Path,
     enable_thinking: bool = False,
@@ -376,7 +385,9 @@ def compute_ref_logprobs(
     """Score shard ``shard_index`` of ``num_shards`` of ``records`` into ``output_dir`` (resumable).
 
     Rows are sorted by token count (longest first) and scored ``batch_size`` rows at a
-    time; each output row is the input row plus the reference columns. Read the merged
+    time; with ``batch_tokens``, a batch also holds no more than that many tokens (rows ×
+    its longest row's prompt and completions), so short rows go many to a forward and long
+    ones few, at an even memory. Each output row is the input row plus the reference columns. Read the merged
     result with ``load_ref_logprobs(output_dir, records)``. ``cache_fields`` (from
     ``cache_fields_for``) saves recomputing the fingerprints when the caller has them.
     ``truncated``: as in ``encode_record`` (and the trainer's ``truncated``, which must match).
@@ -423,7 +434,8 @@ def compute_ref_logprobs(
         model.eval()
         try:
             job = run_job(records, scorer, output_dir, shard_index=shard_index, num_shards=num_shards,
-                          batch_size=batch_size, sort_key=scorer.length,
+                          batch_size=batch_size, batch_tokens=batch_tokens, size_key=scorer.tokens,
+                          sort_key=scorer.length,
                           desc=f"ref log-probs {shard_index}/{num_shards}", fingerprint={"cache_key": key, **fields})
             finish_forwards(model)  # a model partitioned over ranks: forward in step until every shard is done
         finally:
