@@ -144,12 +144,31 @@ def _round_up(value: int, multiple: int | None) -> int:
     return value if not multiple else -(-value // multiple) * multiple
 
 
+BUCKET_BLOCK = 128  # FlexAttention's tile: a bucket is a whole number of tiles
+
+
+def bucket_width(tokens: int) -> int:
+    """The length bucket of a batch ``tokens`` wide: the next multiple of 128 whose count of 128-token tiles
+    has at most three significant bits (128, 256, 384, 512, 640, 768, 896, 1024, 1280, ...): four buckets
+    per doubling, at most a quarter of padding, about 30 shapes up to 32k tokens. A compiled kernel that
+    specializes on the shape (FlexAttention under transformers) compiles once per bucket, not per batch."""
+    tiles = max(1, -(-tokens // BUCKET_BLOCK))
+    shift = max(0, tiles.bit_length() - 3)
+    return -(-tiles // (1 << shift)) * (1 << shift) * BUCKET_BLOCK  # the tiles rounded up to three bits
+
+
+def _width(tokens: int, multiple: int | None, buckets: bool) -> int:
+    """A batch's padded width: its length bucket (``buckets``), else rounded up to ``multiple``."""
+    return _round_up(bucket_width(tokens), multiple) if buckets else _round_up(tokens, multiple)
+
+
 def collate_padded(
-    sequences: Sequences, *, pad_token_id: int, pad_to_multiple_of: int | None = None
+    sequences: Sequences, *, pad_token_id: int, pad_to_multiple_of: int | None = None, length_buckets: bool = False
 ) -> dict[str, torch.Tensor]:
-    """One right-padded row per sequence with a 2D attention mask (see the module example)."""
+    """One right-padded row per sequence with a 2D attention mask (see the module example); ``length_buckets``:
+    the width is a length bucket (``bucket_width``)."""
     _check_sequences(sequences)
-    width = _round_up(max(len(p) + len(c) for p, c in sequences), pad_to_multiple_of)
+    width = _width(max(len(p) + len(c) for p, c in sequences), pad_to_multiple_of, length_buckets)
     rows = len(sequences)
     input_ids = torch.full((rows, width), pad_token_id, dtype=torch.long)
     labels = torch.full((rows, width), IGNORE_INDEX, dtype=torch.long)
@@ -215,6 +234,7 @@ def collate_padding_free(
     mask_dtype: torch.dtype | None = None,
     max_row_tokens: int | None = None,
     pad_to_multiple_of: int | None = None,
+    length_buckets: bool = False,
 ) -> dict[str, Any]:
     """Concatenate sequences into rows with restarting ``position_ids`` (see the module example).
 
@@ -226,7 +246,8 @@ def collate_padding_free(
     more than in the padded layout while the short sequences fill the rows' padding (a
     sequence longer than the budget gets a row of its own). Tail padding of a row forms
     its own causal block, so no query row of the mask is empty (an all-masked row gives
-    NaN in ``sdpa``).
+    NaN in ``sdpa``). ``length_buckets``: the rows' width is a length bucket (``bucket_width``;
+    not for FlashAttention, whose one row is never padded).
     """
     _check_sequences(sequences)
     flash = is_flash_attention(attn_implementation)
@@ -241,7 +262,8 @@ def collate_padding_free(
     budget = max(sizes) if max_row_tokens is None else max_row_tokens
     rows = pack_rows(sizes, None if flash else budget)
     # varlen kernels need no padding (a pad tail would be one more "sequence" to them)
-    width = sum(sizes) if flash else _round_up(max(sum(sizes[i] for i in row) for row in rows), pad_to_multiple_of)
+    width = sum(sizes) if flash else _width(max(sum(sizes[i] for i in row) for row in rows), pad_to_multiple_of,
+                                            length_buckets)
     shape = (len(rows), width)
     input_ids = torch.full(shape, pad_token_id, dtype=torch.long)
     labels = torch.full(shape, IGNORE_INDEX, dtype=torch.long)
@@ -325,6 +347,7 @@ def collate_prefix_shared(
     padding_free: bool = True,
     max_row_tokens: int | None = None,
     pad_to_multiple_of: int | None = None,
+    length_buckets: bool = False,
 ) -> dict[str, Any]:
     """Each prompt once, its completions after it (see the module's prefix-shared example).
 
@@ -332,7 +355,7 @@ def collate_prefix_shared(
     index (default: numbered in order), which orders ``lengths`` and the scores of
     ``completion_logps``. ``padding_free`` packs groups into rows of ``max_row_tokens``
     (None: the longest group's tokens) as ``collate_padding_free`` packs sequences; else one
-    group per row. ``mask_dtype`` as in ``collate_padding_free``.
+    group per row. ``mask_dtype`` and ``length_buckets`` as in ``collate_padding_free``.
     """
     if sequence_ids is None:
         counts = [len(completions) for _, completions in groups]
@@ -354,7 +377,7 @@ def collate_prefix_shared(
         rows = pack_rows(sizes, max(sizes) if max_row_tokens is None else max_row_tokens)
     else:
         rows = [[g] for g in range(len(groups))]
-    width = _round_up(max(sum(sizes[g] for g in row) for row in rows), pad_to_multiple_of)
+    width = _width(max(sum(sizes[g] for g in row) for row in rows), pad_to_multiple_of, length_buckets)
     shape = (len(rows), width)
     input_ids = torch.full(shape, pad_token_id, dtype=torch.long)
     position_ids = torch.zeros(shape, dtype=torch.long)
@@ -447,6 +470,9 @@ class SequenceCollator:
         attention_blocks: batches with a 4D mask also carry ``attention_blocks``, each row's
             independent column spans, for ``sdpa_blocks`` attention
             (``align.scoring.block_attention``).
+        length_buckets: pad each batch's width up to its length bucket (``bucket_width``), so
+            a kernel compiled per shape compiles per bucket; None: on for FlexAttention (which
+            transformers compiles for static shapes), off elsewhere (padding would only cost).
     """
 
     pad_token_id: int
@@ -457,8 +483,11 @@ class SequenceCollator:
     pad_to_multiple_of: int | None = None
     prefix_sharing: bool = False
     attention_blocks: bool = False
+    length_buckets: bool | None = None
 
     def __post_init__(self) -> None:
+        if self.length_buckets is None:
+            self.length_buckets = self.attn_implementation == FLEX_ATTENTION
         if (self.padding_free or self.prefix_sharing) and self.attn_implementation == "eager" \
                 and self.mask_dtype is None:
             self.mask_dtype = torch.float32
@@ -478,7 +507,7 @@ class SequenceCollator:
     def _collate(self, sequences: Sequences) -> dict[str, Any]:
         if not self.padding_free:
             return collate_padded(sequences, pad_token_id=self.pad_token_id,
-                                  pad_to_multiple_of=self.pad_to_multiple_of)
+                                  pad_to_multiple_of=self.pad_to_multiple_of, length_buckets=self.length_buckets)
         return collate_padding_free(
             sequences,
             pad_token_id=self.pad_token_id,
@@ -486,6 +515,7 @@ class SequenceCollator:
             mask_dtype=self.mask_dtype,
             max_row_tokens=self.max_row_tokens,
             pad_to_multiple_of=self.pad_to_multiple_of,
+            length_buckets=self.length_buckets,
         )
 
     def collate_groups(self, groups: Groups, sequence_ids: Sequence[Sequence[int]] | None = None) -> dict[str, Any]:
@@ -498,7 +528,7 @@ class SequenceCollator:
                 groups, pad_token_id=self.pad_token_id, sequence_ids=sequence_ids,
                 attn_implementation=self.attn_implementation, mask_dtype=self.mask_dtype,
                 padding_free=self.padding_free, max_row_tokens=self.max_row_tokens,
-                pad_to_multiple_of=self.pad_to_multiple_of))
+                pad_to_multiple_of=self.pad_to_multiple_of, length_buckets=self.length_buckets))
         flat = [((prompt, completion), index) for (prompt, completions), ids
                 in zip(groups, sequence_ids or [[None] * len(c) for _, c in groups])
                 for completion, index in zip(completions, ids)]

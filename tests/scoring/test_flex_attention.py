@@ -40,8 +40,9 @@ MODEL_GROUPS = [([t + 3 for t in prompt], tuple([t + 3 for t in c] for c in comp
 
 
 def collate(attn: str, *, padding_free: bool, prefix_sharing: bool, max_row_tokens: int | None = None):
+    """The groups in a layout at their own width (no length buckets: sdpa's and flex's batches compare)."""
     return SequenceCollator(0, padding_free=padding_free, attn_implementation=attn, prefix_sharing=prefix_sharing,
-                            max_row_tokens=max_row_tokens).collate_groups(GROUPS)
+                            max_row_tokens=max_row_tokens, length_buckets=False).collate_groups(GROUPS)
 
 
 LAYOUTS = [
