@@ -239,13 +239,16 @@ def worker_logps_align(settings: dict) -> dict:
     shared = settings.get("prefix_sharing", "auto")
     blocks = settings.get("block_attention", False)
     output_dir = settings["ref_dir"] + f"-{shared}" + ("-blocks" if blocks else "") + settings.get("ref_suffix", "")
-    compute_ref_logprobs(rows, model, tokenizer, chat_format="apertus", batch_size=settings["batch_size"],
+    budget = settings.get("batch_tokens")  # a token budget: rows up to it, at most 8x the row batch
+    compute_ref_logprobs(rows, model, tokenizer, chat_format="apertus",
+                         batch_size=settings["batch_size"] * (8 if budget else 1), batch_tokens=budget,
                          max_length=settings["max_length"], output_dir=output_dir,
                          chat_date=DATE, model_fingerprint="bench", prefix_sharing=shared, block_attention=blocks)
     StepTimer._sync()
     seconds = time.perf_counter() - start
     name = "align log-prob pass" + (" (prompt per sequence)" if shared is False else " (prefix-shared)")
     name += ", block attention" if blocks else ""
+    name += f", {budget:,} tokens a batch" if budget else ""
     name += attention_label(settings)
     return _finish({"name": name, "seconds": seconds, "tokens_per_s": tokens / seconds, "kind": "pass"},
                    baseline, settings)
@@ -318,13 +321,16 @@ def worker_train_align(settings: dict) -> dict:
         train_sampling_strategy="sequential", use_cpu=not cuda, bf16=cuda, max_length=settings["max_length"],
         chat_date=DATE, loss_type="dpo", length_normalize=False, beta=0.1, optimizer="adamw",
         learning_rate=1e-6, padding_free=True, gradient_checkpointing=settings["checkpointing"],
+        checkpoint_modules=settings.get("checkpoint_modules", "layer"),
         prefix_sharing=settings.get("prefix_sharing", "auto"), block_attention=settings.get("block_attention", False))
     timer = StepTimer()
     trainer = PreferenceTrainer(_load(settings), config, train_dataset=data, processing_class=tokenizer,
                                 callbacks=[timer.callback])
     trainer.train()
     layout = ", prompt per sequence" if settings.get("prefix_sharing") is False else ", prefix-shared"
-    name = "align (precomputed ref, padding-free" + layout + (", checkpointing" if settings["checkpointing"] else "")
+    part = settings.get("checkpoint_modules", "layer")
+    name = "align (precomputed ref, padding-free" + layout + (
+        (", checkpointing" + ("" if part == "layer" else f" ({part} only)")) if settings["checkpointing"] else "")
     name += (", block attention" if settings.get("block_attention") else "") + attention_label(settings) + ")"
     return _train_result(name, timer, step_tokens, baseline, settings)
 
@@ -388,6 +394,8 @@ CONTENDERS = (  # key, worker, settings (align's defaults unless named: prefix-s
     ("train_align_per_sequence", "train_align", {"prefix_sharing": False, "checkpointing": False}),
     ("train_align", "train_align", {"prefix_sharing": "auto", "checkpointing": False}),
     ("train_align_ckpt", "train_align", {"prefix_sharing": "auto", "checkpointing": True}),
+    ("train_align_ckpt_mlp", "train_align", {"prefix_sharing": "auto", "checkpointing": True,
+                                             "checkpoint_modules": "mlp"}),
     ("train_align_blocks", "train_align", {"prefix_sharing": "auto", "checkpointing": False,
                                            "block_attention": True}),
 )
@@ -396,13 +404,20 @@ CONTENDERS = (  # key, worker, settings (align's defaults unless named: prefix-s
 GPU_CONTENDERS = (  # the GPU check (bench/gpu_check.sh): attention kernels and TRL's variants, most important first
     ("logps_trl", "logps_trl", {}),
     ("logps_align", "logps_align", {"prefix_sharing": "auto"}),
+    ("logps_align_tokens", "logps_align", {"prefix_sharing": "auto", "batch_tokens": 32768, "ref_suffix": "-tokens"}),
     ("train_trl", "train_trl", {}),
+    ("train_align_flex_ckpt_mlp", "train_align", {"prefix_sharing": "auto", "checkpointing": True,
+                                                  "checkpoint_modules": "mlp", "attn": "flex_attention"}),
     ("train_align_flex_ckpt", "train_align", {"prefix_sharing": "auto", "checkpointing": True,
                                               "attn": "flex_attention"}),
     ("train_align_flex", "train_align", {"prefix_sharing": "auto", "checkpointing": False, "attn": "flex_attention"}),
-    ("train_align_ckpt", "train_align", {"prefix_sharing": "auto", "checkpointing": True}),
     ("train_trl_precomputed", "train_trl", {"trl_variant": "precomputed"}),
     ("train_trl_liger", "train_trl", {"trl_variant": "liger"}),
+    ("train_align_flex_ckpt_attention", "train_align", {"prefix_sharing": "auto", "checkpointing": True,
+                                                        "checkpoint_modules": "attention", "attn": "flex_attention"}),
+    ("logps_align_flex_tokens", "logps_align", {"prefix_sharing": "auto", "attn": "flex_attention",
+                                                "batch_tokens": 32768, "ref_suffix": "-flex-tokens"}),
+    ("train_align_ckpt", "train_align", {"prefix_sharing": "auto", "checkpointing": True}),
     ("train_align", "train_align", {"prefix_sharing": "auto", "checkpointing": False}),
     ("logps_align_flex", "logps_align", {"prefix_sharing": "auto", "attn": "flex_attention", "ref_suffix": "-flex"}),
     ("train_align_flash", "train_align", {"prefix_sharing": "auto", "checkpointing": False,
