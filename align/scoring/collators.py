@@ -157,6 +157,32 @@ def bucket_width(tokens: int) -> int:
     return -(-tiles // (1 << shift)) * (1 << shift) * BUCKET_BLOCK  # the tiles rounded up to three bits
 
 
+def pad_to_bucket(batch: Mapping[str, Any], pad_token_id: int) -> dict[str, Any]:
+    """A (rows, L) batch made from elsewhere (TRL's SFT collator) padded on the right to its length bucket:
+    ``input_ids`` with the pad token, ``labels`` with -100, every other (rows, L) tensor (``position_ids``,
+    ``attention_mask``, masks) with 0, as TRL pads them; a padding-free batch's sequence bounds
+    (``cu_seq_lens_*``, ``max_length_*``, ``seq_idx``) made again for the new width, as TRL makes them."""
+    width = batch["input_ids"].shape[1]
+    extra = bucket_width(width) - width
+    if extra == 0:
+        return dict(batch)
+    fills = {"input_ids": pad_token_id, "labels": IGNORE_INDEX}
+    out = {}
+    for key, value in batch.items():
+        if isinstance(value, torch.Tensor) and value.dim() == 2 and value.shape[1] == width and key != "seq_idx":
+            value = torch.nn.functional.pad(value, (0, extra), value=fills.get(key, 0))
+        out[key] = value
+    if "cu_seq_lens_q" in batch:  # padding-free: each padding token starts a sequence (position 0), as TRL pads
+        starts = (out["position_ids"][0] == 0).nonzero().flatten()
+        bounds = torch.cat([starts, torch.tensor([out["position_ids"].shape[1]])]).to(torch.int32)
+        out["cu_seq_lens_q"], out["cu_seq_lens_k"] = bounds, bounds.clone()
+        out["max_length_q"] = out["max_length_k"] = int(bounds.diff().max())
+        if "seq_idx" in batch:
+            out["seq_idx"] = torch.repeat_interleave(torch.arange(bounds.numel() - 1, dtype=torch.int32),
+                                                     bounds.diff())[None]
+    return out
+
+
 def _width(tokens: int, multiple: int | None, buckets: bool) -> int:
     """A batch's padded width: its length bucket (``buckets``), else rounded up to ``multiple``."""
     return _round_up(bucket_width(tokens), multiple) if buckets else _round_up(tokens, multiple)

@@ -43,6 +43,9 @@ from trl import SFTTrainer as TRLSFTTrainer
 
 from align.chat import install_format
 from align.errors import ConfigError, loading
+from align.scoring.collators import pad_to_bucket
+from align.scoring.flex import FLEX_ATTENTION
+from align.scoring.logps import unwrap_model
 from align.trainers.callbacks import bind_callbacks
 from align.trainers.checkpointing import SelectiveCheckpointing
 from align.trainers.common import (
@@ -109,6 +112,17 @@ def check_padding_free(args: SFTConfig, attn_implementation: str | None) -> None
         f"{VARLEN_IMPLEMENTATIONS + POSITION_MASK_IMPLEMENTATIONS} (sdpa/eager need "
         "transformers >= 4.54), or set padding_free=False and packing=False"
     )
+
+
+class BucketedBatches:
+    """TRL's SFT collator with each batch padded to its length bucket (``align.scoring.collators.bucket_width``):
+    transformers compiles FlexAttention for static shapes, so a run compiles once per bucket, not per batch."""
+
+    def __init__(self, collator: Any, pad_token_id: int | None):
+        self.collator, self.pad_token_id = collator, 0 if pad_token_id is None else pad_token_id
+
+    def __call__(self, features: list[Any]) -> dict[str, Any]:
+        return pad_to_bucket(self.collator(features), self.pad_token_id)
 
 
 def token_weights(batch: dict[str, torch.Tensor], prompt_loss_weight: float) -> torch.Tensor:
@@ -198,6 +212,8 @@ class SFTTrainer(TRLSFTTrainer):
             callbacks=callbacks,
         )
         check_padding_free(args, getattr(self.model.config, "_attn_implementation", None))
+        if getattr(unwrap_model(self.model).config, "_attn_implementation", None) == FLEX_ATTENTION:
+            self.data_collator = BucketedBatches(self.data_collator, self.processing_class.pad_token_id)
         rebind_fused_forward(self.model)
         self.prompt_loss_weight = float(args.prompt_loss_weight)
         self.add_callback(StopOnRequest())  # before CheckpointRecords: the save it asks for is noted

@@ -110,3 +110,59 @@ def test_the_trainer_and_the_pass_bucket_on_flex(tiny_tokenizer):
     assert PreferenceTrainer._build_collator(model, tiny_tokenizer, args).length_buckets is True
     model = ARCHITECTURES["llama"](tiny_tokenizer, attn_implementation="sdpa")
     assert PreferenceTrainer._build_collator(model, tiny_tokenizer, args).length_buckets is False
+
+
+# --------------------------------------------------------------------------- SFT (TRL's collator)
+
+
+def sft_batches(tokenizer, padding_free: bool, pad_to_multiple_of: int | None = None):
+    """Two SFT examples as TRL's collator batches them, padding-free or padded."""
+    from trl.trainer.sft_trainer import DataCollatorForLanguageModeling
+
+    examples = [{"input_ids": [5, 6, 7, 8, 9, 10], "labels": [-100, -100, -100, 8, 9, 10]},
+                {"input_ids": [11, 12, 13, 14], "labels": [-100, -100, 13, 14]}]
+    collator = DataCollatorForLanguageModeling(pad_token_id=tokenizer.pad_token_id, padding_free=padding_free,
+                                               pad_to_multiple_of=pad_to_multiple_of)
+    return collator(examples)
+
+
+@pytest.mark.parametrize("padding_free", [True, False])
+def test_an_sft_batch_padded_to_its_bucket_is_the_batch_trl_pads_to_that_width(tiny_tokenizer, padding_free):
+    from align.scoring.collators import pad_to_bucket
+
+    batch = sft_batches(tiny_tokenizer, padding_free)
+    padded = pad_to_bucket(batch, tiny_tokenizer.pad_token_id)
+    expected = sft_batches(tiny_tokenizer, padding_free, pad_to_multiple_of=128)  # TRL's own padding, to 128
+    assert padded.keys() == expected.keys()
+    for key, value in expected.items():
+        if isinstance(value, torch.Tensor):
+            torch.testing.assert_close(padded[key], value, rtol=0, atol=0, msg=key)
+        else:
+            assert padded[key] == value, key
+    model = ARCHITECTURES["llama"](tiny_tokenizer, attn_implementation="sdpa").eval()
+    with torch.no_grad():
+        torch.testing.assert_close(model(**padded).loss, model(**batch).loss, rtol=0, atol=1e-6)
+
+
+@pytest.mark.parametrize("attn, bucketed", [(FLEX_ATTENTION, True), ("sdpa", False)])
+def test_the_sft_trainer_buckets_on_flex(tokenizer, tmp_path, attn, bucketed):
+    from datasets import Dataset
+
+    from align.chat import install_format
+    from align.trainers.sft_config import SFTConfig
+    from align.trainers.sft_trainer import BucketedBatches, SFTTrainer
+
+    install_format(tokenizer)
+    rows = Dataset.from_list([{"id": f"r{i}", "messages": [{"role": "user", "content": f"Say {i}."},
+                                                           {"role": "assistant", "content": f"{i}."}]}
+                              for i in range(4)])
+    args = SFTConfig(output_dir=str(tmp_path), use_cpu=True, bf16=False, report_to=[], max_steps=1,
+                     per_device_train_batch_size=2, chat_date="2025-09-01", max_length=512, packing=True,
+                     packing_strategy="bfd")
+    trainer = SFTTrainer(model=ARCHITECTURES["llama"](tokenizer, attn_implementation=attn), args=args,
+                         train_dataset=rows, processing_class=tokenizer)
+    assert isinstance(trainer.data_collator, BucketedBatches) is bucketed
+    features = [trainer.train_dataset[i] for i in range(min(2, len(trainer.train_dataset)))]
+    natural = getattr(trainer.data_collator, "collator", trainer.data_collator)(features)["input_ids"].shape[1]
+    width = trainer.data_collator(features)["input_ids"].shape[1]
+    assert width == (bucket_width(natural) if bucketed else natural) and natural % 128 != 0
