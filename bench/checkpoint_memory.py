@@ -35,16 +35,18 @@ def layer_model(args: argparse.Namespace):
 
 class Kept:
     """The storages autograd keeps for backward inside the decoder layers: saved tensors, and the inputs a
-    checkpoint holds to run its part again (each storage once)."""
+    checkpoint holds to run its part again (each storage once; the weights, which backward also reads, not)."""
 
-    def __init__(self) -> None:
+    def __init__(self, model: torch.nn.Module) -> None:
         self.storages: dict[int, int] = {}
         self.inside = False
+        self.weights = {p.untyped_storage().data_ptr() for p in model.parameters()}  # saved, but not activations
 
     def note(self, value) -> None:
         if isinstance(value, torch.Tensor):
             storage = value.untyped_storage()
-            self.storages[storage.data_ptr()] = storage.nbytes()
+            if storage.data_ptr() not in self.weights:
+                self.storages[storage.data_ptr()] = storage.nbytes()
         elif isinstance(value, (tuple, list)):
             for item in value:
                 self.note(item)
@@ -70,7 +72,8 @@ def kept_bytes(model, choice: str | None, tokens: int) -> int:
     """Bytes kept for backward per decoder layer over one forward, with ``choice`` checkpointed."""
     from align.trainers.checkpointing import checkpoint_parts
 
-    model, kept = copy.deepcopy(model), Kept()
+    model = copy.deepcopy(model)
+    kept = Kept(model)
     if choice is not None:
         model.activation_checkpointing_enable()
         for layer in model.model.layers:

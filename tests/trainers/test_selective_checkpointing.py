@@ -91,12 +91,14 @@ def test_only_the_part_chosen_is_recomputed_in_the_layers_chosen(llama, part, at
 
 
 def saved_bytes(model) -> int:
-    """Bytes autograd keeps for backward over one forward (each storage once)."""
+    """Bytes of activations autograd keeps for backward over one forward (each storage once, weights not)."""
     storages: dict[int, int] = {}
+    weights = {p.untyped_storage().data_ptr() for p in model.parameters()}
 
     def pack(tensor):
         storage = tensor.untyped_storage()
-        storages[storage.data_ptr()] = storage.nbytes()
+        if storage.data_ptr() not in weights:
+            storages[storage.data_ptr()] = storage.nbytes()
         return tensor
 
     with torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor):
