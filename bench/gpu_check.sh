@@ -11,8 +11,9 @@
 #   env.json                 device, driver, versions, whether flash-attn is installed
 #   tiny_apertus.json        SFT -> pass -> QRPO of a tiny Apertus on CUDA against CPU
 #   preference.json / .md    the preference bench at 1B bf16: align (sdpa masked, FlexAttention,
-#                            FlashAttention-2 where installed) against TRL's DPOTrainer (defaults,
-#                            precomputed reference, Liger) and the pass against TRL's precompute
+#                            FlashAttention-2 where installed; whole-layer and MLP-only checkpointing)
+#                            against TRL's DPOTrainer (defaults, precomputed reference, Liger), and the
+#                            pass (by rows and by a token budget) against TRL's precompute
 #   sharded_pass.json        the pass with the model whole and ZeRO-3-partitioned, world size 1
 #   gpu_check.json / .md     all of the above in one table (bench/gpu_check_report.py)
 # Each part has its own time limit, and a part that fails or runs out of time is reported as such.

@@ -418,6 +418,8 @@ GPU_CONTENDERS = (  # the GPU check (bench/gpu_check.sh): attention kernels and 
     ("logps_align_flex_tokens", "logps_align", {"prefix_sharing": "auto", "attn": "flex_attention",
                                                 "batch_tokens": 32768, "ref_suffix": "-flex-tokens"}),
     ("train_align_ckpt", "train_align", {"prefix_sharing": "auto", "checkpointing": True}),
+    ("train_align_ckpt_mlp", "train_align", {"prefix_sharing": "auto", "checkpointing": True,
+                                             "checkpoint_modules": "mlp"}),
     ("train_align", "train_align", {"prefix_sharing": "auto", "checkpointing": False}),
     ("logps_align_flex", "logps_align", {"prefix_sharing": "auto", "attn": "flex_attention", "ref_suffix": "-flex"}),
     ("train_align_flash", "train_align", {"prefix_sharing": "auto", "checkpointing": False,
