@@ -366,7 +366,7 @@ def compute_ref_logprobs(
     *,
     chat_format: str = "apertus",
     batch_size: int = 16,
-    batch_tokens: int | None = None,
+    max_batch_tokens: int | None = None,
     max_length: int | None = 4096,
     output_dir: str | Path,
     enable_thinking: bool = False,
@@ -385,11 +385,12 @@ def compute_ref_logprobs(
     """Score shard ``shard_index`` of ``num_shards`` of ``records`` into ``output_dir`` (resumable).
 
     Rows are sorted by token count (longest first) and scored ``batch_size`` rows at a
-    time; with ``batch_tokens``, a batch also holds no more than that many tokens (rows ×
-    its longest row's prompt and completions), so short rows go many to a forward and long
-    ones few, at an even memory. Each output row is the input row plus the reference columns. Read the merged
-    result with ``load_ref_logprobs(output_dir, records)``. ``cache_fields`` (from
-    ``cache_fields_for``) saves recomputing the fingerprints when the caller has them.
+    time; with ``max_batch_tokens``, a batch also holds no more than that many tokens (rows
+    × its longest row's prompt and completions), so short rows go many to a forward and
+    long ones few, at an even memory. Each output row is the input row plus the reference
+    columns. Read the merged result with ``load_ref_logprobs(output_dir, records)``.
+    ``cache_fields`` (from ``cache_fields_for``) saves recomputing the fingerprints when the
+    caller has them.
     ``truncated``: as in ``encode_record`` (and the trainer's ``truncated``, which must match).
     ``over_max_length``: a row over ``max_length`` is written unscored with ``ref_skip`` (its
     reason; ``"exclude"``, default) or scored on the completion's head (``"cut"``, counted);
@@ -434,7 +435,7 @@ def compute_ref_logprobs(
         model.eval()
         try:
             job = run_job(records, scorer, output_dir, shard_index=shard_index, num_shards=num_shards,
-                          batch_size=batch_size, batch_tokens=batch_tokens, size_key=scorer.tokens,
+                          batch_size=batch_size, max_batch_tokens=max_batch_tokens, size_key=scorer.tokens,
                           sort_key=scorer.length,
                           desc=f"ref log-probs {shard_index}/{num_shards}", fingerprint={"cache_key": key, **fields})
             finish_forwards(model)  # a model partitioned over ranks: forward in step until every shard is done

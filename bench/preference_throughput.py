@@ -239,9 +239,9 @@ def worker_logps_align(settings: dict) -> dict:
     shared = settings.get("prefix_sharing", "auto")
     blocks = settings.get("block_attention", False)
     output_dir = settings["ref_dir"] + f"-{shared}" + ("-blocks" if blocks else "") + settings.get("ref_suffix", "")
-    budget = settings.get("batch_tokens")  # a token budget: rows up to it, at most 8x the row batch
+    budget = settings.get("max_batch_tokens")  # a token budget: rows up to it, at most 8x the row batch
     compute_ref_logprobs(rows, model, tokenizer, chat_format="apertus",
-                         batch_size=settings["batch_size"] * (8 if budget else 1), batch_tokens=budget,
+                         batch_size=settings["batch_size"] * (8 if budget else 1), max_batch_tokens=budget,
                          max_length=settings["max_length"], output_dir=output_dir,
                          chat_date=DATE, model_fingerprint="bench", prefix_sharing=shared, block_attention=blocks)
     StepTimer._sync()
@@ -404,7 +404,7 @@ CONTENDERS = (  # key, worker, settings (align's defaults unless named: prefix-s
 GPU_CONTENDERS = (  # the GPU check (bench/gpu_check.sh): attention kernels and TRL's variants, most important first
     ("logps_trl", "logps_trl", {}),
     ("logps_align", "logps_align", {"prefix_sharing": "auto"}),
-    ("logps_align_tokens", "logps_align", {"prefix_sharing": "auto", "batch_tokens": 32768, "ref_suffix": "-tokens"}),
+    ("logps_align_tokens", "logps_align", {"prefix_sharing": "auto", "max_batch_tokens": 32768, "ref_suffix": "-tokens"}),
     ("train_trl", "train_trl", {}),
     ("train_align_flex_ckpt_mlp", "train_align", {"prefix_sharing": "auto", "checkpointing": True,
                                                   "checkpoint_modules": "mlp", "attn": "flex_attention"}),
@@ -416,7 +416,7 @@ GPU_CONTENDERS = (  # the GPU check (bench/gpu_check.sh): attention kernels and 
     ("train_align_flex_ckpt_attention", "train_align", {"prefix_sharing": "auto", "checkpointing": True,
                                                         "checkpoint_modules": "attention", "attn": "flex_attention"}),
     ("logps_align_flex_tokens", "logps_align", {"prefix_sharing": "auto", "attn": "flex_attention",
-                                                "batch_tokens": 32768, "ref_suffix": "-flex-tokens"}),
+                                                "max_batch_tokens": 32768, "ref_suffix": "-flex-tokens"}),
     ("train_align_ckpt", "train_align", {"prefix_sharing": "auto", "checkpointing": True}),
     ("train_align_ckpt_mlp", "train_align", {"prefix_sharing": "auto", "checkpointing": True,
                                              "checkpoint_modules": "mlp"}),

@@ -1,4 +1,4 @@
-"""The reference log-prob pass batched by a token budget (``batch_tokens``): batches as planned by hand,
+"""The reference log-prob pass batched by a token budget (``max_batch_tokens``): batches as planned by hand,
 each within the budget, the same log-probs as row-count batches, and a killed run resumed with no row
 lost or written twice."""
 
@@ -55,13 +55,13 @@ def test_every_batch_fits_and_none_could_take_the_next_row(seed):
 def test_a_budget_needs_a_size_per_record():
     with pytest.raises(ValueError, match=r"one size per record \(3\), got 2"):
         plan_batches(3, 4, 10, [1, 2])
-    with pytest.raises(ConfigError, match="batch_tokens=0: must be >= 1"):
-        run_job([{"id": "a"}], lambda batch: batch, "unused", batch_tokens=0, size_key=len)
+    with pytest.raises(ConfigError, match="max_batch_tokens=0: must be >= 1"):
+        run_job([{"id": "a"}], lambda batch: batch, "unused", max_batch_tokens=0, size_key=len)
 
 
 def test_the_stage_refuses_an_empty_budget():
-    with pytest.raises(ConfigError, match=r"batch_tokens=0: must be >= 1, or None"):
-        LogprobsConfig(model_name_or_path="m", input="p.jsonl", output_dir="o", batch_tokens=0)
+    with pytest.raises(ConfigError, match=r"max_batch_tokens=0: must be >= 1, or None"):
+        LogprobsConfig(model_name_or_path="m", input="p.jsonl", output_dir="o", max_batch_tokens=0)
 
 
 # --------------------------------------------------------------------------- the pass
@@ -103,7 +103,7 @@ def test_the_pass_keeps_each_forward_within_the_budget_and_its_results(model, ti
     compute_ref_logprobs(pair_rows(), model, tiny_tokenizer, output_dir=tmp_path / "rows", **settings)
     seen = batches_scored(monkeypatch)
     budget = 400
-    compute_ref_logprobs(pair_rows(), model, tiny_tokenizer, output_dir=tmp_path / "tokens", batch_tokens=budget,
+    compute_ref_logprobs(pair_rows(), model, tiny_tokenizer, output_dir=tmp_path / "tokens", max_batch_tokens=budget,
                          **settings)
     flat = [size for batch in seen for size in batch]
     assert len(flat) == 24 and flat == sorted(flat, reverse=True)  # every row once, longest first
@@ -125,7 +125,7 @@ def test_a_killed_budgeted_run_resumes_with_each_row_once(tmp_path):
             raise RuntimeError("node lost")
         return [{**row, "done": True} for row in batch]
 
-    budget = dict(batch_size=8, batch_tokens=12, size_key=lambda row: len(row["text"]),
+    budget = dict(batch_size=8, max_batch_tokens=12, size_key=lambda row: len(row["text"]),
                   sort_key=lambda row: -len(row["text"]))
     with pytest.raises(RuntimeError, match="node lost"):
         run_job(records, process, tmp_path, **budget)
@@ -147,7 +147,7 @@ def test_the_stage_batches_by_its_budget_under_the_same_cache_key(tiny_dirs, tmp
     by_rows = run_pass(LogprobsConfig(**base))
     assert [len(batch) for batch in seen] == [8, 8, 8]
     seen.clear()
-    assert run_pass(LogprobsConfig(**base, batch_tokens=400)) == by_rows  # a layout: same key
+    assert run_pass(LogprobsConfig(**base, max_batch_tokens=400)) == by_rows  # a layout: same key
     assert seen == []  # and that output is complete: nothing to score again
-    run_pass(LogprobsConfig(**{**base, "cache_dir": str(tmp_path / "d")}, batch_tokens=400))
+    run_pass(LogprobsConfig(**{**base, "cache_dir": str(tmp_path / "d")}, max_batch_tokens=400))
     assert len(seen) > 3 and all(len(b) == 1 or len(b) * max(b) <= 400 for b in seen)

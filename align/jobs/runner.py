@@ -128,20 +128,20 @@ def done_ids(path: Path, id_field: str = "id") -> set[str]:
     return {record.get(id_field) for _, record in iter_lines(path)}
 
 
-def plan_batches(count: int, batch_size: int, batch_tokens: int | None = None,
+def plan_batches(count: int, batch_size: int, max_batch_tokens: int | None = None,
                  sizes: Sequence[int] | None = None) -> list[tuple[int, int]]:
     """Consecutive batches (start, end) over ``count`` records: at most ``batch_size`` each and, with
-    ``batch_tokens``, at most that many tokens counted as rows × the batch's longest record (the padded
-    footprint, which bounds every layout's); a record longer than the budget is a batch alone."""
-    if batch_tokens is None:
+    ``max_batch_tokens``, at most that many tokens counted as rows × the batch's longest record (the
+    padded footprint, which bounds every layout's); a record longer than the budget is a batch alone."""
+    if max_batch_tokens is None:
         return [(start, min(start + batch_size, count)) for start in range(0, count, batch_size)]
     if sizes is None or len(sizes) != count:
         got = None if sizes is None else len(sizes)
-        raise ValueError(f"batch_tokens needs one size per record ({count}), got {got}")
+        raise ValueError(f"max_batch_tokens needs one size per record ({count}), got {got}")
     batches, start, longest = [], 0, 0
     for i, size in enumerate(sizes):
         rows = i - start
-        if rows and (rows == batch_size or (rows + 1) * max(longest, size) > batch_tokens):
+        if rows and (rows == batch_size or (rows + 1) * max(longest, size) > max_batch_tokens):
             batches.append((start, i))
             start, longest = i, 0
         longest = max(longest, size)
@@ -162,24 +162,26 @@ def run_job(
     sort_key: Callable[[dict], Any] | None = None,
     desc: str | None = None,
     fingerprint: Mapping[str, Any] | None = None,
-    batch_tokens: int | None = None,
+    max_batch_tokens: int | None = None,
     size_key: Callable[[dict], int] | None = None,
 ) -> JobResult:
     """Run shard `shard_index` of `num_shards` over `records`, skipping ids already done.
 
     Records go to shards by a hash of their id (see `align.jobs.sharding`). Pending records
     are ordered by `sort_key` (e.g. prompt length, to cut padding), then handed to
-    `process_batch` `batch_size` at a time (with `batch_tokens`: also no more than that many
-    tokens, counted as rows × the batch's longest `size_key`; see `plan_batches`); its
-    outputs are appended to the shard file as each batch finishes. `fingerprint` (the job's settings: model, sampling parameters...)
-    is stored in `output_dir/_job.json` and a resume with different settings is refused.
-    When every record of the shard is written, a `.done.json` marker is written.
+    `process_batch` `batch_size` at a time (with `max_batch_tokens`: also no more than that
+    many tokens, counted as rows × the batch's longest `size_key`; see `plan_batches`); its
+    outputs are appended to the shard file as each batch finishes. `fingerprint` (the job's
+    settings: model, sampling parameters...) is stored in `output_dir/_job.json` and a
+    resume with different settings is refused. When every record of the shard is written, a
+    `.done.json` marker is written.
     """
     check_shard(shard_index, num_shards)
     if batch_size < 1:
         raise ConfigError(f"batch_size must be >= 1, got {batch_size}")
-    if batch_tokens is not None and (batch_tokens < 1 or size_key is None):
-        raise ConfigError(f"batch_tokens={batch_tokens}: must be >= 1, with a size_key to count a record's tokens")
+    if max_batch_tokens is not None and (max_batch_tokens < 1 or size_key is None):
+        raise ConfigError(f"max_batch_tokens={max_batch_tokens}: must be >= 1, with a size_key to count a record's "
+                          "tokens")
     output_dir = Path(output_dir)
     output_dir.mkdir(parents=True, exist_ok=True)
     if fingerprint is not None:
@@ -200,8 +202,8 @@ def run_job(
         processed = 0
         with tqdm(total=len(mine), initial=already, desc=label, unit="rec", dynamic_ncols=True,
                   disable=not is_writer()) as bar:  # one bar per launch, not N on one log
-            sizes = [size_key(source[i]) for i in pending] if batch_tokens is not None else None
-            for start, end in plan_batches(len(pending), batch_size, batch_tokens, sizes):
+            sizes = [size_key(source[i]) for i in pending] if max_batch_tokens is not None else None
+            for start, end in plan_batches(len(pending), batch_size, max_batch_tokens, sizes):
                 chunk = pending[start:end]
                 batch = [source[i] for i in chunk]
                 batch_ids = [source.ids[i] for i in chunk]

@@ -71,7 +71,7 @@ class LogprobsConfig:
     chat_format, max_length, enable_thinking, chat_date: as in ``PreferenceConfig``; they
         must match the trainer's. ``chat_date`` None means today's date: pin it.
     batch_size: rows per forward (each row is 2 sequences for pairs); does not change results.
-    batch_tokens: with it, a forward also holds at most this many tokens (rows × its longest
+    max_batch_tokens: with it, a forward also holds at most this many tokens (rows × its longest
         row's prompt and completions; rows go longest first), so short rows are scored many at a
         time and long ones few, at an even memory; ``batch_size`` is then the most rows. None:
         ``batch_size`` rows whatever their length. Does not change results.
@@ -111,7 +111,7 @@ class LogprobsConfig:
     enable_thinking: bool = False
     chat_date: str | None = None
     batch_size: int = 16
-    batch_tokens: int | None = None
+    max_batch_tokens: int | None = None
     dtype: str = "float32"
     attn_implementation: str | None = None
     padding_free: bool = False
@@ -129,8 +129,9 @@ class LogprobsConfig:
             raise ConfigError("set output_dir, or cache_dir to keep outputs under their cache key")
         if self.batch_size < 1:
             raise ConfigError(f"batch_size={self.batch_size}: must be >= 1")
-        if self.batch_tokens is not None and self.batch_tokens < 1:
-            raise ConfigError(f"batch_tokens={self.batch_tokens}: must be >= 1, or None (batch_size rows a forward)")
+        if self.max_batch_tokens is not None and self.max_batch_tokens < 1:
+            raise ConfigError(f"max_batch_tokens={self.max_batch_tokens}: must be >= 1, or None (batch_size rows a "
+                              "forward)")
         if self.max_length is not None and self.max_length < 2:
             raise ConfigError(f"max_length={self.max_length}: must be >= 2, or None")
         if self.dtype not in ("float32", "bfloat16", "float16"):
@@ -223,7 +224,8 @@ def run_pass(config: LogprobsConfig) -> Path:
                                    device=_device(config) if config.sharding == "replicate" else None)
         compute_ref_logprobs(
             records, model, tokenizer, chat_format=config.chat_format, batch_size=config.batch_size,
-            batch_tokens=config.batch_tokens, max_length=config.max_length, output_dir=output_dir, enable_thinking=config.enable_thinking,
+            max_batch_tokens=config.max_batch_tokens, max_length=config.max_length, output_dir=output_dir,
+            enable_thinking=config.enable_thinking,
             chat_date=config.chat_date, shard_index=shard_index, num_shards=num_shards,
             padding_free=config.padding_free, max_row_tokens=config.max_row_tokens, cache_fields=fields,
             truncated=config.truncated, over_max_length=config.over_max_length)
