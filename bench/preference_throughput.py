@@ -315,8 +315,15 @@ def worker_train_align(settings: dict) -> dict:
     step_tokens = _step_tokens(settings, tokenizer, rows)
     baseline = memory_status()
     cuda = settings["device"] == "cuda"
+    liger = {}
+    if settings.get("liger"):  # Liger's RMSNorm, SwiGLU and RoPE kernels; align's own tiled LM head stays
+        import liger_kernel  # noqa: F401  (an ImportError names the missing package in the report)
+
+        liger = {"use_liger_kernel": True, "liger_kernel_config": {"rms_norm": True, "swiglu": True, "rope": True,
+                                                                   "fused_linear_cross_entropy": False,
+                                                                   "cross_entropy": False}}
     config = PreferenceConfig(
-        output_dir=settings["work"] + "/align", per_device_train_batch_size=settings["batch_size"],
+        **liger, output_dir=settings["work"] + "/align", per_device_train_batch_size=settings["batch_size"],
         max_steps=settings["steps"], report_to="none", logging_steps=1, save_strategy="no", disable_tqdm=True,
         train_sampling_strategy="sequential", use_cpu=not cuda, bf16=cuda, max_length=settings["max_length"],
         chat_date=DATE, loss_type="dpo", length_normalize=False, beta=0.1, optimizer="adamw",
@@ -331,7 +338,8 @@ def worker_train_align(settings: dict) -> dict:
     part = settings.get("checkpoint_modules", "layer")
     name = "align (precomputed ref, padding-free" + layout + (
         (", checkpointing" + ("" if part == "layer" else f" ({part} only)")) if settings["checkpointing"] else "")
-    name += (", block attention" if settings.get("block_attention") else "") + attention_label(settings) + ")"
+    name += (", block attention" if settings.get("block_attention") else "") + (", Liger kernels" if liger else "")
+    name += attention_label(settings) + ")"
     return _train_result(name, timer, step_tokens, baseline, settings)
 
 
@@ -413,6 +421,9 @@ GPU_CONTENDERS = (  # the GPU check (bench/gpu_check.sh): attention kernels and 
     ("train_align_flex", "train_align", {"prefix_sharing": "auto", "checkpointing": False, "attn": "flex_attention"}),
     ("train_trl_precomputed", "train_trl", {"trl_variant": "precomputed"}),
     ("train_trl_liger", "train_trl", {"trl_variant": "liger"}),
+    ("train_align_flex_ckpt_mlp_liger", "train_align", {"prefix_sharing": "auto", "checkpointing": True,
+                                                        "checkpoint_modules": "mlp", "attn": "flex_attention",
+                                                        "liger": True}),
     ("train_align_flex_ckpt_attention", "train_align", {"prefix_sharing": "auto", "checkpointing": True,
                                                         "checkpoint_modules": "attention", "attn": "flex_attention"}),
     ("logps_align_flex_tokens", "logps_align", {"prefix_sharing": "auto", "attn": "flex_attention",
