@@ -45,15 +45,17 @@ if [ "${ALIGN_GPU_CHECK_SMOKE:-0}" = 1 ]; then
   TINY=(--variants cpu cpu); PREF=(--device cpu --size 5m --steps 4 --batch-size 2 --pass-rows 8 --max-len 32)
   SHARD=(--random-llama tiny --rows 4 --tokens 64 --layouts replicate)  # ZeRO-3 inference needs nccl
 else
-  TINY=(); PREF=(--device cuda --size 1b --steps 23 --batch-size 8 --pass-rows 256 --max-len 1024)
+  TINY=(); PREF=(--device cuda --size 1b --steps 14 --batch-size 8 --pass-rows 256 --max-len 1024)
   SHARD=(--random-llama 1b --rows 32 --tokens 512)
 fi
 
 : > "$OUT/parts.jsonl"
+# the preference bench first: the tiny pipeline's CUDA-vs-CPU check and the sharded pass were measured
+# (bench/README.md), and a run cut short should still have the contenders not measured yet
 part env 30 "$PY" bench/gpu_check_report.py --env "$OUT/env.json"
-part tiny_apertus 120 "$PY" bench/gpu_tiny_apertus.py --out "$OUT" "${TINY[@]}"
-part preference 300 "$PY" bench/preference_throughput.py "${PREF[@]}" --contenders gpu --warmup 2 --keep-going \
+part preference 310 "$PY" bench/preference_throughput.py "${PREF[@]}" --contenders gpu --warmup 2 --keep-going \
   --out-json "$OUT/preference.json" --out-md "$OUT/preference.md"
-part sharded_pass 60 "$PY" -m torch.distributed.run --nproc_per_node 1 bench/sharded_pass.py "${SHARD[@]}" \
+part tiny_apertus 90 "$PY" bench/gpu_tiny_apertus.py --out "$OUT" "${TINY[@]}"
+part sharded_pass 50 "$PY" -m torch.distributed.run --nproc_per_node 1 bench/sharded_pass.py "${SHARD[@]}" \
   --json "$OUT/sharded_pass.json"
 "$PY" bench/gpu_check_report.py --assemble "$OUT"
