@@ -251,7 +251,9 @@ INTERNAL = {
         {"token_logps_at", "last_hidden_state"},
         "tiled=True and a backbone are asked for by align's own callers, after tiled_head said yes"),
     "align/jobs/runner.py": (
-        {"_check_outputs"}, "process_batch is the caller's code: outputs that do not match its batch are a bug"),
+        {"_check_outputs", "plan_batches"},
+        "process_batch is the caller's code: outputs that do not match its batch are a bug; run_job computes "
+        "plan_batches' one size per record itself (a user's budget is checked before it, ConfigError)"),
     "align/logprobs.py": ({"ref_cache_key"}, "the key's fields come from cache_fields_for, never from a user"),
     "rewards/base.py": ({"Score.__post_init__"}, "a Score is made by a provider's code, not from user input"),
     "align/plan/memory.py": ({"head_peak"}, "the head kind is set by align.plan itself from the stage's kind"),
