@@ -157,34 +157,8 @@ def bucket_width(tokens: int) -> int:
     return -(-tiles // (1 << shift)) * (1 << shift) * BUCKET_BLOCK  # the tiles rounded up to three bits
 
 
-def pad_to_bucket(batch: Mapping[str, Any], pad_token_id: int) -> dict[str, Any]:
-    """A (rows, L) batch made from elsewhere (TRL's SFT collator) padded on the right to its length bucket:
-    ``input_ids`` with the pad token, ``labels`` with -100, every other (rows, L) tensor (``position_ids``,
-    ``attention_mask``, masks) with 0, as TRL pads them; a padding-free batch's sequence bounds
-    (``cu_seq_lens_*``, ``max_length_*``, ``seq_idx``) made again for the new width, as TRL makes them."""
-    width = batch["input_ids"].shape[1]
-    extra = bucket_width(width) - width
-    if extra == 0:
-        return dict(batch)
-    fills = {"input_ids": pad_token_id, "labels": IGNORE_INDEX}
-    out = {}
-    for key, value in batch.items():
-        if isinstance(value, torch.Tensor) and value.dim() == 2 and value.shape[1] == width and key != "seq_idx":
-            value = torch.nn.functional.pad(value, (0, extra), value=fills.get(key, 0))
-        out[key] = value
-    if "cu_seq_lens_q" in batch:  # padding-free: each padding token starts a sequence (position 0), as TRL pads
-        starts = (out["position_ids"][0] == 0).nonzero().flatten()
-        bounds = torch.cat([starts, torch.tensor([out["position_ids"].shape[1]])]).to(torch.int32)
-        out["cu_seq_lens_q"], out["cu_seq_lens_k"] = bounds, bounds.clone()
-        out["max_length_q"] = out["max_length_k"] = int(bounds.diff().max())
-        if "seq_idx" in batch:
-            out["seq_idx"] = torch.repeat_interleave(torch.arange(bounds.numel() - 1, dtype=torch.int32),
-                                                     bounds.diff())[None]
-    return out
-
-
-def _width(tokens: int, multiple: int | None, buckets: bool) -> int:
-    """A batch's padded width: its length bucket (``buckets``), else rounded up to ``multiple``."""
+def padded_width(tokens: int, multiple: int | None, buckets: bool) -> int:
+    """A batch's padded width: its length bucket (``buckets``), rounded up to ``multiple``."""
     return _round_up(bucket_width(tokens), multiple) if buckets else _round_up(tokens, multiple)
 
 
@@ -194,7 +168,7 @@ def collate_padded(
     """One right-padded row per sequence with a 2D attention mask (see the module example); ``length_buckets``:
     the width is a length bucket (``bucket_width``)."""
     _check_sequences(sequences)
-    width = _width(max(len(p) + len(c) for p, c in sequences), pad_to_multiple_of, length_buckets)
+    width = padded_width(max(len(p) + len(c) for p, c in sequences), pad_to_multiple_of, length_buckets)
     rows = len(sequences)
     input_ids = torch.full((rows, width), pad_token_id, dtype=torch.long)
     labels = torch.full((rows, width), IGNORE_INDEX, dtype=torch.long)
@@ -288,7 +262,7 @@ def collate_padding_free(
     budget = max(sizes) if max_row_tokens is None else max_row_tokens
     rows = pack_rows(sizes, None if flash else budget)
     # varlen kernels need no padding (a pad tail would be one more "sequence" to them)
-    width = sum(sizes) if flash else _width(max(sum(sizes[i] for i in row) for row in rows), pad_to_multiple_of,
+    width = sum(sizes) if flash else padded_width(max(sum(sizes[i] for i in row) for row in rows), pad_to_multiple_of,
                                             length_buckets)
     shape = (len(rows), width)
     input_ids = torch.full(shape, pad_token_id, dtype=torch.long)
@@ -403,7 +377,7 @@ def collate_prefix_shared(
         rows = pack_rows(sizes, max(sizes) if max_row_tokens is None else max_row_tokens)
     else:
         rows = [[g] for g in range(len(groups))]
-    width = _width(max(sum(sizes[g] for g in row) for row in rows), pad_to_multiple_of, length_buckets)
+    width = padded_width(max(sum(sizes[g] for g in row) for row in rows), pad_to_multiple_of, length_buckets)
     shape = (len(rows), width)
     input_ids = torch.full(shape, pad_token_id, dtype=torch.long)
     position_ids = torch.zeros(shape, dtype=torch.long)

@@ -30,6 +30,7 @@ Raises:
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import logging
 import types
@@ -43,7 +44,7 @@ from trl import SFTTrainer as TRLSFTTrainer
 
 from align.chat import install_format
 from align.errors import ConfigError, loading
-from align.scoring.collators import pad_to_bucket
+from align.scoring.collators import padded_width
 from align.scoring.flex import FLEX_ATTENTION
 from align.scoring.logps import unwrap_model
 from align.trainers.callbacks import bind_callbacks
@@ -116,13 +117,18 @@ def check_padding_free(args: SFTConfig, attn_implementation: str | None) -> None
 
 class BucketedBatches:
     """TRL's SFT collator with each batch padded to its length bucket (``align.scoring.collators.bucket_width``):
-    transformers compiles FlexAttention for static shapes, so a run compiles once per bucket, not per batch."""
+    transformers compiles FlexAttention for static shapes, so a run compiles once per bucket, not per batch.
+    TRL pads the batch itself (its ``pad_to_multiple_of``, set per batch to the bucket), so the padding and a
+    padding-free batch's sequence bounds are TRL's own."""
 
-    def __init__(self, collator: Any, pad_token_id: int | None):
-        self.collator, self.pad_token_id = collator, 0 if pad_token_id is None else pad_token_id
+    def __init__(self, collator: Any):
+        self.collator = collator
 
     def __call__(self, features: list[Any]) -> dict[str, Any]:
-        return pad_to_bucket(self.collator(features), self.pad_token_id)
+        lengths = [len(feature["input_ids"]) for feature in features]
+        tokens = sum(lengths) if self.collator.padding_free else max(lengths)  # one flat row, or the longest
+        width = padded_width(tokens, self.collator.pad_to_multiple_of, buckets=True)
+        return dataclasses.replace(self.collator, pad_to_multiple_of=width)(features)
 
 
 def token_weights(batch: dict[str, torch.Tensor], prompt_loss_weight: float) -> torch.Tensor:
@@ -213,7 +219,7 @@ class SFTTrainer(TRLSFTTrainer):
         )
         check_padding_free(args, getattr(self.model.config, "_attn_implementation", None))
         if getattr(unwrap_model(self.model).config, "_attn_implementation", None) == FLEX_ATTENTION:
-            self.data_collator = BucketedBatches(self.data_collator, self.processing_class.pad_token_id)
+            self.data_collator = BucketedBatches(self.data_collator)
         rebind_fused_forward(self.model)
         self.prompt_loss_weight = float(args.prompt_loss_weight)
         self.add_callback(StopOnRequest())  # before CheckpointRecords: the save it asks for is noted

@@ -115,30 +115,33 @@ def test_the_trainer_and_the_pass_bucket_on_flex(tiny_tokenizer):
 # --------------------------------------------------------------------------- SFT (TRL's collator)
 
 
-def sft_batches(tokenizer, padding_free: bool, pad_to_multiple_of: int | None = None):
-    """Two SFT examples as TRL's collator batches them, padding-free or padded."""
+SFT_EXAMPLES = [{"input_ids": [5, 6, 7, 8, 9, 10], "labels": [-100, -100, -100, 8, 9, 10]},
+                {"input_ids": [11, 12, 13, 14], "labels": [-100, -100, 13, 14]}]
+
+
+def sft_collator(tokenizer, padding_free: bool, pad_to_multiple_of: int | None = None):
+    """TRL's SFT collator, padding-free or padded."""
     from trl.trainer.sft_trainer import DataCollatorForLanguageModeling
 
-    examples = [{"input_ids": [5, 6, 7, 8, 9, 10], "labels": [-100, -100, -100, 8, 9, 10]},
-                {"input_ids": [11, 12, 13, 14], "labels": [-100, -100, 13, 14]}]
-    collator = DataCollatorForLanguageModeling(pad_token_id=tokenizer.pad_token_id, padding_free=padding_free,
-                                               pad_to_multiple_of=pad_to_multiple_of)
-    return collator(examples)
+    return DataCollatorForLanguageModeling(pad_token_id=tokenizer.pad_token_id, padding_free=padding_free,
+                                           pad_to_multiple_of=pad_to_multiple_of)
 
 
 @pytest.mark.parametrize("padding_free", [True, False])
 def test_an_sft_batch_padded_to_its_bucket_is_the_batch_trl_pads_to_that_width(tiny_tokenizer, padding_free):
-    from align.scoring.collators import pad_to_bucket
+    from align.trainers.sft_trainer import BucketedBatches
 
-    batch = sft_batches(tiny_tokenizer, padding_free)
-    padded = pad_to_bucket(batch, tiny_tokenizer.pad_token_id)
-    expected = sft_batches(tiny_tokenizer, padding_free, pad_to_multiple_of=128)  # TRL's own padding, to 128
+    collator = sft_collator(tiny_tokenizer, padding_free)
+    batch = collator(SFT_EXAMPLES)
+    padded = BucketedBatches(collator)(SFT_EXAMPLES)
+    expected = sft_collator(tiny_tokenizer, padding_free, pad_to_multiple_of=128)(SFT_EXAMPLES)  # TRL's, to 128
     assert padded.keys() == expected.keys()
     for key, value in expected.items():
         if isinstance(value, torch.Tensor):
             torch.testing.assert_close(padded[key], value, rtol=0, atol=0, msg=key)
         else:
             assert padded[key] == value, key
+    assert collator.pad_to_multiple_of is None  # the collator it wraps is left as it was
     model = ARCHITECTURES["llama"](tiny_tokenizer, attn_implementation="sdpa").eval()
     with torch.no_grad():
         torch.testing.assert_close(model(**padded).loss, model(**batch).loss, rtol=0, atol=1e-6)
