@@ -67,6 +67,12 @@ def check_recompute_fields(config: Any) -> None:
                           "checkpointing does not differentiate; leave use_reentrant unset (false)")
 
 
+def check_part(part: str) -> None:
+    """A part of a layer to checkpoint alone: one of ``_PARTS`` (``layer`` is transformers' own)."""
+    if part not in _PARTS:
+        raise ConfigError(f"checkpoint_modules={part!r}: a part is one of {list(_PARTS)}")
+
+
 def decoder_part(layer: torch.nn.Module, part: str) -> torch.nn.Module:
     """The layer's attention or MLP submodule, by the names transformers' models use."""
     for name in _PARTS[part]:
@@ -94,8 +100,7 @@ def checkpoint_parts(model: torch.nn.Module, part: str) -> int:
     (with the layer's own checkpoint function). Returns how many layers changed; calling it again changes none."""
     from transformers.modeling_layers import GradientCheckpointingLayer
 
-    if part not in ("attention", "mlp"):
-        raise ConfigError(f"checkpoint_modules={part!r}: a part is 'attention' or 'mlp'")
+    check_part(part)
     changed = 0
     for layer in model.modules():
         if isinstance(layer, GradientCheckpointingLayer) and layer.gradient_checkpointing:
@@ -112,8 +117,7 @@ class SelectiveCheckpointing(TrainerCallback):
     ``part`` is checkpointed instead of the whole layer."""
 
     def __init__(self, part: str):
-        if part not in ("attention", "mlp"):
-            raise ConfigError(f"checkpoint_modules={part!r}: a part is 'attention' or 'mlp'")
+        check_part(part)
         self.part = part
 
     def on_train_begin(self, args: Any, state: Any, control: Any, model: torch.nn.Module | None = None,
